@@ -1,0 +1,110 @@
+"""Activity names and their input/output models. Import-light: workflows import this module."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from temporalio.common import SearchAttributeKey
+
+RUN_STATUS = SearchAttributeKey.for_keyword("RunStatus")
+AGENT_NAME = SearchAttributeKey.for_keyword("AgentName")
+SEARCH_ATTRIBUTES = {"RunStatus": "Keyword", "AgentName": "Keyword"}
+
+PROVISION = "provision_run"
+SUPERVISE = "supervise_run"
+REQUEST_FINALIZATION = "request_finalization"
+BEGIN_FINALIZE = "begin_finalize"
+AWAIT_SANDBOX_EXIT = "await_sandbox_exit"
+FINALIZE = "finalize_run"
+OPEN_APPROVAL = "open_approval"
+READ_APPROVAL = "read_approval"
+EXPIRE_APPROVAL = "expire_approval"
+RESUME_AFTER_APPROVAL = "resume_after_approval"
+
+ALL_ACTIVITIES = (
+    PROVISION, SUPERVISE, REQUEST_FINALIZATION, BEGIN_FINALIZE, AWAIT_SANDBOX_EXIT, FINALIZE,
+    OPEN_APPROVAL, READ_APPROVAL, EXPIRE_APPROVAL, RESUME_AFTER_APPROVAL,
+)  # fmt: skip
+
+
+def workflow_id(run_id: str) -> str:
+    return f"run-{run_id}"
+
+
+class Timing(BaseModel):
+    liveness_check_secs: float = 5.0
+    heartbeat_stale_secs: float = 60.0
+    quiesce_secs: float = 30.0
+    approval_recheck_secs: float = 30.0
+
+
+class RunInput(BaseModel):
+    run_id: str
+    agent_name: str
+    max_wall_clock_secs: int | None = None
+    timing: Timing = Field(default_factory=Timing)
+
+
+class RunRef(BaseModel):
+    run_id: str
+
+
+class StatusOut(BaseModel):
+    status: str
+
+
+class SuperviseIn(BaseModel):
+    run_id: str
+    timing: Timing
+
+
+class SuperviseOut(BaseModel):
+    reason: str  # "intent" | "dead" | "stale"
+    message: str | None = None
+
+
+class FinalizationIn(BaseModel):
+    run_id: str
+    outcome: str
+    reason: str | None = None
+    quiesce: bool = True
+    budget: str | None = None  # set for budget.exceeded
+    limit: str | None = None
+    spent: str | None = None
+    error: str | None = None  # set for run.error
+
+
+class BeginFinalizeOut(BaseModel):
+    status: str
+    needs_quiesce: bool
+
+
+class SandboxExitIn(BaseModel):
+    run_id: str
+    timeout_secs: float
+
+
+class ApprovalIn(BaseModel):
+    run_id: str
+    tool_call_id: str
+
+
+class ApprovalRow(BaseModel):
+    approval_id: str
+    status: str
+    expires_at: str | None = None  # ISO 8601
+    reason: str | None = None
+
+
+# Workflow message payloads.
+class ApprovalWait(BaseModel):
+    tool_call_id: str
+
+
+class ApprovalVerdict(BaseModel):
+    decision: str  # allow | deny
+    message: str | None = None
+
+
+class ApprovalDecided(BaseModel):
+    tool_call_id: str
+    status: str  # approved_once | approved_session | denied

@@ -1,0 +1,311 @@
+"""Every side effect of a run: status writes, the sandbox, the workspace, approvals, finalization.
+
+Activities are idempotent: each one checks where the run already is before acting, so a retry after
+a worker crash repeats nothing that was committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sys
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import contracts as c
+from activities import workspace
+from config.settings import Settings
+from core import contract as wire
+from core import events as ev
+from core.digests import sha256_hex
+from core.errors import InvalidTransition
+from core.ports import ExecutionProvider, SandboxHandle, SandboxSpec
+from core.runspec import RunSpec
+from core.states import RunStatus, is_terminal, outcome_status
+from core.tokens import RUN_AUDIENCES
+from db.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH_ORDER = [RunStatus.CREATED, RunStatus.PROVISIONING, RunStatus.INITIALIZING, RunStatus.RUNNING]
+
+
+def runner_env(spec: RunSpec, tokens: dict[str, str], settings: Settings) -> dict[str, str]:
+    """The sandbox's whole environment: run-scoped tokens and run facts, never an upstream secret."""
+    env = {
+        wire.ENV_CONTROL_URL: "http://fluidbox",
+        wire.ENV_CONTROL_SOCKET: wire.SANDBOX_SOCKET,
+        wire.ENV_SESSION_ID: spec.run_id,
+        wire.ENV_SESSION_TOKEN: tokens["control"],
+        wire.ENV_TOOL_TOKEN: tokens["tool"],
+        wire.ENV_TASK: spec.task,
+        wire.ENV_AUTONOMY: spec.autonomy,
+        wire.ENV_MODEL: spec.model,
+        wire.ENV_HARNESS: spec.harness,
+        wire.ENV_WORKSPACE: wire.SANDBOX_WORKSPACE,
+        wire.ENV_HEARTBEAT_SECS: str(settings.heartbeat_secs),
+        wire.ENV_REPLAY_DELAY_MS: str(spec.harness_config.get("delay_ms", settings.replay_delay_ms)),
+    }
+    if spec.system_prompt:
+        env[wire.ENV_SYSTEM_PROMPT] = spec.system_prompt
+    if spec.harness == "replay" and spec.harness_config.get("script") is not None:
+        import json
+
+        env[wire.ENV_REPLAY_SCRIPT] = json.dumps(spec.harness_config["script"])
+    return env
+
+
+class RunActivities:
+    def __init__(self, store: Store, provider: ExecutionProvider, settings: Settings) -> None:
+        self.store = store
+        self.provider = provider
+        self.settings = settings
+
+    def _run_dir(self, run_id: str) -> Path:
+        return self.settings.runs_dir / run_id
+
+    async def _status(self, run_id: str) -> str:
+        row = await self.store.get_run(None, run_id)
+        if row is None:
+            raise ApplicationError(f"run {run_id} does not exist", non_retryable=True)
+        return str(row["status"])
+
+    async def _advance(self, run_id: str, to: RunStatus, extra: list[ev.NewEvent] | None = None) -> bool:
+        """Move forward along the launch order; a retry that finds the run further along is a no-op."""
+        current = RunStatus(await self._status(run_id))
+        if current not in LAUNCH_ORDER or LAUNCH_ORDER.index(current) >= LAUNCH_ORDER.index(to):
+            return False
+        await self.store.transition(run_id, to, extra=extra)
+        return True
+
+    def _handle(self, row: dict[str, object]) -> SandboxHandle | None:
+        raw = row.get("sandbox_handle")
+        return SandboxHandle.model_validate(raw) if raw else None
+
+    @activity.defn(name=c.PROVISION)
+    async def provision(self, ref: c.RunRef) -> c.StatusOut:
+        run_id = ref.run_id
+        row = await self.store.get_run(None, run_id)
+        if row is None:
+            raise ApplicationError(f"run {run_id} does not exist", non_retryable=True)
+        if row["status"] not in LAUNCH_ORDER:
+            return c.StatusOut(status=row["status"])  # cancelled or finalizing already
+        handle = self._handle(row)
+        if handle is not None and await self.provider.status(handle) == "running":
+            await self._advance(run_id, RunStatus.RUNNING)
+            return c.StatusOut(status=await self._status(run_id))
+        spec = await self.store.run_spec(run_id)
+        await self._advance(run_id, RunStatus.PROVISIONING)
+        randoms = {aud.value: secrets.token_hex(16) for aud in RUN_AUDIENCES}
+        tokens = await self.store.mint_tokens(spec.tenant_id, run_id, self.settings.token_ttl_secs, randoms)
+        await self._advance(run_id, RunStatus.INITIALIZING)
+        run_dir = self._run_dir(run_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        source = spec.workspace.path if spec.workspace.kind == "local_copy" else None
+        try:
+            base, files = await workspace.prepare(run_dir, source)
+        except workspace.WorkspaceError as err:
+            raise ApplicationError(str(err), type="WorkspaceError", non_retryable=True) from err
+        await self.store.set_fields(run_id, base_commit=base)
+        data: dict[str, object] = {"base_commit": base, "files": files}
+        if source:
+            data["path"] = source
+        await self.store.append_events(run_id, [ev.NewEvent(type=ev.WORKSPACE_INITIALIZED, data=data)])
+        socket_dir = self.settings.socket_path.parent
+        sandbox = SandboxSpec(
+            run_id=run_id,
+            workspace_dir=str(run_dir / "workspace"),
+            socket_dir=str(socket_dir),
+            code_dirs=[str(ROOT / "runner"), str(ROOT / "core")],
+            env=runner_env(spec, tokens, self.settings),
+            argv=[sys.executable, "-m", "runner"],
+            log_path=str(run_dir / "sandbox.log"),
+        )
+        try:
+            handle = await self.provider.create(sandbox)
+        except (OSError, RuntimeError) as err:
+            raise ApplicationError(f"sandbox did not start: {err}", type="SandboxError") from err
+        await self.store.set_fields(run_id, sandbox_handle=handle.model_dump())
+        await self._advance(
+            run_id,
+            RunStatus.RUNNING,
+            [ev.system_message(f"sandbox launched ({self.provider.name}, pid {handle.pid})")],
+        )
+        return c.StatusOut(status=await self._status(run_id))
+
+    @activity.defn(name=c.SUPERVISE)
+    async def supervise(self, inp: c.SuperviseIn) -> c.SuperviseOut:
+        """Return when the run has a wind-down intent, its sandbox died, or its runner went silent."""
+        timing = inp.timing
+        exited_checks = 0
+        while True:
+            activity.heartbeat()
+            live = await self.store.liveness(inp.run_id)
+            if live["has_intent"] or is_terminal(live["status"]):
+                return c.SuperviseOut(reason="intent")
+            row = await self.store.get_run(None, inp.run_id)
+            handle = self._handle(row or {})
+            state = await self.provider.status(handle) if handle else "missing"
+            if state != "running":
+                # Give a just-posted /result a moment to land before calling the exit a death.
+                exited_checks += 1
+                if exited_checks >= 2:
+                    return c.SuperviseOut(
+                        reason="dead", message="sandbox died (runner exited without reporting a result)"
+                    )
+            elif live["silent_secs"] > timing.heartbeat_stale_secs:
+                return c.SuperviseOut(
+                    reason="stale",
+                    message=f"runner stopped heartbeating (silent for {int(live['silent_secs'])}s)",
+                )
+            await asyncio.sleep(timing.liveness_check_secs if exited_checks == 0 else 1.0)
+
+    @activity.defn(name=c.REQUEST_FINALIZATION)
+    async def request_finalization(self, inp: c.FinalizationIn) -> c.StatusOut:
+        created, status = await self.store.request_finalization(
+            inp.run_id, inp.outcome, reason=inp.reason, quiesce=inp.quiesce
+        )
+        if created:
+            new: list[ev.NewEvent] = []
+            if inp.budget:
+                new.append(
+                    ev.NewEvent(
+                        type=ev.BUDGET_EXCEEDED, data={"budget": inp.budget, "limit": inp.limit, "spent": inp.spent}
+                    )
+                )
+            if inp.error:
+                new.append(ev.NewEvent(type=ev.RUN_ERROR, data={"message": inp.error}))
+            await self.store.append_events(inp.run_id, new)
+        return c.StatusOut(status=status)
+
+    @activity.defn(name=c.BEGIN_FINALIZE)
+    async def begin_finalize(self, ref: c.RunRef) -> c.BeginFinalizeOut:
+        status = await self._status(ref.run_id)
+        if is_terminal(status) or status in (RunStatus.FINALIZING, RunStatus.CANCELLING):
+            intent = await self.store.finalization(ref.run_id)
+            return c.BeginFinalizeOut(
+                status=status, needs_quiesce=status == RunStatus.CANCELLING and bool(intent and intent["needs_quiesce"])
+            )
+        intent = await self.store.finalization(ref.run_id)
+        if intent is None:  # defensive: the workflow only finalizes with an intent recorded
+            await self.store.request_finalization(ref.run_id, "failed", reason="finalized without an intent")
+            intent = await self.store.finalization(ref.run_id)
+        assert intent is not None
+        if intent["needs_quiesce"]:
+            await self.store.transition(
+                ref.run_id,
+                RunStatus.CANCELLING,
+                intent["reason"],
+                [ev.NewEvent(type=ev.QUIESCE_REQUESTED, data={"deadline_secs": int(self.settings.quiesce_secs)})],
+            )
+            return c.BeginFinalizeOut(status=RunStatus.CANCELLING, needs_quiesce=True)
+        await self.store.transition(ref.run_id, RunStatus.FINALIZING, intent["reason"])
+        return c.BeginFinalizeOut(status=RunStatus.FINALIZING, needs_quiesce=False)
+
+    @activity.defn(name=c.AWAIT_SANDBOX_EXIT)
+    async def await_sandbox_exit(self, inp: c.SandboxExitIn) -> c.StatusOut:
+        """Give a quiescing runner until the deadline to stop on its own."""
+        row = await self.store.get_run(None, inp.run_id) or {}
+        handle = self._handle(row)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + inp.timeout_secs
+        exited = handle is None
+        while not exited and loop.time() < deadline:
+            activity.heartbeat()
+            exited = await self.provider.status(handle) != "running"  # type: ignore[arg-type]
+            if not exited:
+                await asyncio.sleep(0.25)
+        try:
+            await self.store.transition(inp.run_id, RunStatus.FINALIZING)
+        except InvalidTransition:
+            pass
+        return c.StatusOut(status="exited" if exited else "timeout")
+
+    @activity.defn(name=c.FINALIZE)
+    async def finalize(self, ref: c.RunRef) -> c.StatusOut:
+        run_id = ref.run_id
+        row = await self.store.get_run(None, run_id)
+        if row is None:
+            raise ApplicationError("run vanished", non_retryable=True)
+        if is_terminal(row["status"]):
+            return c.StatusOut(status=row["status"])
+        intent = await self.store.finalization(run_id) or {"outcome": "failed", "summary": None, "reason": None}
+        await self.store.deny_open_approvals(run_id, "session is not active")
+        handle = self._handle(row)
+        if handle is not None:
+            await self.provider.destroy(handle)
+        artifacts: list[dict[str, str]] = []
+        new: list[ev.NewEvent] = []
+        try:
+            patch, truncated = await workspace.diff(self._run_dir(run_id))
+            content = patch or "(no changes)"
+            if patch and not await self.store.has_gate_calls(run_id):
+                # The server cannot prove this diff was produced under the gate: say so.
+                content = "# warning: this run changed files without ever asking /permission\n" + content
+            artifacts.append(
+                {"kind": "diff", "name": "changes.patch", "content": content, "content_type": "text/x-diff"}
+            )
+            new.append(
+                ev.NewEvent(
+                    type=ev.ARTIFACT_COLLECTED,
+                    data={
+                        "kind": "diff", "name": "changes.patch", "bytes": len(content.encode()),
+                        "sha256": sha256_hex(content), "truncated": truncated,
+                    },
+                )
+            )  # fmt: skip
+        except workspace.WorkspaceError as err:
+            new.append(ev.NewEvent(type=ev.ARTIFACT_MISSING, data={"kind": "diff", "reason": str(err)}))
+        summary = intent.get("summary")
+        if summary:
+            artifacts.append(
+                {"kind": "summary", "name": "summary.md", "content": summary, "content_type": "text/markdown"}
+            )
+        terminal = outcome_status(intent["outcome"])
+        reason = intent.get("reason")
+        if terminal == RunStatus.CANCELLED and not reason:
+            reason = "cancelled by user"
+        _, final = await self.store.finish(
+            run_id, terminal, reason, summary, intent["outcome"], artifacts, new
+        )
+        return c.StatusOut(status=final)
+
+    @activity.defn(name=c.OPEN_APPROVAL)
+    async def open_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
+        row = await self.store.open_approval(inp.run_id, inp.tool_call_id)
+        return _approval(row)
+
+    @activity.defn(name=c.READ_APPROVAL)
+    async def read_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
+        rows = await self.store.list_approvals((await self.store.run_spec(inp.run_id)).tenant_id, run_id=inp.run_id)
+        row = next(r for r in rows if r["tool_call_id"] == inp.tool_call_id)
+        return _approval(row)
+
+    @activity.defn(name=c.EXPIRE_APPROVAL)
+    async def expire_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
+        current = await self.read_approval(inp)
+        row = await self.store.expire_approval(current.approval_id)
+        return _approval(row)
+
+    @activity.defn(name=c.RESUME_AFTER_APPROVAL)
+    async def resume_after_approval(self, ref: c.RunRef) -> c.StatusOut:
+        await self.store.resume_after_approval(ref.run_id)
+        return c.StatusOut(status=await self._status(ref.run_id))
+
+    def all(self) -> list[object]:
+        return [
+            self.provision, self.supervise, self.request_finalization, self.begin_finalize,
+            self.await_sandbox_exit, self.finalize, self.open_approval, self.read_approval,
+            self.expire_approval, self.resume_after_approval,
+        ]  # fmt: skip
+
+
+def _approval(row: dict[str, object]) -> c.ApprovalRow:
+    expires = row.get("expires_at")
+    return c.ApprovalRow(
+        approval_id=str(row["id"]),
+        status=str(row["status"]),
+        expires_at=expires.isoformat() if expires is not None else None,  # type: ignore[attr-defined]
+        reason=str(row["decision_reason"]) if row.get("decision_reason") else None,
+    )

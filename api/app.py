@@ -1,0 +1,92 @@
+"""The FastAPI app factory: one composition root for the HTTP front door."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import yaml
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from api import errors
+from api.deps import Services
+from api.hub import EventHub
+from api.routes import agents, approvals, health, internal, sessions
+from config.settings import Settings
+from core.digests import sha256_hex
+from core.policy import parse_policy
+from core.redaction import Redactor
+from db.engine import create_pool
+from db.store import Store
+
+log = logging.getLogger("fluidbox.api")
+POLICY_DIR = Path(__file__).resolve().parent.parent / "policies"
+
+TAGS = [
+    {"name": "sessions", "description": "Runs: create, inspect, cancel, outputs, the ledger and its stream."},
+    {"name": "approvals", "description": "Human decisions on tool calls a policy holds for approval."},
+    {"name": "agents", "description": "Agents and their append-only revisions."},
+    {"name": "internal", "description": "The runner plane, reached from inside sandboxes."},
+    {"name": "health", "description": "Liveness and readiness."},
+]
+
+
+async def seed_policies(store: Store, tenant_id: str) -> None:
+    """Boot seed: every ``policies/*.yaml`` becomes v1 of its policy if absent."""
+    for path in sorted(POLICY_DIR.glob("*.yaml")):
+        text = path.read_text()
+        doc = yaml.safe_load(text)
+        parse_policy(doc)  # a seeded policy must pass the same strict parse as an authored one
+        await store.seed_policy(tenant_id, doc, text)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    admin = settings.require_admin_token()
+    if not settings.database_url:
+        raise RuntimeError("FLUIDBOX_DATABASE_URL is not set")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = await create_pool(settings.database_url or "")
+        store = Store(pool, Redactor((admin,)))
+        tenant_id = await store.boot_tenant()
+        await seed_policies(store, tenant_id)
+        hub = EventHub(settings.database_url or "")
+        await hub.start()
+        svc = Services(settings=settings, store=store, tenant_id=tenant_id, hub=hub, admin_digest=sha256_hex(admin))
+        app.state.services = svc
+        try:
+            yield
+        finally:
+            await hub.stop()
+            await pool.close()
+
+    app = FastAPI(
+        title="fluidbox",
+        version="0.1.0",
+        summary="The open control plane for AI agents, on Temporal.",
+        openapi_tags=TAGS,
+        lifespan=lifespan,
+        generate_unique_id_function=lambda r: f"{r.tags[0]}-{r.name}" if r.tags else r.name,
+    )
+    errors.install(app)
+
+    limit = settings.max_request_body_bytes
+
+    @app.middleware("http")
+    async def body_limit(request: Request, call_next):  # type: ignore[no-untyped-def]
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return JSONResponse({"error": f"request body is over the {limit} byte limit"}, status_code=413)
+        if request.method in ("POST", "PUT", "PATCH") and length not in (None, "0"):
+            ctype = request.headers.get("content-type", "")
+            if not ctype.startswith("application/json"):
+                return JSONResponse({"error": "expected content-type: application/json"}, status_code=415)
+        return await call_next(request)
+
+    for module in (health, agents, sessions, approvals, internal):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,52 @@
+"""Liveness (no dependencies) and readiness (database + Temporal)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from api.deps import ServicesDep
+from core.harnesses import HARNESSES, RUNNABLE
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/v1/health", summary="Process liveness")
+async def health() -> dict[str, str]:
+    """Answers while the process runs; touches nothing."""
+    return {"status": "ok"}
+
+
+@router.get("/v1/ready", summary="Readiness: database and Temporal")
+@router.get("/v1/health/ready", include_in_schema=False)
+async def ready(svc: ServicesDep) -> JSONResponse:
+    """200 only when PostgreSQL answers and the Temporal namespace is reachable."""
+    db_ok = temporal_ok = False
+    try:
+        async with svc.store.pool.acquire() as conn:
+            db_ok = await asyncio.wait_for(conn.fetchval("SELECT true"), 5)
+    except Exception:
+        db_ok = False
+    try:
+        client = await asyncio.wait_for(svc.temporal(), 5)
+        await asyncio.wait_for(client.service_client.check_health(), 5)
+        temporal_ok = True
+    except Exception:
+        temporal_ok = False
+    ok = bool(db_ok and temporal_ok)
+    body = {"status": "ready" if ok else "not ready", "db": bool(db_ok), "temporal": temporal_ok,
+            "provider": svc.settings.sandbox_provider}  # fmt: skip
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@router.get("/v1/harnesses", summary="Harnesses and their models")
+async def harnesses() -> dict[str, object]:
+    """The single source of truth of harness ids and the models each accepts."""
+    return {
+        "harnesses": [
+            {"id": hid, **{k: v for k, v in h.items()}, "available": hid in RUNNABLE} for hid, h in HARNESSES.items()
+        ],
+        "network": {"enforcer": "none", "supports_egress_grants": False},
+    }

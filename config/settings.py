@@ -1,0 +1,74 @@
+"""Settings, read once at process start from ``FLUIDBOX_*`` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLUIDBOX_", extra="ignore")
+
+    home: Path = Field(default=Path(".fluidbox"))
+    database_url: str | None = None
+    admin_token: SecretStr | None = None
+
+    temporal_address: str | None = None
+    temporal_namespace: str = "default"
+    temporal_tls: bool = False
+    temporal_api_key: SecretStr | None = None
+    task_queue: str = "fluidbox-runs"
+    temporal_port: int = 7233
+    ui_port: int = 8233
+
+    bind: str = "127.0.0.1:8787"
+    gateway_socket: Path | None = None
+    public_url: str | None = None
+    sandbox_provider: str = "bwrap"
+    bwrap_path: str = "bwrap"
+
+    # Run supervision (seconds).
+    heartbeat_secs: float = 10.0
+    heartbeat_stale_secs: float = 60.0
+    liveness_check_secs: float = 5.0
+    quiesce_secs: float = 30.0
+    approval_recheck_secs: float = 30.0
+    replay_delay_ms: int = 400
+    token_ttl_secs: int = 3 * 3600
+
+    max_request_body_bytes: int = 2 * 1024 * 1024
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home.resolve() / "runs"
+
+    @property
+    def socket_path(self) -> Path:
+        return (self.gateway_socket or self.home / "gateway" / "api.sock").resolve()
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.bind.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+    @property
+    def api_url(self) -> str:
+        host, port = self.host_port
+        return self.public_url or f"http://{host}:{port}"
+
+    @property
+    def temporal_target(self) -> str:
+        return self.temporal_address or f"127.0.0.1:{self.temporal_port}"
+
+    def require_admin_token(self) -> str:
+        if self.admin_token is None or not self.admin_token.get_secret_value():
+            raise RuntimeError("FLUIDBOX_ADMIN_TOKEN is not set (fluidbox up generates one into FLUIDBOX_HOME)")
+        return self.admin_token.get_secret_value()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,55 @@
+"""The domain error tree. Translated to HTTP only in ``api/errors.py``.
+
+    DomainError
+    ├── BadRequest          (400) malformed or contradictory input
+    ├── Unauthorized        (401) missing or unknown credential
+    ├── Forbidden           (403) authenticated but not allowed
+    ├── NotFound            (404) missing, or not visible to the caller
+    ├── Conflict            (409) lost a race, duplicate, not pending
+    ├── Unprocessable       (422) semantically invalid (policy, harness, model)
+    └── InvalidTransition   (409) a run status edge the state machine forbids
+"""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    status: int = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(DomainError):
+    status = 400
+
+
+class Unauthorized(DomainError):
+    status = 401
+
+    def __init__(self, message: str = "unauthorized") -> None:
+        super().__init__(message)
+
+
+class Forbidden(DomainError):
+    status = 403
+
+
+class NotFound(DomainError):
+    status = 404
+
+    def __init__(self, message: str = "not found") -> None:
+        super().__init__(message)
+
+
+class Conflict(DomainError):
+    status = 409
+
+
+class Unprocessable(DomainError):
+    status = 422
+
+
+class InvalidTransition(DomainError):
+    status = 409

@@ -1,0 +1,68 @@
+"""Ledger event vocabulary. Names are a public contract: add, never rename.
+
+A ledger payload is always ``{"type": <name>, "data": {...}}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+SESSION_CREATED = "session.created"
+STATUS_CHANGED = "session.status_changed"
+WORKSPACE_INITIALIZED = "workspace.initialized"
+AGENT_MESSAGE = "agent.message"
+TOOL_REQUESTED = "tool.requested"
+TOOL_DECISION = "tool.decision"
+APPROVAL_REQUESTED = "approval.requested"
+APPROVAL_DECIDED = "approval.decided"
+BUDGET_EXCEEDED = "budget.exceeded"
+RUN_RESULT = "run.result"
+RUN_ERROR = "run.error"
+ARTIFACT_COLLECTED = "artifact.collected"
+ARTIFACT_MISSING = "artifact.missing"
+QUIESCE_REQUESTED = "run.quiesce_requested"
+
+ACTORS = frozenset({"agent", "system", "human", "harness"})
+
+
+class NewEvent(BaseModel):
+    """An event about to be appended: the ledger assigns ``seq``."""
+
+    type: str
+    actor: str = "system"
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    def payload(self) -> dict[str, Any]:
+        return {"type": self.type, "data": self.data}
+
+
+def status_changed(src: str, dst: str, reason: str | None = None) -> NewEvent:
+    data: dict[str, Any] = {"from": src, "to": dst}
+    if reason:
+        data["reason"] = reason
+    return NewEvent(type=STATUS_CHANGED, data=data)
+
+
+def system_message(text: str) -> NewEvent:
+    return NewEvent(type=AGENT_MESSAGE, data={"role": "system", "text": text})
+
+
+def normalize_actor(actor: str | None) -> str:
+    return actor if actor in ACTORS else "system"
+
+
+def summarize(tool: str, tool_input: Any, limit: int = 200) -> str:
+    """A short human-readable line for a tool call (never the full input)."""
+    if isinstance(tool_input, dict):
+        for key in ("command", "file_path", "path", "pattern", "url"):
+            if isinstance(tool_input.get(key), str):
+                text = f"{tool}: {tool_input[key]}"
+                break
+        else:
+            text = tool
+    else:
+        text = tool
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,117 @@
+"""The permission gate: one fixed order for every tool call.
+
+session accepts work → intent + digest binding → tool-call budget → frozen tool set →
+trust tier → policy (autonomy inside) → approval (session scope).
+
+The first two steps need the database and run in the API's transaction; this module decides the rest.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from core.policy import PolicyVerdict, evaluate
+from core.runspec import RunSpec
+
+READ_ONLY_TOOLS = frozenset({"Read", "Glob", "Grep", "LS", "NotebookRead"})
+READ_ONLY_PREFIXES = (
+    "ls", "cat", "head", "tail", "wc", "grep", "rg", "pwd", "git status", "git log", "git diff",
+    "git show", "git branch", "git blame",
+)  # fmt: skip
+_SHELL_META = re.compile(r"[;|&`$()<>\n]")
+
+Source = Literal[
+    "policy", "human", "autonomy_rewrite", "session_scope", "trust_tier", "capability", "schema",
+    "budget", "protocol_violation", "session_terminal",
+]  # fmt: skip
+
+
+class GateDecision(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    verdict: Literal["allow", "deny", "require_approval"]
+    source: str
+    reason: str | None = None
+    original_verdict: str | None = None
+    budget_exceeded: bool = False
+    policy: PolicyVerdict | None = None
+
+    def decision_data(self, tool_call_id: str, tool: str) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "tool_call_id": tool_call_id,
+            "tool": tool,
+            "verdict": self.verdict,
+            "source": self.source,
+        }
+        if self.reason:
+            data["reason"] = self.reason
+        if self.original_verdict:
+            data["original_verdict"] = self.original_verdict
+        return data
+
+
+def _read_only_allows(tool: str, tool_input: dict[str, Any]) -> bool:
+    if tool in READ_ONLY_TOOLS:
+        return True
+    if tool != "Bash":
+        return False
+    command = str(tool_input.get("command", "")).strip()
+    if _SHELL_META.search(command):
+        return False
+    return any(command == p or command.startswith(p + " ") for p in READ_ONLY_PREFIXES)
+
+
+def frozen_tools(spec: RunSpec) -> frozenset[str]:
+    names: set[str] = set()
+    for surface in spec.brokered:
+        for tool in surface.get("tools", []):
+            names.add(f"mcp__{surface['slot']}__{tool['name']}")
+    for bundle in spec.capabilities:
+        for server in bundle.get("servers", []):
+            for tool in server.get("tools", []):
+                names.add(f"mcp__{server['name']}__{tool['name']}")
+    return frozenset(names)
+
+
+def decide(
+    spec: RunSpec,
+    tool: str,
+    tool_input: dict[str, Any],
+    *,
+    registered_calls: int,
+    session_scope_keys: frozenset[str] = frozenset(),
+) -> GateDecision:
+    """Decide one new tool call. ``registered_calls`` counts this call's intent row too."""
+    cap = spec.budgets.max_tool_calls
+    if cap is not None and registered_calls > cap:
+        return GateDecision(
+            verdict="deny", source="budget", reason="tool-call budget exceeded", budget_exceeded=True
+        )
+    if tool.startswith("mcp__") and tool not in frozen_tools(spec):
+        return GateDecision(
+            verdict="deny", source="capability", reason=f"tool '{tool}' is not in this run's frozen tool set"
+        )
+    if spec.trust_tier == "read_only" and not _read_only_allows(tool, tool_input):
+        return GateDecision(
+            verdict="deny",
+            source="trust_tier",
+            reason=f"read-only trust tier (untrusted event source): {tool} is not a read-only call",
+        )
+    verdict = evaluate(spec.policy(), tool, tool_input, autonomous=spec.autonomous)
+    if verdict.original_action is not None:
+        return GateDecision(
+            verdict=verdict.action,
+            source="autonomy_rewrite",
+            reason=verdict.reason,
+            original_verdict="require_approval",
+            policy=verdict,
+        )
+    if verdict.action == "require_approval" and verdict.scope_key in session_scope_keys:
+        return GateDecision(
+            verdict="allow", source="session_scope", reason=f"approved for the session ({verdict.scope_key})",
+            policy=verdict,
+        )
+    return GateDecision(verdict=verdict.action, source="policy", reason=verdict.reason, policy=verdict)

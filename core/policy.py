@@ -1,0 +1,255 @@
+"""Policy documents and their evaluation (pure).
+
+A policy is an ordered, first-match list of tool rules plus defaults, budgets, approval settings and
+autonomy. Authored content is parsed strictly (an unknown key anywhere is an error naming it).
+"""
+
+from __future__ import annotations
+
+import re
+from fnmatch import fnmatchcase
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from core.errors import Unprocessable
+
+Action = Literal["allow", "approve", "deny"]
+MAX_RULES = 512
+MAX_PATTERNS = 256
+MAX_STRING = 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _bounded(values: list[str], what: str) -> list[str]:
+    if len(values) > MAX_PATTERNS:
+        raise ValueError(f"{what} has more than {MAX_PATTERNS} entries")
+    for v in values:
+        if len(v.encode()) > MAX_STRING:
+            raise ValueError(f"{what} entry is longer than {MAX_STRING} bytes")
+    return values
+
+
+class ShellConstraint(_Strict):
+    allow_prefixes: list[str] = Field(default_factory=list)
+    deny_regex: list[str] = Field(default_factory=list)
+    on_no_match: Action = "approve"
+
+    @field_validator("allow_prefixes")
+    @classmethod
+    def _prefixes(cls, v: list[str]) -> list[str]:
+        return _bounded(v, "shell.allow_prefixes")
+
+    @field_validator("deny_regex")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for pattern in _bounded(v, "shell.deny_regex"):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"shell.deny_regex {pattern!r} does not compile: {exc}") from exc
+        return v
+
+
+class PathConstraint(_Strict):
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+
+    @field_validator("allow", "deny")
+    @classmethod
+    def _globs(cls, v: list[str]) -> list[str]:
+        return _bounded(v, "paths")
+
+
+class ToolRule(_Strict):
+    match: list[str] = Field(min_length=1)
+    action: Action
+    risk: str | None = Field(default=None, max_length=MAX_STRING)
+    paths: PathConstraint | None = None
+    shell: ShellConstraint | None = None
+    on_autonomous: Literal["allow", "deny"] | None = None
+    approval_ttl_secs: int | None = Field(default=None, ge=1, le=7 * 24 * 3600)
+    approval_scope: Literal["once", "session"] | None = None
+
+    @field_validator("match")
+    @classmethod
+    def _match(cls, v: list[str]) -> list[str]:
+        return _bounded(v, "match")
+
+    def matches(self, tool: str) -> bool:
+        return any(_name_matches(m, tool) for m in self.match)
+
+
+class Defaults(_Strict):
+    tool_action: Action = "approve"
+
+
+class Budgets(_Strict):
+    """Caps; ``None`` means uncapped."""
+
+    max_wall_clock_secs: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    max_tool_calls: int | None = Field(default=None, ge=0)
+
+
+DEFAULT_BUDGETS = Budgets(max_wall_clock_secs=1800, max_tokens=1_000_000, max_cost_usd=2.5, max_tool_calls=100)
+
+
+class Approvals(_Strict):
+    default_ttl_secs: int = Field(default=600, ge=1, le=7 * 24 * 3600)
+    scope: Literal["once", "session"] = "once"
+    timeout_action: Literal["deny"] = "deny"
+
+
+class Autonomy(_Strict):
+    permitted: bool = True
+    on_approval_rule: Literal["deny", "allow"] = "deny"
+
+
+class Policy(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = Field(default=None, max_length=4096)
+    defaults: Defaults = Field(default_factory=Defaults)
+    egress: dict[str, Any] | None = None  # dormant, kept for document compatibility
+    network: dict[str, Any] | None = None
+    budgets: Budgets = DEFAULT_BUDGETS
+    approvals: Approvals = Field(default_factory=Approvals)
+    autonomy: Autonomy = Field(default_factory=Autonomy)
+    tools: list[ToolRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _rule_count(self) -> Policy:
+        if len(self.tools) > MAX_RULES:
+            raise ValueError(f"a policy has at most {MAX_RULES} tool rules")
+        return self
+
+
+def parse_policy(document: Any) -> Policy:
+    """Strictly parse an authored policy document; errors name the offending key."""
+    try:
+        return Policy.model_validate(document)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(document)"
+            if err["type"] == "extra_forbidden":
+                problems.append(f"unknown key '{where}'")
+            else:
+                problems.append(f"{where}: {err['msg']}")
+        raise Unprocessable("bad policy content: " + "; ".join(problems)) from None
+
+
+def _name_matches(pattern: str, tool: str) -> bool:
+    if pattern == "*":
+        return True
+    if pattern.endswith("*"):
+        return tool.startswith(pattern[:-1])
+    return pattern == tool
+
+
+def _prefix_matches(prefix: str, command: str) -> bool:
+    if not command.startswith(prefix):
+        return False
+    rest = command[len(prefix) :]
+    return rest == "" or rest[0] in " \t" or prefix[-1:] in (" ", "\t")
+
+
+PATH_KEYS = ("file_path", "path", "notebook_path", "filePath")
+
+
+def candidate_paths(tool_input: dict[str, Any]) -> list[str]:
+    paths = [v for k in PATH_KEYS if isinstance(v := tool_input.get(k), str)]
+    edits = tool_input.get("edits")
+    if isinstance(edits, list):
+        paths += [e["file_path"] for e in edits if isinstance(e, dict) and isinstance(e.get("file_path"), str)]
+    return paths
+
+
+class PolicyVerdict(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    action: Literal["allow", "deny", "require_approval"]
+    reason: str | None = None
+    rule: int | None = None  # index of the matching rule; None when the default applied
+    risk: str | None = None
+    ttl_secs: int | None = None
+    scope: Literal["once", "session"] | None = None
+    scope_key: str | None = None
+    # Set when autonomy rewrote a require_approval verdict.
+    original_action: Literal["require_approval"] | None = None
+
+
+def _raw_verdict(policy: Policy, tool: str, tool_input: dict[str, Any]) -> tuple[PolicyVerdict, ToolRule | None]:
+    for index, rule in enumerate(policy.tools):
+        if not rule.matches(tool):
+            continue
+        action: Action = rule.action
+        scope_key = tool
+        if rule.shell is not None:
+            command = str(tool_input.get("command", "")).strip()
+            for pattern in rule.shell.deny_regex:
+                if re.search(pattern, command):
+                    return PolicyVerdict(
+                        action="deny", rule=index, reason=f'shell command matches deny pattern "{pattern}"'
+                    ), rule
+            matched = next((p for p in rule.shell.allow_prefixes if _prefix_matches(p, command)), None)
+            if matched is not None:
+                scope_key = f"{tool}:{matched.strip()}"
+            else:
+                action = rule.shell.on_no_match
+                # The exact command, never its first word: approving `git push` for the session
+                # must not approve every later git command.
+                scope_key = f"{tool}:{command}"
+        elif rule.paths is not None:
+            paths = candidate_paths(tool_input)
+            for path in paths:
+                for glob in rule.paths.deny:
+                    if fnmatchcase(path, glob):
+                        return PolicyVerdict(
+                            action="deny", rule=index, reason=f'path "{path}" matches deny glob "{glob}"'
+                        ), rule
+            if rule.paths.allow and (
+                not paths or any(not any(fnmatchcase(p, g) for g in rule.paths.allow) for p in paths)
+            ):
+                action = "approve"
+        return _action_verdict(policy, action, rule, index, scope_key), rule
+    return _action_verdict(policy, policy.defaults.tool_action, None, None, tool), None
+
+
+def _action_verdict(
+    policy: Policy, action: Action, rule: ToolRule | None, index: int | None, scope_key: str
+) -> PolicyVerdict:
+    if action == "allow":
+        return PolicyVerdict(action="allow", rule=index)
+    if action == "deny":
+        reason = (rule.risk if rule else None) or "denied by policy"
+        return PolicyVerdict(action="deny", rule=index, reason=reason)
+    return PolicyVerdict(
+        action="require_approval",
+        rule=index,
+        risk=rule.risk if rule else None,
+        reason=(rule.risk if rule else None) or "requires human approval",
+        ttl_secs=(rule.approval_ttl_secs if rule else None) or policy.approvals.default_ttl_secs,
+        scope=(rule.approval_scope if rule else None) or policy.approvals.scope,
+        scope_key=scope_key,
+    )
+
+
+def evaluate(policy: Policy, tool: str, tool_input: dict[str, Any], *, autonomous: bool) -> PolicyVerdict:
+    """First matching rule wins; autonomy rewrites approvals inside the engine."""
+    verdict, rule = _raw_verdict(policy, tool, tool_input)
+    if not autonomous or verdict.action != "require_approval":
+        return verdict
+    fallback = (rule.on_autonomous if rule else None) or policy.autonomy.on_approval_rule
+    if fallback == "allow":
+        return PolicyVerdict(action="allow", rule=verdict.rule, original_action="require_approval")
+    return PolicyVerdict(
+        action="deny",
+        rule=verdict.rule,
+        reason="requires human approval; run is autonomous (policy fallback: deny)",
+        original_action="require_approval",
+    )

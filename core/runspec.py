@@ -1,0 +1,118 @@
+"""The RunSpec: everything that governs a run, frozen once at creation and never changed.
+
+Editing an agent or a policy afterwards affects only future runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.errors import BadRequest
+from core.policy import Budgets, Policy
+
+Harness = Literal["replay", "claude-agent-sdk", "codex"]
+HARNESSES: tuple[str, ...] = ("replay", "claude-agent-sdk", "codex")
+DEFAULT_MODELS: dict[str, str] = {
+    "replay": "replay",
+    "claude-agent-sdk": "claude-haiku-4-5",
+    "codex": "gpt-5.4-mini",
+}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WorkspaceSpec(_Frozen):
+    kind: Literal["scratch", "local_copy"] = "scratch"
+    path: str | None = None
+
+
+class InvocationContext(_Frozen):
+    kind: Literal["manual", "api", "schedule", "event"] = "manual"
+    actor: str = "operator"
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunSpec(_Frozen):
+    run_id: str
+    tenant_id: str
+    agent_id: str
+    agent_revision_id: str
+    agent_name: str
+    harness: str
+    model: str
+    system_prompt: str | None = None
+    harness_config: dict[str, Any] = Field(default_factory=dict)
+    task: str
+    workspace: WorkspaceSpec
+    autonomy: Literal["supervised", "autonomous"]
+    trust_tier: Literal["trusted", "read_only"] = "trusted"
+    budgets: Budgets
+    policy_id: str
+    policy_name: str
+    policy_version: int
+    policy_snapshot: dict[str, Any]
+    invocation: InvocationContext = Field(default_factory=InvocationContext)
+    result_destinations: list[dict[str, Any]] = Field(default_factory=list)
+    capabilities: list[dict[str, Any]] = Field(default_factory=list)
+    brokered: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def autonomous(self) -> bool:
+        return self.autonomy == "autonomous"
+
+    def policy(self) -> Policy:
+        return Policy.model_validate(self.policy_snapshot)
+
+
+def intersect_budgets(*layers: Budgets | None) -> Budgets:
+    """Tighten only: the smallest cap of every layer wins; a cap on one side only is kept."""
+    out: dict[str, Any] = {}
+    for field in Budgets.model_fields:
+        caps = [getattr(b, field) for b in layers if b is not None and getattr(b, field) is not None]
+        out[field] = min(caps) if caps else None
+    return Budgets(**out)
+
+
+def freeze(
+    *,
+    run_id: str,
+    tenant_id: str,
+    agent: dict[str, Any],
+    revision: dict[str, Any],
+    policy_row: dict[str, Any],
+    task: str,
+    workspace: WorkspaceSpec | None,
+    autonomous: bool,
+    budget_override: Budgets | None,
+    invocation: InvocationContext,
+) -> RunSpec:
+    """Build the immutable RunSpec for a new run from the agent revision and policy version."""
+    policy = Policy.model_validate(policy_row["content"])
+    if autonomous and not policy.autonomy.permitted:
+        raise BadRequest("policy does not permit autonomous runs")
+    revision_budgets = Budgets.model_validate(revision["budgets"]) if revision.get("budgets") else None
+    default_ws = revision.get("default_workspace")
+    return RunSpec(
+        run_id=run_id,
+        tenant_id=tenant_id,
+        agent_id=str(agent["id"]),
+        agent_revision_id=str(revision["id"]),
+        agent_name=agent["name"],
+        harness=revision["harness"],
+        model=revision["model"],
+        system_prompt=revision.get("system_prompt"),
+        harness_config=revision.get("harness_config") or {},
+        task=task,
+        workspace=workspace or (WorkspaceSpec.model_validate(default_ws) if default_ws else WorkspaceSpec()),
+        autonomy="autonomous" if autonomous else "supervised",
+        budgets=intersect_budgets(revision_budgets, policy.budgets, budget_override),
+        policy_id=str(policy_row["policy_id"]),
+        policy_name=policy.name,
+        policy_version=int(policy_row["version"]),
+        policy_snapshot=policy_row["content"],
+        invocation=invocation,
+    )

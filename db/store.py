@@ -1,0 +1,724 @@
+"""The system of record. Every SQL statement the control plane runs lives here.
+
+Conventions: the ledger's ``seq`` is assigned under the session row lock in the inserting
+transaction (gapless); every event payload passes the redactor; every decision is a compare-and-swap
+so exactly one writer wins and emits events.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import asyncpg
+
+from core import events as ev
+from core.digests import input_digest
+from core.errors import BadRequest, Conflict, InvalidTransition, NotFound
+from core.gate import GateDecision, decide
+from core.redaction import Redactor
+from core.runspec import RunSpec
+from core.states import RunStatus, accepts_work, check_transition, is_terminal
+from core.tokens import RUN_AUDIENCES, session_token, token_digest
+from db.ids import new_id
+
+Conn = Any  # asyncpg.Connection or a pool proxy (asyncpg types are not generic at runtime)
+Row = dict[str, Any]
+NOTIFY_CHANNEL = "fluidbox_events"
+
+DECIDED_ALLOW = frozenset({"auto_allowed", "approved_once", "approved_session"})
+DECIDED_DENY = frozenset({"auto_denied", "denied", "expired"})
+
+
+def _row(record: asyncpg.Record | None) -> Row | None:
+    if record is None:
+        return None
+    return {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in record.items()}
+
+
+def _rows(records: Iterable[asyncpg.Record]) -> list[Row]:
+    return [r for rec in records if (r := _row(rec)) is not None]
+
+
+class GateOutcome:
+    """What /permission answers: a verdict now, or the approval the runner must wait on."""
+
+    def __init__(self, verdict: str, message: str | None = None, *, wait: Row | None = None) -> None:
+        self.verdict = verdict  # allow | deny | wait
+        self.message = message
+        self.wait = wait  # the intent/pending approval row when verdict == "wait"
+
+
+class Store:
+    def __init__(self, pool: "asyncpg.Pool[Any]", redactor: Redactor) -> None:
+        self.pool = pool
+        self.redactor = redactor
+        self._specs: dict[str, RunSpec] = {}
+
+    # ---- tenancy -------------------------------------------------------------------------------
+
+    async def boot_tenant(self) -> str:
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO tenants (id, name, slug) VALUES ($1, 'default', 'default') ON CONFLICT DO NOTHING",
+                uuid.UUID(new_id()),
+            )
+            return str(await conn.fetchval("SELECT id FROM tenants WHERE slug = 'default'"))
+
+    # ---- policies ------------------------------------------------------------------------------
+
+    async def seed_policy(self, tenant_id: str, content: dict[str, Any], yaml_source: str | None) -> None:
+        """Create a seeded policy at v1 if it does not exist yet (operator edits are never overwritten)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            pid = uuid.UUID(new_id())
+            inserted = await conn.fetchval(
+                "INSERT INTO policies (id, tenant_id, name) VALUES ($1, $2, $3) "
+                "ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
+                pid, uuid.UUID(tenant_id), content["name"],
+            )  # fmt: skip
+            if inserted is not None:
+                await conn.execute(
+                    "INSERT INTO policy_versions (id, policy_id, version, content, yaml_source, summary, author) "
+                    "VALUES ($1, $2, 1, $3, $4, 'seeded', 'seed')",
+                    uuid.UUID(new_id()), pid, content, yaml_source,
+                )  # fmt: skip
+
+    async def policy_head(self, tenant_id: str, name: str) -> Row | None:
+        async with self.pool.acquire() as conn:
+            return _row(
+                await conn.fetchrow(
+                    "SELECT p.id AS policy_id, p.name, v.version, v.content FROM policies p "
+                    "JOIN policy_versions v ON v.policy_id = p.id WHERE p.tenant_id = $1 AND p.name = $2 "
+                    "ORDER BY v.version DESC LIMIT 1",
+                    uuid.UUID(tenant_id), name,
+                )  # fmt: skip
+            )
+
+    async def policy_head_by_id(self, conn: Conn, policy_id: str) -> Row:
+        row = _row(
+            await conn.fetchrow(
+                "SELECT p.id AS policy_id, p.name, v.version, v.content FROM policies p "
+                "JOIN policy_versions v ON v.policy_id = p.id WHERE p.id = $1 ORDER BY v.version DESC LIMIT 1",
+                uuid.UUID(policy_id),
+            )
+        )
+        if row is None:
+            raise NotFound("policy not found")
+        return row
+
+    async def policy_names(self, tenant_id: str) -> dict[str, str]:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch("SELECT id, name FROM policies WHERE tenant_id = $1", uuid.UUID(tenant_id))
+            return {str(r["id"]): r["name"] for r in rows}
+
+    # ---- agents --------------------------------------------------------------------------------
+
+    _REVISION_COLUMNS = (
+        "harness", "runner_image", "model", "system_prompt", "policy_id", "budgets", "harness_config",
+        "capability_bundles", "default_workspace", "connection_requirements", "network",
+    )  # fmt: skip
+
+    async def _insert_revision(self, conn: Conn, tenant_id: str, agent_id: str, fields: Row) -> Row:
+        rev = await conn.fetchval(
+            "SELECT coalesce(max(rev), 0) + 1 FROM agent_revisions WHERE agent_id = $1", uuid.UUID(agent_id)
+        )
+        cols = ", ".join(self._REVISION_COLUMNS)
+        params = ", ".join(f"${i}" for i in range(5, 5 + len(self._REVISION_COLUMNS)))
+        defaults: Row = {"harness_config": {}, "capability_bundles": [], "connection_requirements": []}
+        values = [fields.get(c) if fields.get(c) is not None else defaults.get(c) for c in self._REVISION_COLUMNS]
+        values[4] = uuid.UUID(values[4])  # policy_id
+        record = await conn.fetchrow(
+            f"INSERT INTO agent_revisions (id, tenant_id, agent_id, rev, {cols}) "
+            f"VALUES ($1, $2, $3, $4, {params}) RETURNING *",
+            uuid.UUID(new_id()), uuid.UUID(tenant_id), uuid.UUID(agent_id), rev, *values,
+        )  # fmt: skip
+        return _row(record) or {}
+
+    async def create_agent(self, tenant_id: str, name: str, description: str | None, fields: Row) -> tuple[Row, Row]:
+        async with self.pool.acquire() as conn, conn.transaction():
+            agent = _row(
+                await conn.fetchrow(
+                    "INSERT INTO agents (id, tenant_id, name, description) VALUES ($1, $2, $3, $4) "
+                    "ON CONFLICT (tenant_id, name) DO NOTHING RETURNING *",
+                    uuid.UUID(new_id()), uuid.UUID(tenant_id), name, description,
+                )  # fmt: skip
+            )
+            if agent is None:
+                raise Conflict(f"an agent named '{name}' already exists")
+            revision = await self._insert_revision(conn, tenant_id, agent["id"], fields)
+            return agent, revision
+
+    async def list_agents(self, tenant_id: str) -> list[Row]:
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch("SELECT * FROM agents WHERE tenant_id = $1 ORDER BY name", uuid.UUID(tenant_id))
+            )
+
+    async def find_agent(self, tenant_id: str, ref: str) -> Row | None:
+        async with self.pool.acquire() as conn:
+            return await self._find_agent(conn, tenant_id, ref)
+
+    async def _find_agent(self, conn: Conn, tenant_id: str, ref: str) -> Row | None:
+        try:
+            agent_id: uuid.UUID | None = uuid.UUID(ref)
+        except ValueError:
+            agent_id = None
+        if agent_id is not None:
+            found = await conn.fetchrow(
+                "SELECT * FROM agents WHERE tenant_id = $1 AND id = $2", uuid.UUID(tenant_id), agent_id
+            )
+            if found is not None:
+                return _row(found)
+        return _row(
+            await conn.fetchrow("SELECT * FROM agents WHERE tenant_id = $1 AND name = $2", uuid.UUID(tenant_id), ref)
+        )
+
+    async def revisions(self, agent_id: str) -> list[Row]:
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch(
+                    "SELECT * FROM agent_revisions WHERE agent_id = $1 ORDER BY rev", uuid.UUID(agent_id)
+                )
+            )
+
+    async def latest_revision(self, conn: Conn, agent_id: str) -> Row | None:
+        return _row(
+            await conn.fetchrow(
+                "SELECT * FROM agent_revisions WHERE agent_id = $1 ORDER BY rev DESC LIMIT 1", uuid.UUID(agent_id)
+            )
+        )
+
+    async def append_revision(self, tenant_id: str, agent_id: str, changes: Row) -> Row:
+        """Omitted fields inherit from the latest revision; the revision itself is never edited."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT id FROM agents WHERE id = $1 FOR UPDATE", uuid.UUID(agent_id))
+            latest = await self.latest_revision(conn, agent_id)
+            base = {c: latest[c] for c in self._REVISION_COLUMNS} if latest else {}
+            base.update(changes)
+            return await self._insert_revision(conn, tenant_id, agent_id, base)
+
+    # ---- runs ----------------------------------------------------------------------------------
+
+    async def create_run(self, spec: RunSpec, invoked_by_kind: str) -> Row:
+        async with self.pool.acquire() as conn, conn.transaction():
+            record = await conn.fetchrow(
+                "INSERT INTO sessions (id, tenant_id, agent_id, agent_revision_id, status, autonomy, trust_tier, "
+                "task, repo_source, run_spec, trigger, budgets, invoked_by_kind) "
+                "VALUES ($1,$2,$3,$4,'created',$5,$6,$7,$8,$9,$10,$11,$12) RETURNING *",
+                uuid.UUID(spec.run_id), uuid.UUID(spec.tenant_id), uuid.UUID(spec.agent_id),
+                uuid.UUID(spec.agent_revision_id), spec.autonomy, spec.trust_tier, spec.task,
+                spec.workspace.model_dump(), spec.model_dump(mode="json"),
+                spec.invocation.model_dump(mode="json"), spec.budgets.model_dump(), invoked_by_kind,
+            )  # fmt: skip
+            created = ev.NewEvent(
+                type=ev.SESSION_CREATED,
+                data={"task": spec.task, "agent": spec.agent_name, "autonomy": spec.autonomy},
+            )
+            await self.append(conn, spec.run_id, [created])
+        row = _row(record) or {}
+        row["event_seq"] = 1
+        return row
+
+    async def get_run(self, tenant_id: str | None, run_id: str) -> Row | None:
+        try:
+            rid = uuid.UUID(run_id)
+        except ValueError:
+            return None
+        async with self.pool.acquire() as conn:
+            if tenant_id is None:
+                return _row(await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", rid))
+            return _row(
+                await conn.fetchrow("SELECT * FROM sessions WHERE id = $1 AND tenant_id = $2", rid, uuid.UUID(tenant_id))
+            )
+
+    async def list_runs(self, tenant_id: str, limit: int) -> list[Row]:
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch(
+                    "SELECT * FROM sessions WHERE tenant_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
+                    uuid.UUID(tenant_id), limit,
+                )  # fmt: skip
+            )
+
+    async def run_spec(self, run_id: str) -> RunSpec:
+        spec = self._specs.get(run_id)
+        if spec is None:
+            async with self.pool.acquire() as conn:
+                raw = await conn.fetchval("SELECT run_spec FROM sessions WHERE id = $1", uuid.UUID(run_id))
+            if raw is None:
+                raise NotFound()
+            spec = RunSpec.model_validate(raw)
+            if len(self._specs) > 4096:
+                self._specs.clear()
+            self._specs[run_id] = spec  # frozen forever, so caching cannot go stale
+        return spec
+
+    async def usage_totals(self, run_id: str) -> Row:
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT coalesce(sum(input_tokens),0) AS input_tokens, coalesce(sum(output_tokens),0) AS output_tokens,"
+                " coalesce(sum(cache_read_tokens),0) AS cache_read_tokens,"
+                " coalesce(sum(cache_write_tokens),0) AS cache_write_tokens, sum(cost_usd) AS cost_usd,"
+                " count(*) AS requests FROM usage_entries WHERE session_id = $1",
+                uuid.UUID(run_id),
+            )
+        out = dict(row) if row else {}
+        out["cost_usd"] = float(out["cost_usd"]) if out.get("cost_usd") is not None else 0.0
+        return {k: (int(v) if k != "cost_usd" else v) for k, v in out.items()}
+
+    async def transition(
+        self,
+        run_id: str,
+        to: RunStatus,
+        reason: str | None = None,
+        extra: list[ev.NewEvent] | None = None,
+        *,
+        conn: Conn | None = None,
+    ) -> tuple[str, str]:
+        """Move a run to ``to`` (a no-op when it is already there). Returns (from, to)."""
+        if conn is None:
+            async with self.pool.acquire() as own, own.transaction():
+                return await self.transition(run_id, to, reason, extra, conn=own)
+        current = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
+        if current is None:
+            raise NotFound()
+        if current == to:
+            if extra:
+                await self.append(conn, run_id, extra)
+            return current, current
+        check_transition(current, to)
+        await conn.execute(
+            "UPDATE sessions SET status = $2, status_reason = $3, updated_at = now(),"
+            " started_at = CASE WHEN $2 = 'running' AND started_at IS NULL THEN now() ELSE started_at END,"
+            " finished_at = CASE WHEN $4 THEN now() ELSE finished_at END WHERE id = $1",
+            uuid.UUID(run_id), to.value, reason, is_terminal(to),
+        )  # fmt: skip
+        await self.append(conn, run_id, [ev.status_changed(current, to.value, reason), *(extra or [])])
+        return current, to.value
+
+    async def set_fields(self, run_id: str, **fields: Any) -> None:
+        cols = list(fields)
+        sets = ", ".join(f"{c} = ${i + 2}" for i, c in enumerate(cols))
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                f"UPDATE sessions SET {sets}, updated_at = now() WHERE id = $1",
+                uuid.UUID(run_id), *[fields[c] for c in cols],
+            )  # fmt: skip
+
+    async def heartbeat(self, run_id: str) -> str | None:
+        async with self.pool.acquire() as conn:
+            return await conn.fetchval(
+                "UPDATE sessions SET last_heartbeat_at = now() WHERE id = $1 RETURNING status", uuid.UUID(run_id)
+            )
+
+    # ---- the ledger ----------------------------------------------------------------------------
+
+    async def append(self, conn: Conn, run_id: str, new: list[ev.NewEvent]) -> int:
+        """Append events atomically with the caller's transaction; returns the last seq."""
+        if not new:
+            return 0
+        last = await conn.fetchval(
+            "UPDATE sessions SET event_seq = event_seq + $2 WHERE id = $1 RETURNING event_seq",
+            uuid.UUID(run_id), len(new),
+        )  # fmt: skip
+        first = last - len(new) + 1
+        rows = [
+            (uuid.UUID(new_id()), uuid.UUID(run_id), first + i, e.actor, e.type, self.redactor.redact(e.payload()).value)
+            for i, e in enumerate(new)
+        ]
+        await conn.executemany(
+            "INSERT INTO events (event_id, session_id, seq, actor, type, payload) VALUES ($1,$2,$3,$4,$5,$6)", rows
+        )
+        await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"{run_id}:{last}")
+        return int(last)
+
+    async def append_events(self, run_id: str, new: list[ev.NewEvent]) -> int:
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await self.append(conn, run_id, new)
+
+    async def events_after(self, run_id: str, after: int, limit: int) -> list[Row]:
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch(
+                    "SELECT event_id, session_id, seq, actor, type, payload, occurred_at FROM events "
+                    "WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                    uuid.UUID(run_id), after, limit,
+                )  # fmt: skip
+            )
+
+    # ---- tokens --------------------------------------------------------------------------------
+
+    async def mint_tokens(self, tenant_id: str, run_id: str, ttl_secs: int, randoms: dict[str, str]) -> dict[str, str]:
+        """Mint the run's four audience tokens (replacing any earlier ones: a retried provision)."""
+        tokens = {aud.value: session_token(randoms[aud.value]) for aud in RUN_AUDIENCES}
+        async with self.pool.acquire() as conn, conn.transaction():
+            for audience, token in tokens.items():
+                await conn.execute(
+                    "INSERT INTO api_tokens (id, token_sha256, tenant_id, kind, session_id, audience, expires_at) "
+                    "VALUES ($1, $2, $3, 'session', $4, $5, now() + make_interval(secs => $6)) "
+                    "ON CONFLICT (session_id, audience) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, "
+                    "expires_at = EXCLUDED.expires_at, revoked_at = NULL",
+                    uuid.UUID(new_id()), token_digest(token), uuid.UUID(tenant_id), uuid.UUID(run_id),
+                    audience, float(ttl_secs),
+                )  # fmt: skip
+        return tokens
+
+    async def resolve_token(self, token: str) -> Row | None:
+        async with self.pool.acquire() as conn:
+            return _row(
+                await conn.fetchrow(
+                    "SELECT t.session_id, t.tenant_id, t.audience, t.revoked_at IS NOT NULL AS revoked,"
+                    " t.expires_at < now() AS expired, s.status FROM api_tokens t "
+                    "JOIN sessions s ON s.id = t.session_id WHERE t.token_sha256 = $1",
+                    token_digest(token),
+                )
+            )
+
+    async def revoke_tokens(self, conn: Conn, run_id: str) -> None:
+        await conn.execute(
+            "UPDATE api_tokens SET revoked_at = now() WHERE session_id = $1 AND revoked_at IS NULL", uuid.UUID(run_id)
+        )
+
+    async def renew_tokens(self, run_id: str, ttl_secs: int) -> None:
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE api_tokens SET expires_at = now() + make_interval(secs => $2) "
+                "WHERE session_id = $1 AND revoked_at IS NULL",
+                uuid.UUID(run_id), float(ttl_secs),
+            )  # fmt: skip
+
+    # ---- the gate ------------------------------------------------------------------------------
+
+    async def gate(self, run_id: str, tool_call_id: str, tool: str, tool_input: dict[str, Any]) -> GateOutcome:
+        spec = await self.run_spec(run_id)
+        digest = input_digest(tool, tool_input)
+        rid = uuid.UUID(run_id)
+        async with self.pool.acquire() as conn, conn.transaction():
+            # The session row lock serializes one run's gate calls: budget counts and seq stay exact.
+            session = await conn.fetchrow("SELECT status, gate_calls FROM sessions WHERE id = $1 FOR UPDATE", rid)
+            if session is None or not accepts_work(session["status"]):
+                return GateOutcome("deny", "session is not active")
+            existing = _row(
+                await conn.fetchrow(
+                    "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2", rid, tool_call_id
+                )
+            )
+            if existing is not None:
+                return await self._replay(conn, run_id, existing, tool, digest)
+            count = session["gate_calls"] + 1
+            decision = decide(spec, tool, tool_input, registered_calls=count)
+            if decision.verdict == "require_approval" and decision.policy and decision.policy.scope_key:
+                approved = await conn.fetchval(
+                    "SELECT 1 FROM approvals WHERE session_id = $1 AND status = 'approved_session' "
+                    "AND scope_key = $2 LIMIT 1",
+                    rid, decision.policy.scope_key,
+                )  # fmt: skip
+                if approved:
+                    decision = GateDecision(
+                        verdict="allow", source="session_scope", policy=decision.policy,
+                        reason=f"approved for the session ({decision.policy.scope_key})",
+                    )  # fmt: skip
+            status = {"allow": "auto_allowed", "deny": "auto_denied"}.get(decision.verdict, "intent")
+            policy = decision.policy
+            summary = ev.summarize(tool, tool_input)
+            row = _row(
+                await conn.fetchrow(
+                    "INSERT INTO approvals (id, tenant_id, session_id, tool_call_id, tool, summary, input_digest,"
+                    " risk, scope, scope_key, status, decision_source, decision_reason, decided_at, decided_by,"
+                    " expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,"
+                    " CASE WHEN $11 = 'intent' THEN NULL ELSE now() END,"
+                    " CASE WHEN $11 = 'intent' THEN NULL ELSE 'gate' END,"
+                    " CASE WHEN $11 = 'intent' THEN now() + make_interval(secs => $14) END) RETURNING *",
+                    uuid.UUID(new_id()), uuid.UUID(spec.tenant_id), rid, tool_call_id, tool, summary, digest,
+                    policy.risk if policy else None, policy.scope if policy else None,
+                    policy.scope_key if policy else None, status, decision.source, decision.reason,
+                    float(policy.ttl_secs or 600) if policy else 600.0,
+                )  # fmt: skip
+            )
+            await conn.execute("UPDATE sessions SET gate_calls = $2 WHERE id = $1", rid, count)
+            new = [
+                ev.NewEvent(
+                    type=ev.TOOL_REQUESTED,
+                    data={"tool_call_id": tool_call_id, "tool": tool, "summary": summary, "input_digest": digest},
+                )
+            ]
+            if decision.verdict != "require_approval":
+                new.append(ev.NewEvent(type=ev.TOOL_DECISION, data=decision.decision_data(tool_call_id, tool)))
+            if decision.budget_exceeded:
+                cap = spec.budgets.max_tool_calls
+                new.append(
+                    ev.NewEvent(
+                        type=ev.BUDGET_EXCEEDED,
+                        data={"budget": "max_tool_calls", "limit": str(cap), "spent": str(count)},
+                    )
+                )
+                await self._request_finalization(
+                    conn, run_id, "budget_exceeded", None, "max_tool_calls budget exceeded", True
+                )
+            await self.append(conn, run_id, new)
+        if decision.verdict == "require_approval":
+            return GateOutcome("wait", wait=row)
+        return GateOutcome(decision.verdict, decision.reason if decision.verdict == "deny" else None)
+
+    async def _replay(self, conn: Conn, run_id: str, row: Row, tool: str, digest: str) -> GateOutcome:
+        if row["tool"] != tool or row["input_digest"] != digest:
+            message = "tool_call_id reused with a different tool or input"
+            data = {
+                "tool_call_id": row["tool_call_id"], "tool": tool, "verdict": "deny",
+                "source": "protocol_violation", "reason": message,
+            }  # fmt: skip
+            await self.append(conn, run_id, [ev.NewEvent(type=ev.TOOL_DECISION, data=data)])
+            return GateOutcome("deny", message)
+        if row["status"] in DECIDED_ALLOW:
+            return GateOutcome("allow")
+        if row["status"] in DECIDED_DENY:
+            return GateOutcome("deny", row["decision_reason"] or "denied")
+        return GateOutcome("wait", wait=row)
+
+    # ---- approvals -----------------------------------------------------------------------------
+
+    async def open_approval(self, run_id: str, tool_call_id: str) -> Row:
+        """intent → pending (idempotent), ``approval.requested``, and running → awaiting_approval."""
+        rid = uuid.UUID(run_id)
+        async with self.pool.acquire() as conn, conn.transaction():
+            status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", rid)
+            row = _row(
+                await conn.fetchrow(
+                    "UPDATE approvals SET status = 'pending', requested_at = now(),"
+                    " expires_at = now() + (expires_at - requested_at)"
+                    " WHERE session_id = $1 AND tool_call_id = $2 AND status = 'intent' RETURNING *",
+                    rid, tool_call_id,
+                )  # fmt: skip
+            )
+            if row is None:
+                existing = _row(
+                    await conn.fetchrow(
+                        "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2", rid, tool_call_id
+                    )
+                )
+                if existing is None:
+                    raise NotFound("no such tool call")
+                return existing
+            if not accepts_work(status):
+                # The run stopped accepting work while this call was registered: deny it once.
+                return await self._settle(conn, row, "denied", "system", "session_terminal", "session is not active")
+            await self.append(
+                conn,
+                run_id,
+                [
+                    ev.NewEvent(
+                        type=ev.APPROVAL_REQUESTED,
+                        data={
+                            "approval_id": row["id"], "tool_call_id": tool_call_id, "tool": row["tool"],
+                            "summary": row["summary"], "risk": row["risk"],
+                            "expires_at": row["expires_at"].isoformat(),
+                        },
+                    )
+                ],
+            )  # fmt: skip
+            if status == RunStatus.RUNNING:
+                await self.transition(run_id, RunStatus.AWAITING_APPROVAL, conn=conn)
+            return row
+
+    async def _settle(
+        self, conn: Conn, row: Row, decision: str, decided_by: str, source: str, reason: str
+    ) -> Row:
+        settled = _row(
+            await conn.fetchrow(
+                "UPDATE approvals SET status = $2, decided_at = now(), decided_by = $3, decision_source = $4,"
+                " decision_reason = $5 WHERE id = $1 AND status IN ('pending', 'intent') RETURNING *",
+                uuid.UUID(row["id"]), decision, decided_by, source, reason,
+            )  # fmt: skip
+        )
+        if settled is None:
+            raise Conflict("approval is not pending")
+        verdict = "allow" if decision in DECIDED_ALLOW else "deny"
+        new = []
+        if row["status"] == "pending":
+            new.append(
+                ev.NewEvent(
+                    type=ev.APPROVAL_DECIDED,
+                    actor="human" if source == "human" else "system",
+                    data={
+                        "approval_id": row["id"], "tool_call_id": row["tool_call_id"],
+                        "decision": decision, "decided_by": decided_by,
+                    },
+                )
+            )  # fmt: skip
+        new.append(
+            ev.NewEvent(
+                type=ev.TOOL_DECISION,
+                data={
+                    "tool_call_id": row["tool_call_id"], "tool": row["tool"], "verdict": verdict,
+                    "source": source, "reason": reason,
+                },
+            )
+        )  # fmt: skip
+        await self.append(conn, row["session_id"], new)
+        return settled
+
+    async def decide_approval(self, tenant_id: str, approval_id: str, decision: str, decided_by: str) -> Row:
+        """The human decision: a CAS pending → decision; only the winner writes events."""
+        try:
+            aid = uuid.UUID(approval_id)
+        except ValueError:
+            raise NotFound() from None
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = _row(
+                await conn.fetchrow(
+                    "SELECT * FROM approvals WHERE id = $1 AND tenant_id = $2", aid, uuid.UUID(tenant_id)
+                )
+            )
+            if row is None:
+                raise NotFound()
+            if row["status"] != "pending":
+                raise Conflict("approval is not pending")
+            # Lock order (session, then approval) matches the gate's, so concurrent deciders queue here.
+            await conn.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(row["session_id"]))
+            return await self._settle(conn, row, decision, decided_by, "human", f"human:{decided_by}")
+
+    async def expire_approval(self, approval_id: str) -> Row:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = _row(await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id)))
+            if row is None:
+                raise NotFound()
+            await conn.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(row["session_id"]))
+            try:
+                return await self._settle(conn, row, "expired", "timeout", "human", "human:timeout")
+            except Conflict:
+                return _row(await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id))) or row
+
+    async def deny_open_approvals(self, run_id: str, reason: str) -> None:
+        """Settle every undecided call of a run that stopped accepting work (single emission via CAS)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
+            rows = _rows(
+                await conn.fetch(
+                    "SELECT * FROM approvals WHERE session_id = $1 AND status IN ('pending', 'intent')",
+                    uuid.UUID(run_id),
+                )
+            )
+            for row in rows:
+                await self._settle(conn, row, "denied", "system", "session_terminal", reason)
+
+    async def get_approval(self, approval_id: str) -> Row | None:
+        async with self.pool.acquire() as conn:
+            return _row(await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id)))
+
+    async def resume_after_approval(self, run_id: str) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
+            pending = await conn.fetchval(
+                "SELECT count(*) FROM approvals WHERE session_id = $1 AND status = 'pending'", uuid.UUID(run_id)
+            )
+            if status == RunStatus.AWAITING_APPROVAL and pending == 0:
+                await self.transition(run_id, RunStatus.RUNNING, conn=conn)
+
+    async def list_approvals(self, tenant_id: str, *, run_id: str | None = None) -> list[Row]:
+        async with self.pool.acquire() as conn:
+            if run_id is not None:
+                records = await conn.fetch(
+                    "SELECT * FROM approvals WHERE session_id = $1 AND tenant_id = $2 ORDER BY requested_at, id",
+                    uuid.UUID(run_id), uuid.UUID(tenant_id),
+                )  # fmt: skip
+            else:
+                records = await conn.fetch(
+                    "SELECT * FROM approvals WHERE tenant_id = $1 AND status = 'pending' ORDER BY requested_at",
+                    uuid.UUID(tenant_id),
+                )
+            return _rows(records)
+
+    # ---- finalization --------------------------------------------------------------------------
+
+    async def _request_finalization(
+        self, conn: Conn, run_id: str, outcome: str, summary: str | None, reason: str | None, quiesce: bool
+    ) -> bool:
+        inserted = await conn.fetchval(
+            "INSERT INTO session_finalizations (session_id, outcome, summary, reason, needs_quiesce) "
+            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING true",
+            uuid.UUID(run_id), outcome, summary, reason, quiesce,
+        )  # fmt: skip
+        return bool(inserted)
+
+    async def request_finalization(
+        self, run_id: str, outcome: str, *, summary: str | None = None, reason: str | None = None,
+        quiesce: bool = False,
+    ) -> tuple[bool, str]:
+        """Record the durable wind-down intent. Returns (created, current status)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
+            if status is None:
+                raise NotFound()
+            if is_terminal(status):
+                return False, status
+            created = await self._request_finalization(conn, run_id, outcome, summary, reason, quiesce)
+            return created, status
+
+    async def finalization(self, run_id: str) -> Row | None:
+        async with self.pool.acquire() as conn:
+            return _row(
+                await conn.fetchrow("SELECT * FROM session_finalizations WHERE session_id = $1", uuid.UUID(run_id))
+            )
+
+    async def liveness(self, run_id: str) -> Row:
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT s.status, extract(epoch FROM now() - coalesce(s.last_heartbeat_at, s.started_at,"
+                " s.updated_at)) AS silent_secs, f.outcome IS NOT NULL AS has_intent FROM sessions s "
+                "LEFT JOIN session_finalizations f ON f.session_id = s.id WHERE s.id = $1",
+                uuid.UUID(run_id),
+            )
+        if row is None:
+            raise NotFound()
+        return {"status": row["status"], "silent_secs": float(row["silent_secs"] or 0), "has_intent": row["has_intent"]}
+
+    async def finish(
+        self, run_id: str, terminal: RunStatus, reason: str | None, summary: str | None, outcome: str,
+        artifacts: list[Row], artifact_events: list[ev.NewEvent],
+    ) -> tuple[str, str]:
+        """finalizing → terminal with artifacts, ``run.result`` and token revocation, in one transaction."""
+        rid = uuid.UUID(run_id)
+        async with self.pool.acquire() as conn, conn.transaction():
+            status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", rid)
+            if status is not None and is_terminal(status):
+                return status, status
+            for art in artifacts:
+                await conn.execute(
+                    "INSERT INTO artifacts (id, session_id, kind, name, content, content_type) "
+                    "VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (session_id, kind, name) DO NOTHING",
+                    uuid.UUID(new_id()), rid, art["kind"], art["name"], art["content"], art["content_type"],
+                )  # fmt: skip
+            await conn.execute("UPDATE sessions SET result_summary = $2 WHERE id = $1", rid, summary)
+            result = ev.NewEvent(type=ev.RUN_RESULT, data={"outcome": outcome, **({"summary": summary} if summary else {})})
+            await self.append(conn, run_id, artifact_events)
+            moved = await self.transition(run_id, terminal, reason, [result], conn=conn)
+            await self.revoke_tokens(conn, run_id)
+            await conn.execute("DELETE FROM session_finalizations WHERE session_id = $1", rid)
+            return moved
+
+    async def artifacts(self, run_id: str) -> list[Row]:
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch(
+                    "SELECT * FROM artifacts WHERE session_id = $1 ORDER BY created_at, kind", uuid.UUID(run_id)
+                )
+            )
+
+    async def has_gate_calls(self, run_id: str) -> bool:
+        async with self.pool.acquire() as conn:
+            return bool(await conn.fetchval("SELECT gate_calls > 0 FROM sessions WHERE id = $1", uuid.UUID(run_id)))
+
+
+def iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def require(cond: bool, message: str) -> None:
+    if not cond:
+        raise BadRequest(message)
+
+
+__all__ = ["DECIDED_ALLOW", "DECIDED_DENY", "GateOutcome", "InvalidTransition", "Store", "iso", "require"]
+

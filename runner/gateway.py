@@ -1,0 +1,319 @@
+"""The runner's client for the control plane's internal plane (``/internal/sessions/{id}/...``).
+
+Synchronous on purpose: the runner is one driver thread plus a heartbeat thread, and a blocking
+``/permission`` call *is* the gate — the tool must not run until the answer arrives.
+
+Inside bubblewrap there is no network; the API is reached through a Unix socket bound into the sandbox
+(``FLUIDBOX_CONTROL_SOCKET``), and the URL host is then only cosmetic.
+
+Tokens are read once by :func:`take_credentials`, which also removes every token variable from the
+environment so that no child process the runner spawns can inherit one.
+
+Exceptions (independent, so catching one never swallows another)::
+
+    GatewayError          -- a post that must succeed (/result) did not (exit 1)
+    AudienceMismatch      -- the server answered wrong_audience: runner image and server disagree (exit 3)
+    MissingEnv            -- required environment absent (exit 2)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import httpx
+
+from core.contract import (
+    ENV_CONTROL_SOCKET,
+    ENV_CONTROL_URL,
+    ENV_LLM_TOKEN,
+    ENV_SESSION_ID,
+    ENV_SESSION_TOKEN,
+    ENV_TOOL_TOKEN,
+    TOKEN_ENV_VARS,
+    EventBody,
+    EventPost,
+    HeartbeatResponse,
+    PermissionRequest,
+    PermissionResponse,
+    ResultPost,
+)
+from core.events import RUN_ERROR
+
+DEFAULT_CONTROL_URL = "http://fluidbox"
+DEFAULT_TIMEOUT_S = 30.0
+# Longer than the default 10-minute approval TTL: an approval wait holds the request open.
+PERMISSION_TIMEOUT_S = 12 * 60.0
+DIAGNOSTIC_TIMEOUT_S = 5.0
+EMIT_RETRIES = 2
+HEARTBEAT_RETRIES = 1
+RESULT_RETRIES = 5
+SUMMARY_MAX_CHARS = 4000
+INACTIVE_MESSAGE = "session is not active"
+
+Sleep = Callable[[float], None]
+
+
+class GatewayError(Exception):
+    """A post that must succeed (``/result``) failed for good."""
+
+
+class AudienceMismatch(Exception):
+    """The server rejected a token with ``wrong_audience``: a misdeployed runner image. Fatal."""
+
+
+class MissingEnv(Exception):
+    """A required environment variable (session id, control token) is absent."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    session_id: str
+    control_token: str
+    tool_token: str
+    llm_token: str
+
+
+class ControlPlane(Protocol):
+    """What a harness needs from the control plane; :class:`Gateway` is the real one."""
+
+    def emit(self, actor: str, type: str, data: dict[str, Any]) -> None: ...
+
+    def heartbeat(self) -> str | None: ...
+
+    def permission(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> PermissionResponse: ...
+
+    def result(self, outcome: str, summary: str) -> None: ...
+
+
+def log(message: str) -> None:
+    """Diagnostics go to stderr (the sandbox log); never pass a token here."""
+    print(f"fluidbox-runner: {message}", file=sys.stderr, flush=True)
+
+
+def take_credentials(environ: MutableMapping[str, str]) -> Credentials:
+    """Read the session id and tokens, deleting every token variable from ``environ`` first.
+
+    The deletion happens even when something is missing, so a failing runner leaks nothing either.
+    A missing tool/llm token falls back to the control token (older servers issue one token).
+
+    Raises:
+        MissingEnv: no session id or no control token.
+    """
+    tokens = {name: (environ.pop(name, None) or "").strip() for name in TOKEN_ENV_VARS}
+    session_id = (environ.get(ENV_SESSION_ID) or "").strip()
+    control = tokens[ENV_SESSION_TOKEN]
+    missing = [
+        name for name, value in ((ENV_SESSION_ID, session_id), (ENV_SESSION_TOKEN, control)) if not value
+    ]
+    if missing:
+        raise MissingEnv(f"missing required environment: {', '.join(missing)}")
+    return Credentials(
+        session_id=session_id,
+        control_token=control,
+        tool_token=tokens[ENV_TOOL_TOKEN] or control,
+        llm_token=tokens[ENV_LLM_TOKEN] or tokens.get("ANTHROPIC_API_KEY", "") or control,
+    )
+
+
+def is_transient(status: int) -> bool:
+    """Statuses worth retrying: the request may succeed unchanged later."""
+    return status in (408, 425, 429) or 500 <= status <= 599
+
+
+def error_text(response: httpx.Response) -> str:
+    """The server's error message, from a JSON ``detail``/``error``/``message`` field or the raw body."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        for key in ("detail", "error", "message"):
+            value = body.get(key)
+            if isinstance(value, str) and value:
+                return value
+            if value is not None:
+                return json.dumps(value)[:500]
+    return response.text.strip()[:500] or f"HTTP {response.status_code}"
+
+
+class Gateway:
+    """Sync httpx client for one session's internal routes."""
+
+    def __init__(
+        self,
+        credentials: Credentials,
+        *,
+        base_url: str = DEFAULT_CONTROL_URL,
+        socket_path: str | None = None,
+        sleep: Sleep = time.sleep,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if transport is None and socket_path:
+            transport = httpx.HTTPTransport(uds=socket_path)
+        self._client = httpx.Client(base_url=base_url, transport=transport, timeout=DEFAULT_TIMEOUT_S)
+        self._prefix = f"/internal/sessions/{quote(credentials.session_id, safe='')}"
+        self._control = credentials.control_token
+        self._tool = credentials.tool_token
+        self._sleep = sleep
+
+    @classmethod
+    def from_env(
+        cls, credentials: Credentials, environ: Mapping[str, str], *, sleep: Sleep = time.sleep
+    ) -> Gateway:
+        return cls(
+            credentials,
+            base_url=environ.get(ENV_CONTROL_URL) or DEFAULT_CONTROL_URL,
+            socket_path=environ.get(ENV_CONTROL_SOCKET) or None,
+            sleep=sleep,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- public calls ------------------------------------------------------------------------------
+
+    def emit(self, actor: str, type: str, data: dict[str, Any]) -> None:
+        """Append an event to the run's ledger. Advisory: failures are logged and ignored.
+
+        Raises:
+            AudienceMismatch: the only failure that is not ignored.
+        """
+        payload = EventPost(actor=actor, body=EventBody(type=type, data=data)).model_dump()
+        response = self._send("events", payload, self._control, retries=EMIT_RETRIES, backoff_cap=8.0)
+        if response is None or not response.is_success:
+            reason = "unreachable" if response is None else f"HTTP {response.status_code}"
+            log(f"event {type} not recorded: {reason}")
+
+    def heartbeat(self) -> str | None:
+        """Report liveness; returns the server's ``action`` (``"quiesce"`` while cancelling) or None."""
+        response = self._send("heartbeat", {}, self._control, retries=HEARTBEAT_RETRIES, backoff_cap=8.0)
+        if response is None or not response.is_success:
+            log(f"heartbeat failed: {'unreachable' if response is None else f'HTTP {response.status_code}'}")
+            return None
+        try:
+            return HeartbeatResponse.model_validate(response.json()).action
+        except ValueError:
+            log("heartbeat answer unreadable")
+            return None
+
+    def permission(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> PermissionResponse:
+        """Ask the gate whether a tool call may run; blocks while a human decides.
+
+        Transient failures are retried forever with the same ``tool_call_id``: the server dedupes on it,
+        so a retry after an API restart re-attaches to the pending approval instead of asking twice.
+        Every non-transient failure becomes a deny (fail closed).
+
+        Raises:
+            AudienceMismatch: the tool token has the wrong audience.
+        """
+        payload = PermissionRequest(tool_call_id=tool_call_id, tool=tool, input=input).model_dump()
+        attempt = 0
+        while True:
+            try:
+                response = self._post("permission", payload, self._tool, PERMISSION_TIMEOUT_S)
+            except httpx.TransportError as exc:
+                failure = f"{type_name(exc)}: {exc}"
+            else:
+                status = response.status_code
+                if response.is_success:
+                    return _decision(response)
+                if status in (401, 403):
+                    return PermissionResponse(decision="deny", message=INACTIVE_MESSAGE)
+                if not is_transient(status):
+                    return PermissionResponse(decision="deny", message=error_text(response))
+                failure = f"HTTP {status}"
+            delay = min(2.0 * (attempt + 1), 10.0)
+            log(f"permission {tool_call_id}: {failure}; retrying in {delay:g}s")
+            self._sleep(delay)
+            attempt += 1
+
+    def result(self, outcome: str, summary: str) -> None:
+        """Post the run's outcome (once per run). The summary is cut to 4000 characters.
+
+        Raises:
+            GatewayError: not accepted after the retries.
+        """
+        if len(summary) > SUMMARY_MAX_CHARS:
+            summary = summary[: SUMMARY_MAX_CHARS - 1] + "…"
+        payload = ResultPost(outcome=outcome, summary=summary).model_dump()
+        response = self._send("result", payload, self._control, retries=RESULT_RETRIES, backoff_cap=8.0)
+        if response is None:
+            raise GatewayError("could not post /result: control plane unreachable")
+        if not response.is_success:
+            raise GatewayError(f"/result rejected: HTTP {response.status_code}: {error_text(response)}")
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    def _post(self, leaf: str, payload: dict[str, Any], token: str, timeout: float) -> httpx.Response:
+        response = self._client.post(
+            f"{self._prefix}/{leaf}",
+            json=payload,
+            headers={"authorization": f"Bearer {token}"},
+            timeout=timeout,
+        )
+        if response.status_code in (401, 403) and "wrong_audience" in response.text:
+            self._report_audience_mismatch(leaf)
+            raise AudienceMismatch(f"/{leaf} answered wrong_audience: runner image and server disagree")
+        return response
+
+    def _send(
+        self, leaf: str, payload: dict[str, Any], token: str, *, retries: int, backoff_cap: float
+    ) -> httpx.Response | None:
+        """Post, retrying transient failures; the last response, or None if none ever arrived."""
+        attempt = 0
+        while True:
+            response: httpx.Response | None
+            try:
+                response = self._post(leaf, payload, token, DEFAULT_TIMEOUT_S)
+            except httpx.TransportError as exc:
+                response, failure = None, f"{type_name(exc)}: {exc}"
+            else:
+                if not is_transient(response.status_code):
+                    return response
+                failure = f"HTTP {response.status_code}"
+            if attempt >= retries:
+                return response
+            delay = min(2.0 * (attempt + 1), backoff_cap)
+            log(f"/{leaf}: {failure}; retrying in {delay:g}s")
+            self._sleep(delay)
+            attempt += 1
+
+    def _report_audience_mismatch(self, leaf: str) -> None:
+        # Raw post with the control token and a short cap: the diagnostic must never recurse or hang.
+        message = (
+            f"runner aborted: /{leaf} rejected the token with wrong_audience — "
+            "the runner image and the server disagree on token audiences"
+        )
+        payload = EventPost(
+            actor="harness", body=EventBody(type=RUN_ERROR, data={"message": message})
+        ).model_dump()
+        log(message)
+        try:
+            self._client.post(
+                f"{self._prefix}/events",
+                json=payload,
+                headers={"authorization": f"Bearer {self._control}"},
+                timeout=DIAGNOSTIC_TIMEOUT_S,
+            )
+        except httpx.HTTPError:
+            pass
+
+
+def type_name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+def _decision(response: httpx.Response) -> PermissionResponse:
+    try:
+        return PermissionResponse.model_validate(response.json())
+    except ValueError:
+        # A complete but unreadable 2xx is a server bug, not a dropped connection: fail closed.
+        return PermissionResponse(
+            decision="deny", message="unreadable permission answer from the control plane"
+        )

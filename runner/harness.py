@@ -1,0 +1,43 @@
+"""Runner entry point: take the credentials, then dispatch on ``FLUIDBOX_HARNESS``.
+
+Credentials are taken (and every token variable deleted from the environment) before anything else,
+so no harness and no child process can ever see a token in its environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+from core.contract import ENV_HARNESS, EXIT_AUDIENCE_MISMATCH, EXIT_MISSING_ENV
+from runner import replay
+from runner.gateway import AudienceMismatch, Gateway, MissingEnv, log, take_credentials
+
+DEFAULT_HARNESS = "replay"
+# Harnesses planned but not built yet: fail the run loudly instead of silently replaying.
+PENDING_HARNESSES = frozenset({"claude-agent-sdk"})
+
+
+def main(environ: MutableMapping[str, str] | None = None) -> int:
+    """Run the configured harness; returns the process exit code (see ``core.contract`` EXIT_*)."""
+    env = os.environ if environ is None else environ
+    try:
+        credentials = take_credentials(env)
+    except MissingEnv as exc:
+        log(str(exc))
+        return EXIT_MISSING_ENV
+    gateway = Gateway.from_env(credentials, env)
+    try:
+        harness = (env.get(ENV_HARNESS) or DEFAULT_HARNESS).strip()
+        if harness == DEFAULT_HARNESS:
+            return replay.run(gateway, env)
+        if harness in PENDING_HARNESSES:
+            message = f"harness {harness} is not available in this build yet"
+        else:
+            message = f"unknown harness {harness!r}"
+        return replay.report_failure(gateway, message)
+    except AudienceMismatch as exc:
+        log(f"{exc}; exiting without a result")
+        return EXIT_AUDIENCE_MISMATCH
+    finally:
+        gateway.close()

@@ -1,0 +1,465 @@
+"""Run each sandbox as a detached bubblewrap (``bwrap``) process on this host.
+
+Why it is shaped this way:
+
+* bwrap is started through a tiny fork + ``setsid`` launcher, so it is not a child of the worker: a worker
+  restart neither kills nor zombies it, and a new worker reattaches through ``sandbox.pid`` (next to the
+  log), which holds the serialized handle.
+* A handle names processes by pid *and* start time (field 22 of ``/proc/<pid>/stat``), so a recycled pid
+  is never mistaken for the sandbox. It also records the sandbox's init process (bwrap's child, pid 1 of
+  the new pid namespace): SIGTERM to the outer bwrap process is not forwarded, it only orphans the
+  sandbox, and SIGKILL to that init is what tears the whole namespace down.
+* bwrap itself is exec'd with an empty environment: the sandbox's pid 1 is a fork of bwrap, and its
+  ``/proc/1/environ`` is readable from inside.
+* As real root, ``--uid 1000`` inside maps to uid 0 outside, so file permission checks treat the sandbox
+  as the owner of root's files. The root is a read-only tmpfs, every bind but ``/workspace`` is
+  read-only, and entries under ``/etc`` that other users cannot read (``/etc/shadow``…) are masked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from core.ports import SandboxHandle, SandboxSpec, SandboxState
+
+SANDBOX_UID = 1000
+WORKSPACE = "/workspace"
+CODE_ROOT = "/opt/fluidbox"
+SOCKET_MOUNT = "/run/fluidbox"
+PIDFILE_NAME = "sandbox.pid"
+MASKED_ROOTS = ("/etc",)
+
+_LAUNCH_TIMEOUT_SECS = 30.0
+_KILL_WAIT_SECS = 5.0
+_POLL_SECS = 0.01
+
+# Runs as `python -I -S -c _LAUNCHER <log_path> <bwrap argv...>` with an empty environment. The parent
+# learns the outcome of exec through a close-on-exec pipe, then waits (bounded) for bwrap's child in a
+# new pid namespace, prints one JSON line and exits, leaving bwrap reparented and in its own session.
+# bwrap's --info-fd would report the child too, but that fd stays open inside the sandbox.
+_LAUNCHER = r"""
+import json, os, sys, time
+
+def fields(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data[data.rindex(b")") + 2 :].split()
+
+def start_time(pid):
+    f = fields(pid)
+    return int(f[19]) if f else 0
+
+def pid_ns(pid):
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+log_path, argv = sys.argv[1], sys.argv[2:]
+err_r, err_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.execve(argv[0], argv, {})
+    except BaseException as exc:
+        os.write(err_w, repr(exc).encode())
+    os._exit(127)
+os.close(err_w)
+outer_start = start_time(pid)  # before any waitpid below can reap it
+err = b""
+while chunk := os.read(err_r, 4096):
+    err += chunk
+if err:
+    os.waitpid(pid, 0)
+    print(json.dumps({"error": err.decode(errors="replace")}))
+    sys.exit(1)
+own_ns, child, child_start, exit_status = pid_ns(os.getpid()), 0, 0, None
+deadline = time.monotonic() + 5.0
+while not child and exit_status is None and time.monotonic() < deadline:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(k) for k in f.read().split()]
+    except OSError:
+        kids = []
+    child = next((k for k in kids if pid_ns(k) not in (None, own_ns)), 0)
+    if child:
+        child_start = start_time(child)
+    else:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        exit_status = os.waitstatus_to_exitcode(status) if done else None
+        time.sleep(0.001)
+print(json.dumps({
+    "pid": pid,
+    "start_time": outer_start,
+    "child_pid": child if child_start else 0,
+    "child_start_time": child_start,
+    "exit_status": exit_status,
+}))
+"""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be started."""
+
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    ppid: int
+    sid: int
+    state: str
+    start_time: int
+
+    @property
+    def live(self) -> bool:
+        return self.state not in ("Z", "X")
+
+
+def bwrap_available(path: str = "bwrap") -> str | None:
+    """Return the resolved path of the bwrap binary, or None if it cannot be found."""
+    return shutil.which(path)
+
+
+def unreadable_paths(root: str) -> list[str]:
+    """Files and directories under ``root`` that other users may not read (walk stops at each one)."""
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        kept: list[str] = []
+        for name in dirnames:
+            path = os.path.join(dirpath, name)
+            mode = _lmode(path)
+            if mode is None or stat.S_ISLNK(mode):
+                continue
+            if mode & 0o005 != 0o005:
+                found.append(path)
+            else:
+                kept.append(name)
+        dirnames[:] = kept
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            mode = _lmode(path)
+            if mode is not None and stat.S_ISREG(mode) and not mode & 0o004:
+                found.append(path)
+    return sorted(found)
+
+
+def _lmode(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return None
+
+
+def _read_proc(pid: int) -> _Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # comm (field 2) may hold spaces and parentheses: fields are only unambiguous after the last ')'.
+    rest = data[data.rindex(b")") + 2 :].split()
+    return _Proc(
+        pid=pid,
+        ppid=int(rest[1]),
+        sid=int(rest[3]),
+        state=rest[0].decode(),
+        start_time=int(rest[19]),
+    )
+
+
+def _all_procs() -> dict[int, _Proc]:
+    procs: dict[int, _Proc] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (proc := _read_proc(int(entry))) is not None:
+            procs[proc.pid] = proc
+    return procs
+
+
+def _is_alive(pid: int, start_time: int) -> bool:
+    proc = _read_proc(pid) if pid > 0 else None
+    return proc is not None and proc.start_time == start_time and proc.live
+
+
+def _child_of(handle: SandboxHandle) -> tuple[int, int]:
+    try:
+        return int(handle.extra.get("child_pid", "0")), int(handle.extra.get("child_start_time", "0"))
+    except ValueError:
+        return 0, 0
+
+
+def _pidfile(log_path: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(log_path)), PIDFILE_NAME)
+
+
+class BubblewrapProvider:
+    """``ExecutionProvider`` running each sandbox as a detached ``bwrap`` process on this host."""
+
+    name: str = "bwrap"
+
+    def __init__(self, bwrap_path: str = "bwrap", python_prefixes: list[str] | None = None) -> None:
+        self._bwrap_path = bwrap_path
+        if python_prefixes is None:
+            python_prefixes = [sys.prefix, sys.base_prefix]
+        self._python_prefixes = list(dict.fromkeys(os.path.normpath(p) for p in python_prefixes))
+
+    @property
+    def python_prefixes(self) -> list[str]:
+        return list(self._python_prefixes)
+
+    def build_argv(self, spec: SandboxSpec, *, masked: Sequence[str] = ()) -> list[str]:
+        """The full bwrap command line for ``spec``; ``masked`` host paths are hidden inside.
+
+        Pure: it reads nothing from the host, so ``create`` passes ``masked`` (see ``unreadable_paths``).
+        """
+        for path in (spec.workspace_dir, spec.socket_dir, *spec.code_dirs, *self._python_prefixes):
+            if not os.path.isabs(path):
+                raise ValueError(f"sandbox paths must be absolute, got {path!r}")
+        argv = [
+            self._bwrap_path,
+            "--unshare-all",
+            "--unshare-user",
+            "--uid", str(SANDBOX_UID),
+            "--gid", str(SANDBOX_UID),
+            "--hostname", "sandbox",
+            "--new-session",
+            "--cap-drop", "ALL",
+            # A later tmpfs hides binds made beneath it, so every tmpfs comes before any bind.
+            "--dev", "/dev",
+            "--proc", "/proc",
+            "--tmpfs", "/tmp",
+            "--dir", "/run",
+            "--ro-bind", "/usr", "/usr",
+            "--symlink", "usr/bin", "/bin",
+            "--symlink", "usr/lib", "/lib",
+            "--symlink", "usr/lib64", "/lib64",
+            "--symlink", "usr/sbin", "/sbin",
+            "--ro-bind", "/etc", "/etc",
+        ]  # fmt: skip
+        for path in masked:
+            if os.path.isdir(path):
+                argv += ["--tmpfs", path, "--remount-ro", path]
+            else:
+                argv += ["--ro-bind", "/dev/null", path]
+        prefixes = [p for p in self._python_prefixes if not _under(p, ("/usr", "/etc"))]
+        for prefix in prefixes:
+            argv += ["--ro-bind", prefix, prefix]
+        seen: dict[str, str] = {}
+        for code_dir in spec.code_dirs:
+            base = os.path.basename(os.path.normpath(code_dir))
+            if base in seen:
+                raise ValueError(f"code dirs {seen[base]!r} and {code_dir!r} would both mount at {base!r}")
+            seen[base] = code_dir
+            argv += ["--ro-bind", code_dir, f"{CODE_ROOT}/{base}"]
+        argv += [
+            "--ro-bind", spec.socket_dir, SOCKET_MOUNT,
+            "--bind", spec.workspace_dir, WORKSPACE,
+            "--remount-ro", "/",
+            "--chdir", WORKSPACE,
+            "--clearenv",
+        ]  # fmt: skip
+        env = {
+            "PATH": ":".join([*(f"{p}/bin" for p in prefixes), "/usr/bin", "/bin"]),
+            "HOME": WORKSPACE,
+            "PYTHONPATH": CODE_ROOT,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **spec.env,
+        }
+        for key, value in env.items():
+            argv += ["--setenv", key, value]
+        return [*argv, "--", *spec.argv]
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        return await asyncio.to_thread(self._create, spec)
+
+    async def status(self, handle: SandboxHandle) -> SandboxState:
+        return await asyncio.to_thread(_status, handle)
+
+    async def destroy(self, handle: SandboxHandle, grace_secs: float = 2.0) -> None:
+        if handle.pid > 0:
+            members = await asyncio.to_thread(_members, handle)
+            if members:
+                await asyncio.to_thread(_terminate, members, handle)
+                if not await _wait_gone(members, grace_secs):
+                    await asyncio.to_thread(_kill, members, handle)
+                    await _wait_gone(members, _KILL_WAIT_SECS)
+        await asyncio.to_thread(_remove_pidfile, handle)
+
+    def _create(self, spec: SandboxSpec) -> SandboxHandle:
+        bwrap = bwrap_available(self._bwrap_path)
+        if bwrap is None:
+            raise SandboxError(f"bwrap not found: {self._bwrap_path!r}")
+        for path in (spec.workspace_dir, spec.socket_dir, *spec.code_dirs):
+            if not os.path.isdir(path):
+                raise SandboxError(f"not a directory: {path!r}")
+        log_path = os.path.abspath(spec.log_path)
+        run_dir = os.path.dirname(log_path)
+        os.makedirs(run_dir, exist_ok=True)
+        pidfile = _pidfile(log_path)
+        lock_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            # Concurrent creates for one run (an activity retried while the first attempt still runs)
+            # must not start two sandboxes.
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            existing = _read_pidfile(pidfile)
+            if existing is not None and existing.run_id == spec.run_id and _status(existing) == "running":
+                return existing
+            argv = self.build_argv(spec, masked=[p for root in MASKED_ROOTS for p in unreadable_paths(root)])
+            argv[0] = bwrap
+            handle = self._launch(spec.run_id, log_path, argv)
+            tmp = pidfile + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(handle.model_dump_json())
+            os.replace(tmp, pidfile)
+            return handle
+        finally:
+            os.close(lock_fd)
+
+    def _launch(self, run_id: str, log_path: str, argv: list[str]) -> SandboxHandle:
+        proc = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _LAUNCHER, log_path, *argv],
+            capture_output=True,
+            env={},
+            cwd="/",
+            timeout=_LAUNCH_TIMEOUT_SECS,
+            check=False,
+        )
+        lines = proc.stdout.decode(errors="replace").strip().splitlines()
+        try:
+            out = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            raise SandboxError(f"launcher failed ({proc.returncode}): {proc.stderr.decode()!r}") from None
+        if "error" in out:
+            raise SandboxError(f"cannot exec bwrap: {out['error']}")
+        extra = {"child_pid": str(out["child_pid"]), "child_start_time": str(out["child_start_time"])}
+        if out["exit_status"] is not None:
+            # Already over (a fast command, or bwrap refused the spec): status says exited, the log says why.
+            extra["exit_status"] = str(out["exit_status"])
+        return SandboxHandle(
+            provider=self.name,
+            run_id=run_id,
+            pid=out["pid"],
+            start_time=out["start_time"],
+            log_path=log_path,
+            extra=extra,
+        )
+
+
+def _under(path: str, roots: Iterable[str]) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in roots)
+
+
+def _read_pidfile(path: str) -> SandboxHandle | None:
+    try:
+        with open(path) as f:
+            return SandboxHandle.model_validate_json(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _remove_pidfile(handle: SandboxHandle) -> None:
+    if not handle.log_path:
+        return
+    path = _pidfile(handle.log_path)
+    recorded = _read_pidfile(path)
+    # A newer sandbox for the run may have replaced the pidfile; it is not ours to remove.
+    if recorded is not None and (recorded.pid, recorded.start_time) == (handle.pid, handle.start_time):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def _status(handle: SandboxHandle) -> SandboxState:
+    if handle.pid <= 0:
+        return "missing"
+    # The init may outlive bwrap itself if someone killed bwrap: the agent is then still running.
+    if _is_alive(handle.pid, handle.start_time) or _is_alive(*_child_of(handle)):
+        return "running"
+    return "exited"
+
+
+def _members(handle: SandboxHandle) -> list[_Proc]:
+    """Every live process of the sandbox: bwrap, its init, their descendants, and bwrap's session."""
+    procs = _all_procs()
+    outer = procs.get(handle.pid)
+    outer_ours = outer is not None and outer.start_time == handle.start_time
+    roots = [outer] if outer is not None and outer_ours else []
+    child_pid, child_start = _child_of(handle)
+    child = procs.get(child_pid)
+    if child is not None and child.start_time == child_start:
+        roots.append(child)
+    by_parent: dict[int, list[_Proc]] = {}
+    for proc in procs.values():
+        by_parent.setdefault(proc.ppid, []).append(proc)
+    found: dict[int, _Proc] = {}
+    stack = list(roots)
+    while stack:
+        proc = stack.pop()
+        if proc.pid not in found:
+            found[proc.pid] = proc
+            stack.extend(by_parent.get(proc.pid, []))
+    # A session id cannot be reused while a member lives, but if process <pid> exists and is not ours
+    # the number was recycled, and its session is someone else's.
+    if outer_ours or outer is None:
+        for proc in procs.values():
+            if proc.sid == handle.pid and proc.start_time >= handle.start_time:
+                found.setdefault(proc.pid, proc)
+    return [p for p in found.values() if p.live]
+
+
+def _signal(proc: _Proc, sig: signal.Signals) -> None:
+    if _is_alive(proc.pid, proc.start_time):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+
+
+def _terminate(members: list[_Proc], handle: SandboxHandle) -> None:
+    # bwrap does not forward SIGTERM (it would just exit and orphan the sandbox), so the agent processes
+    # are asked directly; bwrap then exits on its own when its init does.
+    inner = []
+    for proc in inner:
+        _signal(proc, signal.SIGTERM)
+    if not inner and _is_alive(handle.pid, handle.start_time):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(handle.pid, signal.SIGTERM)
+
+
+def _kill(members: list[_Proc], handle: SandboxHandle) -> None:
+    child_pid, _ = _child_of(handle)
+    # SIGKILL to a pid namespace's init kills everything in it, so it goes first.
+    for proc in sorted(members, key=lambda p: p.pid != child_pid):
+        if proc.pid != handle.pid:
+            _signal(proc, signal.SIGKILL)
+    if _is_alive(handle.pid, handle.start_time):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(handle.pid, signal.SIGKILL)
+
+
+async def _wait_gone(members: list[_Proc], within_secs: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_secs
+    while True:
+        alive = await asyncio.to_thread(lambda: any(_is_alive(p.pid, p.start_time) for p in members))
+        if not alive:
+            return True
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(_POLL_SECS)

@@ -1,0 +1,73 @@
+"""The Temporal worker: the composition root for workflows and activities.
+
+Run: ``python worker.py`` (``fluidbox up`` starts it). Stops gracefully on SIGTERM / SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from temporalio.worker import Worker
+
+from activities.runs import RunActivities
+from config.settings import Settings, get_settings
+from config.temporal import connect_client
+from core.redaction import Redactor
+from db.engine import create_pool
+from db.store import Store
+from sandbox.registry import make_provider
+from workflows.run import WORKFLOWS
+
+log = logging.getLogger("fluidbox.worker")
+
+
+def redactor_for(settings: Settings) -> Redactor:
+    secrets = [settings.admin_token.get_secret_value()] if settings.admin_token else []
+    return Redactor(tuple(secrets))
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
+    if not settings.database_url:
+        raise SystemExit("FLUIDBOX_DATABASE_URL is not set (fluidbox up sets it for the embedded database)")
+    pool = await create_pool(settings.database_url, min_size=1, max_size=10)
+    client = await connect_client(settings)
+    store = Store(pool, redactor_for(settings))
+    acts = RunActivities(store, make_provider(settings.sandbox_provider), settings)
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=WORKFLOWS,
+        activities=acts.all(),
+        activity_executor=ThreadPoolExecutor(max_workers=4),
+        graceful_shutdown_timeout=timedelta(seconds=5),
+        max_concurrent_activities=200,
+    )
+    log.info("worker polling task queue %s on %s", settings.task_queue, settings.temporal_target)
+    async with worker:
+        await stop.wait()
+    await pool.close()
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("FLUIDBOX_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
+    settings = get_settings()
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_worker(settings, stop)
+
+    asyncio.run(_main())
+    # The Temporal core threads can abort at interpreter exit (sdk-python#300): leave at once.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

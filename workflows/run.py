@@ -1,0 +1,210 @@
+"""RunWorkflow: one durable workflow per run.
+
+provision → supervise (signals, approval updates, the wall-clock timer) → finalize. Every side effect
+is an activity called by name; the workflow only decides what happens next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities import contracts as c
+
+SHORT = timedelta(seconds=60)
+RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20))
+PROVISION_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
+
+
+@workflow.defn(name="RunWorkflow")
+class RunWorkflow:
+    def __init__(self) -> None:
+        self._wake = False
+        self._closing = False
+        self._decisions: dict[str, str] = {}
+        self._status = "created"
+
+    # ---- messages ------------------------------------------------------------------------------
+
+    @workflow.signal
+    def runner_finished(self) -> None:
+        """The runner posted /result (the intent is already in PostgreSQL)."""
+        self._wake = True
+
+    @workflow.signal
+    def cancel(self) -> None:
+        """A user asked to cancel (the intent is already in PostgreSQL)."""
+        self._wake = True
+
+    @workflow.signal
+    def approval_decided(self, decided: c.ApprovalDecided) -> None:
+        self._decisions[decided.tool_call_id] = decided.status
+
+    @workflow.query
+    def status(self) -> str:
+        return self._status
+
+    @workflow.update
+    async def await_approval(self, wait: c.ApprovalWait) -> c.ApprovalVerdict:
+        """Hold one tool call until a human decides or its TTL passes. Update id = tool_call_id."""
+        ref = c.ApprovalIn(run_id=self._inp.run_id, tool_call_id=wait.tool_call_id)
+        row = await self._act(c.OPEN_APPROVAL, ref, c.ApprovalRow)
+        if row.status == "pending":
+            self._set_status("awaiting_approval")
+            row = await self._wait_for_decision(ref, row)
+            await self._act(c.RESUME_AFTER_APPROVAL, c.RunRef(run_id=self._inp.run_id), c.StatusOut)
+            if not self._closing:
+                self._set_status("running")
+        if row.status in ALLOWED:
+            return c.ApprovalVerdict(decision="allow")
+        return c.ApprovalVerdict(decision="deny", message=row.reason or "denied by a human")
+
+    @await_approval.validator
+    def _validate_approval(self, wait: c.ApprovalWait) -> None:
+        if self._closing:
+            raise ApplicationError("session is not active", type="SessionNotActive")
+
+    async def _wait_for_decision(self, ref: c.ApprovalIn, row: c.ApprovalRow) -> c.ApprovalRow:
+        deadline = datetime.fromisoformat(row.expires_at) if row.expires_at else workflow.now()
+        recheck = self._inp.timing.approval_recheck_secs
+        while True:
+            remaining = (deadline - workflow.now()).total_seconds()
+            if remaining > 0:
+                try:
+                    await workflow.wait_condition(
+                        lambda: ref.tool_call_id in self._decisions or self._closing,
+                        timeout=min(recheck, remaining),
+                    )
+                except TimeoutError:
+                    pass
+            if ref.tool_call_id in self._decisions:
+                status = self._decisions[ref.tool_call_id]
+                return c.ApprovalRow(approval_id=row.approval_id, status=status, reason=f"human decision: {status}")
+            if self._closing:
+                return c.ApprovalRow(approval_id=row.approval_id, status="denied", reason="session is not active")
+            if (deadline - workflow.now()).total_seconds() <= 0:
+                return await self._act(c.EXPIRE_APPROVAL, ref, c.ApprovalRow)
+            # A slow re-read: a decision whose signal was lost still reaches the run.
+            current = await self._act(c.READ_APPROVAL, ref, c.ApprovalRow)
+            if current.status != "pending":
+                return current
+
+    # ---- the run -------------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, inp: c.RunInput) -> str:
+        self._inp = inp
+        ref = c.RunRef(run_id=inp.run_id)
+        try:
+            out = await self._act(
+                c.PROVISION, ref, c.StatusOut, timeout=timedelta(minutes=5), retry=PROVISION_RETRY
+            )
+            self._set_status(out.status)
+        except ActivityError as err:
+            await self._fail(f"provisioning failed: {_cause(err)}")
+        else:
+            await self._supervise()
+        return await self._finalize()
+
+    async def _supervise(self) -> None:
+        timing = self._inp.timing
+        supervisor = workflow.start_activity(
+            c.SUPERVISE,
+            c.SuperviseIn(run_id=self._inp.run_id, timing=timing),
+            result_type=c.SuperviseOut,
+            start_to_close_timeout=timedelta(days=7),
+            heartbeat_timeout=timedelta(seconds=timing.liveness_check_secs * 3 + 10),
+            retry_policy=RETRY,
+            summary="watch the runner's heartbeat and the sandbox",
+        )
+        budget = self._inp.max_wall_clock_secs
+        try:
+            await workflow.wait_condition(
+                lambda: self._wake or supervisor.done(), timeout=timedelta(seconds=budget) if budget else None
+            )
+        except TimeoutError:
+            await self._act(
+                c.REQUEST_FINALIZATION,
+                c.FinalizationIn(
+                    run_id=self._inp.run_id, outcome="budget_exceeded", reason="max_wall_clock_secs budget exceeded",
+                    budget="max_wall_clock_secs", limit=str(budget), spent=str(budget),
+                ),
+                c.StatusOut,
+            )  # fmt: skip
+        if supervisor.done() and not self._wake:
+            try:
+                seen = supervisor.result()
+            except ActivityError as err:
+                seen = c.SuperviseOut(reason="dead", message=f"supervision failed: {_cause(err)}")
+            if seen.reason != "intent":
+                await self._fail(seen.message or "runner lost")
+        else:
+            supervisor.cancel()
+
+    async def _fail(self, reason: str) -> None:
+        await self._act(
+            c.REQUEST_FINALIZATION,
+            c.FinalizationIn(run_id=self._inp.run_id, outcome="failed", reason=reason, error=reason),
+            c.StatusOut,
+        )
+
+    async def _finalize(self) -> str:
+        ref = c.RunRef(run_id=self._inp.run_id)
+        begun = await self._act(c.BEGIN_FINALIZE, ref, c.BeginFinalizeOut)
+        self._set_status(begun.status)
+        self._closing = True  # pending approval waits now answer deny
+        if begun.needs_quiesce:
+            await self._act(
+                c.AWAIT_SANDBOX_EXIT,
+                c.SandboxExitIn(run_id=self._inp.run_id, timeout_secs=self._inp.timing.quiesce_secs),
+                c.StatusOut,
+                timeout=timedelta(seconds=self._inp.timing.quiesce_secs + 60),
+                heartbeat=timedelta(seconds=20),
+            )
+        done = await self._act(c.FINALIZE, ref, c.StatusOut, timeout=timedelta(minutes=5))
+        self._set_status(done.status)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return done.status
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _set_status(self, status: str) -> None:
+        if status != self._status:
+            self._status = status
+            workflow.upsert_search_attributes([c.RUN_STATUS.value_set(status)])
+
+    async def _act(
+        self,
+        name: str,
+        arg: object,
+        result_type: type,
+        *,
+        timeout: timedelta = SHORT,
+        heartbeat: timedelta | None = None,
+        retry: RetryPolicy = RETRY,
+    ):  # type: ignore[no-untyped-def]
+        return await workflow.execute_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=timeout,
+            heartbeat_timeout=heartbeat,
+            retry_policy=retry,
+            summary=name.replace("_", " "),
+        )
+
+
+def _cause(err: ActivityError) -> str:
+    cause = err.cause
+    return str(cause.message if isinstance(cause, ApplicationError) else cause or err)
+
+
+WORKFLOWS = [RunWorkflow]
+
+__all__ = ["WORKFLOWS", "RunWorkflow", "asyncio"]
