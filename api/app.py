@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from api import errors
 from api.deps import Services
 from api.hub import EventHub
-from api.routes import agents, approvals, health, internal, sessions
+from api.routes import agents, approvals, health, internal, policies, sessions
 from config.settings import Settings
 from core.digests import sha256_hex
 from core.policy import parse_policy
@@ -29,6 +29,7 @@ TAGS = [
     {"name": "sessions", "description": "Runs: create, inspect, cancel, outputs, the ledger and its stream."},
     {"name": "approvals", "description": "Human decisions on tool calls a policy holds for approval."},
     {"name": "agents", "description": "Agents and their append-only revisions."},
+    {"name": "policies", "description": "Policy documents (versioned; runs freeze a snapshot)."},
     {"name": "internal", "description": "The runner plane, reached from inside sandboxes."},
     {"name": "health", "description": "Liveness and readiness."},
 ]
@@ -87,6 +88,6 @@ def create_app(settings: Settings) -> FastAPI:
                 return JSONResponse({"error": "expected content-type: application/json"}, status_code=415)
         return await call_next(request)
 
-    for module in (health, agents, sessions, approvals, internal):
+    for module in (health, agents, policies, sessions, approvals, internal):
         app.include_router(module.router)
     return app

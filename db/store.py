@@ -113,6 +113,42 @@ class Store:
             rows = await conn.fetch("SELECT id, name FROM policies WHERE tenant_id = $1", uuid.UUID(tenant_id))
             return {str(r["id"]): r["name"] for r in rows}
 
+    async def import_policy(self, tenant_id: str, content: dict[str, Any], yaml_source: str | None) -> tuple[Row, bool]:
+        """Create the policy or append a version; byte-equal content appends nothing."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO policies (id, tenant_id, name) VALUES ($1, $2, $3) ON CONFLICT (tenant_id, name) DO NOTHING",
+                uuid.UUID(new_id()), uuid.UUID(tenant_id), content["name"],
+            )  # fmt: skip
+            policy = await conn.fetchrow(
+                "SELECT * FROM policies WHERE tenant_id = $1 AND name = $2 FOR UPDATE", uuid.UUID(tenant_id), content["name"]
+            )
+            head = await conn.fetchrow(
+                "SELECT version, content FROM policy_versions WHERE policy_id = $1 ORDER BY version DESC LIMIT 1",
+                policy["id"],
+            )
+            if head is not None and head["content"] == content:
+                return {"id": str(policy["id"]), "name": policy["name"], "version": head["version"]}, False
+            version = (head["version"] if head else 0) + 1
+            await conn.execute(
+                "INSERT INTO policy_versions (id, policy_id, version, content, yaml_source, summary, author) "
+                "VALUES ($1, $2, $3, $4, $5, 'imported', 'api')",
+                uuid.UUID(new_id()), policy["id"], version, content, yaml_source,
+            )  # fmt: skip
+            await conn.execute("UPDATE policies SET updated_at = now() WHERE id = $1", policy["id"])
+            return {"id": str(policy["id"]), "name": policy["name"], "version": version}, True
+
+    async def list_policies(self, tenant_id: str) -> list[Row]:
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch(
+                    "SELECT p.id, p.name, p.updated_at, max(v.version) AS version FROM policies p "
+                    "JOIN policy_versions v ON v.policy_id = p.id WHERE p.tenant_id = $1 "
+                    "GROUP BY p.id ORDER BY p.name",
+                    uuid.UUID(tenant_id),
+                )
+            )
+
     # ---- agents --------------------------------------------------------------------------------
 
     _REVISION_COLUMNS = (

@@ -30,6 +30,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from core.ports import SandboxHandle, SandboxSpec, SandboxState
 
@@ -122,6 +123,13 @@ class SandboxError(RuntimeError):
     """The sandbox could not be started."""
 
 
+class HiddenPath(NamedTuple):
+    """A host path under a read-only bind that the sandbox must not read."""
+
+    path: str
+    is_dir: bool
+
+
 @dataclass(frozen=True)
 class _Proc:
     pid: int
@@ -140,9 +148,9 @@ def bwrap_available(path: str = "bwrap") -> str | None:
     return shutil.which(path)
 
 
-def unreadable_paths(root: str) -> list[str]:
+def unreadable_paths(root: str) -> list[HiddenPath]:
     """Files and directories under ``root`` that other users may not read (walk stops at each one)."""
-    found: list[str] = []
+    found: list[HiddenPath] = []
     for dirpath, dirnames, filenames in os.walk(root):
         kept: list[str] = []
         for name in dirnames:
@@ -151,7 +159,7 @@ def unreadable_paths(root: str) -> list[str]:
             if mode is None or stat.S_ISLNK(mode):
                 continue
             if mode & 0o005 != 0o005:
-                found.append(path)
+                found.append(HiddenPath(path, is_dir=True))
             else:
                 kept.append(name)
         dirnames[:] = kept
@@ -159,7 +167,7 @@ def unreadable_paths(root: str) -> list[str]:
             path = os.path.join(dirpath, name)
             mode = _lmode(path)
             if mode is not None and stat.S_ISREG(mode) and not mode & 0o004:
-                found.append(path)
+                found.append(HiddenPath(path, is_dir=False))
     return sorted(found)
 
 
@@ -226,11 +234,16 @@ class BubblewrapProvider:
     def python_prefixes(self) -> list[str]:
         return list(self._python_prefixes)
 
-    def build_argv(self, spec: SandboxSpec, *, masked: Sequence[str] = ()) -> list[str]:
-        """The full bwrap command line for ``spec``; ``masked`` host paths are hidden inside.
+    def build_argv(self, spec: SandboxSpec, *, masked: Sequence[HiddenPath] = ()) -> list[str]:
+        """The full bwrap command line for ``spec``, with each ``masked`` path hidden inside.
 
         Pure: it reads nothing from the host, so ``create`` passes ``masked`` (see ``unreadable_paths``).
+
+        Raises:
+            ValueError: a relative path, an empty command, or two code dirs with the same name.
         """
+        if not spec.argv:
+            raise ValueError("the sandbox command is empty")
         for path in (spec.workspace_dir, spec.socket_dir, *spec.code_dirs, *self._python_prefixes):
             if not os.path.isabs(path):
                 raise ValueError(f"sandbox paths must be absolute, got {path!r}")
@@ -243,7 +256,7 @@ class BubblewrapProvider:
             "--hostname", "sandbox",
             "--new-session",
             "--cap-drop", "ALL",
-            # A later tmpfs hides binds made beneath it, so every tmpfs comes before any bind.
+            # A tmpfs hides whatever was bound beneath it before, so these come ahead of every bind.
             "--dev", "/dev",
             "--proc", "/proc",
             "--tmpfs", "/tmp",
@@ -255,17 +268,19 @@ class BubblewrapProvider:
             "--symlink", "usr/sbin", "/sbin",
             "--ro-bind", "/etc", "/etc",
         ]  # fmt: skip
-        for path in masked:
-            if os.path.isdir(path):
-                argv += ["--tmpfs", path, "--remount-ro", path]
+        for hidden in masked:
+            if hidden.is_dir:
+                argv += ["--tmpfs", hidden.path, "--remount-ro", hidden.path]
             else:
-                argv += ["--ro-bind", "/dev/null", path]
+                argv += ["--ro-bind", "/dev/null", hidden.path]
         prefixes = [p for p in self._python_prefixes if not _under(p, ("/usr", "/etc"))]
         for prefix in prefixes:
             argv += ["--ro-bind", prefix, prefix]
         seen: dict[str, str] = {}
         for code_dir in spec.code_dirs:
             base = os.path.basename(os.path.normpath(code_dir))
+            if not base:
+                raise ValueError(f"code dir {code_dir!r} has no name to mount it under")
             if base in seen:
                 raise ValueError(f"code dirs {seen[base]!r} and {code_dir!r} would both mount at {base!r}")
             seen[base] = code_dir
@@ -295,13 +310,8 @@ class BubblewrapProvider:
         return await asyncio.to_thread(_status, handle)
 
     async def destroy(self, handle: SandboxHandle, grace_secs: float = 2.0) -> None:
-        if handle.pid > 0:
-            members = await asyncio.to_thread(_members, handle)
-            if members:
-                await asyncio.to_thread(_terminate, members, handle)
-                if not await _wait_gone(members, grace_secs):
-                    await asyncio.to_thread(_kill, members, handle)
-                    await _wait_gone(members, _KILL_WAIT_SECS)
+        if handle.pid > 0 and not await _stop(handle, signal.SIGTERM, grace_secs):
+            await _stop(handle, signal.SIGKILL, _KILL_WAIT_SECS)
         await asyncio.to_thread(_remove_pidfile, handle)
 
     def _create(self, spec: SandboxSpec) -> SandboxHandle:
@@ -431,35 +441,37 @@ def _signal(proc: _Proc, sig: signal.Signals) -> None:
             os.kill(proc.pid, sig)
 
 
-def _terminate(members: list[_Proc], handle: SandboxHandle) -> None:
-    # bwrap does not forward SIGTERM (it would just exit and orphan the sandbox), so the agent processes
-    # are asked directly; bwrap then exits on its own when its init does.
-    inner = []
-    for proc in inner:
-        _signal(proc, signal.SIGTERM)
-    if not inner and _is_alive(handle.pid, handle.start_time):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(handle.pid, signal.SIGTERM)
-
-
-def _kill(members: list[_Proc], handle: SandboxHandle) -> None:
-    child_pid, _ = _child_of(handle)
-    # SIGKILL to a pid namespace's init kills everything in it, so it goes first.
-    for proc in sorted(members, key=lambda p: p.pid != child_pid):
-        if proc.pid != handle.pid:
-            _signal(proc, signal.SIGKILL)
-    if _is_alive(handle.pid, handle.start_time):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(handle.pid, signal.SIGKILL)
-
-
-async def _wait_gone(members: list[_Proc], within_secs: float) -> bool:
+async def _stop(handle: SandboxHandle, sig: signal.Signals, within_secs: float) -> bool:
+    """Send ``sig`` to the sandbox until none of it is left or time is up; True if it is gone."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within_secs
+    sent: set[tuple[int, int]] = set()
     while True:
-        alive = await asyncio.to_thread(lambda: any(_is_alive(p.pid, p.start_time) for p in members))
-        if not alive:
+        members = await asyncio.to_thread(_members, handle)
+        if not members:
             return True
+        # Rescanned every round: right after create the agent may not be forked yet, and only its
+        # init (which ignores SIGTERM) would have been asked.
+        await asyncio.to_thread(_send, members, handle, sig, sent)
         if loop.time() >= deadline:
             return False
         await asyncio.sleep(_POLL_SECS)
+
+
+def _send(
+    members: list[_Proc], handle: SandboxHandle, sig: signal.Signals, sent: set[tuple[int, int]]
+) -> None:
+    child_pid, _ = _child_of(handle)
+    # SIGKILL to a pid namespace's init kills everything in it, so the init goes first.
+    inner = sorted((p for p in members if p.pid != handle.pid), key=lambda p: p.pid != child_pid)
+    for proc in inner:
+        if (proc.pid, proc.start_time) not in sent:
+            sent.add((proc.pid, proc.start_time))
+            _signal(proc, sig)
+    # bwrap does not forward SIGTERM: it would exit and orphan the sandbox. It exits by itself once its
+    # init has, so its group is signalled only to kill, or when nothing else of the sandbox is left.
+    outer = (handle.pid, handle.start_time)
+    if (sig == signal.SIGKILL or not inner) and outer not in sent and _is_alive(*outer):
+        sent.add(outer)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(handle.pid, sig)

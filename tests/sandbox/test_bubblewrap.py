@@ -11,6 +11,7 @@ import errno
 import fcntl
 import json
 import os
+import signal
 import socket
 import struct
 import sys
@@ -27,6 +28,8 @@ from sandbox.bubblewrap import (
     CODE_ROOT,
     PIDFILE_NAME,
     BubblewrapProvider,
+    HiddenPath,
+    SandboxError,
     bwrap_available,
     unreadable_paths,
 )
@@ -265,7 +268,8 @@ def test_build_argv_masks_hidden_paths_after_binding_etc(tmp_path: Path) -> None
     secret_dir.mkdir()
     provider = BubblewrapProvider(python_prefixes=["/opt/py/venv"])
     spec = make_spec(tmp_path, ["true"])
-    opts = option_args(provider.build_argv(spec, masked=["/etc/shadow", str(secret_dir)]))
+    masked = [HiddenPath("/etc/shadow", is_dir=False), HiddenPath(str(secret_dir), is_dir=True)]
+    opts = option_args(provider.build_argv(spec, masked=masked))
 
     etc = opts.index(("--ro-bind", "/etc", "/etc"))
     assert opts.index(("--ro-bind", "/dev/null", "/etc/shadow")) > etc
@@ -296,6 +300,13 @@ def test_build_argv_rejects_relative_paths(tmp_path: Path) -> None:
         BubblewrapProvider().build_argv(spec)
 
 
+def test_build_argv_rejects_an_empty_command_and_an_unnamed_code_dir(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        BubblewrapProvider().build_argv(make_spec(tmp_path, []))
+    with pytest.raises(ValueError, match="no name"):
+        BubblewrapProvider().build_argv(make_spec(tmp_path, ["true"], code_dirs=["/"]))
+
+
 def test_unreadable_paths_lists_what_other_users_cannot_read(tmp_path: Path) -> None:
     (tmp_path / "public.txt").write_text("ok")
     (tmp_path / "secret.txt").write_text("no")
@@ -305,7 +316,10 @@ def test_unreadable_paths_lists_what_other_users_cannot_read(tmp_path: Path) -> 
     (tmp_path / "locked").chmod(0o700)
     (tmp_path / "link").symlink_to(tmp_path / "secret.txt")
 
-    assert unreadable_paths(str(tmp_path)) == [str(tmp_path / "locked"), str(tmp_path / "secret.txt")]
+    assert unreadable_paths(str(tmp_path)) == [
+        HiddenPath(str(tmp_path / "locked"), is_dir=True),
+        HiddenPath(str(tmp_path / "secret.txt"), is_dir=False),
+    ]
 
 
 def test_make_provider_builds_bwrap_and_names_known_providers_on_unknown() -> None:
@@ -633,7 +647,7 @@ async def test_destroy_reaches_the_sandbox_even_after_bwrap_itself_was_killed(tm
     provider = BubblewrapProvider()
     handle = await provider.create(make_spec(tmp_path, SLEEPER))
     try:
-        os.kill(handle.pid, 9)
+        os.kill(handle.pid, signal.SIGKILL)
         # bwrap gone, its orphaned init and the agent keep running: that is still a live sandbox.
         assert await provider.status(handle) == "running"
 
@@ -687,6 +701,15 @@ async def test_a_recycled_pid_is_neither_running_nor_killed(tmp_path: Path) -> N
     finally:
         bystander.kill()
         await bystander.wait()
+
+
+async def test_create_fails_clearly_without_bwrap_or_with_a_missing_workspace(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, ["true"])
+
+    with pytest.raises(SandboxError, match="bwrap not found"):
+        await BubblewrapProvider(bwrap_path=str(tmp_path / "no-bwrap")).create(spec)
+    with pytest.raises(SandboxError, match="not a directory"):
+        await BubblewrapProvider().create(spec.model_copy(update={"workspace_dir": str(tmp_path / "gone")}))
 
 
 async def test_a_handle_without_a_pid_is_missing_and_destroy_is_a_no_op() -> None:

