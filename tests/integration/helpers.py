@@ -1,0 +1,122 @@
+"""Small, bounded helpers for driving runs through the public API in tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_REPO = ROOT / "examples" / "demo-repo"
+TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def make_policy(api: httpx.AsyncClient, doc: dict[str, Any]) -> str:
+    name = unique("pol")
+    doc = {**doc, "name": name}
+    r = await api.post("/v1/policies", json={"name": name, "yaml": yaml.safe_dump(doc)})
+    assert r.status_code == 200, r.text
+    return name
+
+
+async def make_agent(
+    api: httpx.AsyncClient, script: list[dict[str, Any]] | None = None, policy: str = "demo", **extra: Any
+) -> str:
+    name = unique("agent")
+    body: dict[str, Any] = {"name": name, "harness": "replay", "policy": policy, **extra}
+    if script is not None:
+        body["harness_config"] = {"script": script}
+    r = await api.post("/v1/agents", json=body)
+    assert r.status_code == 201, r.text
+    return name
+
+
+async def start_run(api: httpx.AsyncClient, agent: str, workspace: Path | None = DEMO_REPO, **extra: Any) -> str:
+    body: dict[str, Any] = {"agent": agent, "task": "test task", **extra}
+    if workspace is not None:
+        body["workspace"] = {"kind": "local_copy", "path": str(workspace)}
+    r = await api.post("/v1/sessions", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["session"]["status"] == "created"
+    return str(r.json()["session"]["id"])
+
+
+async def run_row(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    r = await api.get(f"/v1/sessions/{run_id}")
+    assert r.status_code == 200, r.text
+    return dict(r.json()["session"])
+
+
+async def wait_status(api: httpx.AsyncClient, run_id: str, statuses: set[str], timeout: float = 60) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        row = await run_row(api, run_id)
+        if row["status"] in statuses:
+            return row
+        if loop.time() > deadline:
+            raise AssertionError(f"run {run_id} stuck in {row['status']} (wanted {statuses})")
+        await asyncio.sleep(0.1)
+
+
+async def wait_pending(api: httpx.AsyncClient, run_id: str, timeout: float = 60) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        rows = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+        pending = [r for r in rows if r["status"] == "pending"]
+        if pending:
+            return dict(pending[0])
+        status = (await run_row(api, run_id))["status"]
+        assert status not in TERMINAL, f"run ended ({status}) before asking for approval"
+        await asyncio.sleep(0.1)
+    raise AssertionError("no approval was requested in time")
+
+
+async def events(api: httpx.AsyncClient, run_id: str, after: int = 0) -> list[dict[str, Any]]:
+    r = await api.get(f"/v1/sessions/{run_id}/events", params={"after": after, "limit": 1000})
+    assert r.status_code == 200, r.text
+    return list(r.json()["events"])
+
+
+def types(evs: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in evs]
+
+
+def sandbox_env(run_id: str) -> dict[str, str]:
+    """The runner's initial environment, read the way only the host can: /proc/<pid>/environ."""
+    needle = f"FLUIDBOX_SESSION_ID={run_id}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in raw.split(b"\0"):
+            pairs = [p.split(b"=", 1) for p in raw.split(b"\0") if b"=" in p]
+            env = {k.decode(): v.decode(errors="replace") for k, v in pairs}
+            env["__pid__"] = pid
+            return env
+    raise AssertionError(f"no process runs for {run_id}")
+
+
+async def wait_sandbox_env(run_id: str, timeout: float = 30) -> dict[str, str]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            return sandbox_env(run_id)
+        except AssertionError:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.1)

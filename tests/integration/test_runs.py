@@ -1,0 +1,162 @@
+"""Governed runs end to end on the real stack: approve, deny, expiry, autonomy, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.integration.helpers import (
+    DEMO_REPO, events, make_agent, make_policy, run_row, start_run, types, wait_pending, wait_status,
+)  # fmt: skip
+
+pytestmark = pytest.mark.stack
+
+DEPLOY = [{"tool": "Bash", "input": {"command": "./deploy.sh"}}]
+
+
+async def test_approved_run_fixes_the_bug_deploys_and_records_the_approval_in_order(api: httpx.AsyncClient) -> None:
+    run_id = await start_run(api, await make_agent(api))
+    pending = await wait_pending(api, run_id)
+    assert pending["tool"] == "Bash" and "deploy" in pending["summary"]
+    r = await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "approve"})
+    assert r.status_code == 200 and r.json()["approval"]["status"] == "approved_once"
+    row = await wait_status(api, run_id, {"completed", "failed"})
+    assert row["status"] == "completed"
+    assert row["result_summary"] == "Replay complete: 4 executed, 1 denied."
+    evs = await events(api, run_id)
+    ordered = [
+        (e["type"], e["payload"]["data"].get("to")) for e in evs
+        if e["payload"]["data"].get("tool_call_id") == "rp_005" or e["type"] == "session.status_changed"
+    ]  # fmt: skip
+    start = ordered.index(("tool.requested", None))
+    assert ordered[start : start + 6] == [
+        ("tool.requested", None), ("approval.requested", None), ("session.status_changed", "awaiting_approval"),
+        ("approval.decided", None), ("tool.decision", None), ("session.status_changed", "running"),
+    ]  # fmt: skip
+    statuses = [e["payload"]["data"]["to"] for e in evs if e["type"] == "session.status_changed"]
+    assert statuses == [
+        "provisioning", "initializing", "running", "awaiting_approval", "running", "finalizing", "completed",
+    ]  # fmt: skip
+    decision = next(e for e in evs if e["type"] == "tool.decision" and e["payload"]["data"]["tool_call_id"] == "rp_005")
+    assert decision["payload"]["data"] == {
+        "tool_call_id": "rp_005", "tool": "Bash", "verdict": "allow", "source": "human", "reason": "human:operator",
+    }  # fmt: skip
+    denied = next(e for e in evs if e["type"] == "tool.decision" and e["payload"]["data"]["tool_call_id"] == "rp_004")
+    assert denied["payload"]["data"]["verdict"] == "deny"
+    assert denied["payload"]["data"]["reason"] == 'shell command matches deny pattern "\\bcurl\\b"'
+    assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))
+    assert types(evs)[-1] == "run.result"
+    out = (await api.get(f"/v1/sessions/{run_id}/outputs")).json()
+    assert '+    return f"Hello, {name}!"' in out["diff"] and "deploy.log" in out["diff"]
+    assert out["gate_consulted"] is True
+    # The operator's directory was copied, never touched.
+    assert "Hello, name!" in (DEMO_REPO / "app.py").read_text()
+    assert not (DEMO_REPO / "deploy.log").exists()
+    arts = (await api.get(f"/v1/sessions/{run_id}/artifacts")).json()["artifacts"]
+    assert {a["name"] for a in arts} == {"changes.patch", "summary.md"}
+
+
+async def test_denied_approval_withholds_the_deploy_and_the_run_still_completes(api: httpx.AsyncClient) -> None:
+    run_id = await start_run(api, await make_agent(api))
+    pending = await wait_pending(api, run_id)
+    r = await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
+    assert r.status_code == 200 and r.json()["approval"]["status"] == "denied"
+    row = await wait_status(api, run_id, {"completed", "failed"})
+    assert row["status"] == "completed"
+    assert row["result_summary"] == "Replay complete: 3 executed, 2 denied. Deploy withheld — nothing was released."
+    out = (await api.get(f"/v1/sessions/{run_id}/outputs")).json()
+    assert "app.py" in out["diff"] and "deploy.log" not in out["diff"]
+
+
+async def test_an_unanswered_approval_expires_into_a_deny(api: httpx.AsyncClient) -> None:
+    policy = await make_policy(api, {"defaults": {"tool_action": "approve"}, "approvals": {"default_ttl_secs": 2}})
+    run_id = await start_run(api, await make_agent(api, DEPLOY, policy=policy))
+    pending = await wait_pending(api, run_id)
+    row = await wait_status(api, run_id, {"completed", "failed"})
+    assert row["result_summary"].endswith("Deploy withheld — nothing was released.")
+    approvals = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+    assert [(a["id"], a["status"], a["decided_by"]) for a in approvals] == [(pending["id"], "expired", "timeout")]
+    evs = await events(api, run_id)
+    decided = next(e for e in evs if e["type"] == "approval.decided")["payload"]["data"]
+    assert decided["decision"] == "expired" and decided["decided_by"] == "timeout"
+    decision = next(e for e in evs if e["type"] == "tool.decision")["payload"]["data"]
+    assert (decision["verdict"], decision["source"], decision["reason"]) == ("deny", "human", "human:timeout")
+    late = await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "approve"})
+    assert late.status_code == 409 and late.json() == {"error": "approval is not pending"}
+    assert "deploy.log" not in (await api.get(f"/v1/sessions/{run_id}/outputs")).json()["diff"]
+
+
+async def test_an_autonomous_run_never_waits_and_the_policy_fallback_denies(api: httpx.AsyncClient) -> None:
+    run_id = await start_run(api, await make_agent(api), autonomous=True)
+    row = await wait_status(api, run_id, {"completed", "failed"})
+    assert row["autonomy"] == "autonomous"
+    assert row["result_summary"] == "Replay complete: 3 executed, 2 denied. Deploy withheld — nothing was released."
+    evs = await events(api, run_id)
+    assert "approval.requested" not in types(evs)
+    assert "awaiting_approval" not in [e["payload"]["data"].get("to") for e in evs]
+    rewrite = next(e for e in evs if e["type"] == "tool.decision" and e["payload"]["data"]["tool_call_id"] == "rp_005")
+    assert rewrite["payload"]["data"]["source"] == "autonomy_rewrite"
+    assert rewrite["payload"]["data"]["original_verdict"] == "require_approval"
+
+
+async def test_cancel_quiesces_the_runner_and_a_second_cancel_answers_false(api: httpx.AsyncClient) -> None:
+    run_id = await start_run(api, await make_agent(api, [{"sleep_ms": 600000}]))
+    await wait_status(api, run_id, {"running"})
+    first = await api.post(f"/v1/sessions/{run_id}/cancel")
+    assert first.status_code == 200 and first.json() == {"cancelled": True}
+    again = await api.post(f"/v1/sessions/{run_id}/cancel")
+    assert again.json() == {"cancelled": False}
+    row = await wait_status(api, run_id, {"cancelled", "failed", "completed"})
+    assert (row["status"], row["status_reason"]) == ("cancelled", "cancelled by user")
+    evs = await events(api, run_id)
+    assert "run.quiesce_requested" in types(evs)
+    statuses = [e["payload"]["data"]["to"] for e in evs if e["type"] == "session.status_changed"]
+    assert statuses[-3:] == ["cancelling", "finalizing", "cancelled"]
+    assert (await api.post(f"/v1/sessions/{run_id}/cancel")).json() == {"cancelled": False}
+
+
+async def test_cancelling_a_run_that_waits_for_approval_denies_the_pending_call(api: httpx.AsyncClient) -> None:
+    run_id = await start_run(api, await make_agent(api, DEPLOY))
+    pending = await wait_pending(api, run_id)
+    assert (await api.post(f"/v1/sessions/{run_id}/cancel")).json() == {"cancelled": True}
+    await wait_status(api, run_id, {"cancelled"})
+    approvals = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+    assert [(a["id"], a["status"]) for a in approvals] == [(pending["id"], "denied")]
+    late = await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "approve"})
+    assert late.status_code == 409
+
+
+async def test_two_concurrent_decisions_yield_exactly_one_decision(api: httpx.AsyncClient) -> None:
+    run_id = await start_run(api, await make_agent(api, DEPLOY))
+    pending = await wait_pending(api, run_id)
+    url = f"/v1/approvals/{pending['id']}/decision"
+    results = await asyncio.gather(
+        *[api.post(url, json={"decision": d}) for d in ("approve", "deny", "approve", "deny")]
+    )
+    codes = sorted(r.status_code for r in results)
+    assert codes == [200, 409, 409, 409]
+    assert all(r.json() == {"error": "approval is not pending"} for r in results if r.status_code == 409)
+    await wait_status(api, run_id, {"completed"})
+    evs = await events(api, run_id)
+    assert types(evs).count("approval.decided") == 1
+    assert types(evs).count("tool.decision") == 1
+
+
+async def test_a_new_run_gets_its_own_snapshot_and_status_is_visible_in_listings(api: httpx.AsyncClient) -> None:
+    agent = await make_agent(api, [{"say": "hello"}])
+    run_id = await start_run(api, agent, workspace=None)
+    row = await wait_status(api, run_id, {"completed"})
+    assert row["run_spec"]["policy_name"] == "demo" and row["run_spec"]["agent_name"] == agent
+    assert row["run_spec"]["workspace"] == {"kind": "scratch", "path": None}
+    listed = (await api.get("/v1/sessions", params={"limit": 5})).json()["sessions"]
+    assert run_id in [s["id"] for s in listed]
+    detail = (await api.get(f"/v1/sessions/{run_id}")).json()
+    assert detail["usage"] == {
+        "input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0,
+        "cost_usd": 0.0, "requests": 0,
+    }  # fmt: skip
+    out = (await api.get(f"/v1/sessions/{run_id}/outputs")).json()
+    assert out["diff"] == "(no changes)"
+    assert (await run_row(api, run_id))["finished_at"] is not None
