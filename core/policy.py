@@ -6,6 +6,7 @@ autonomy. Authored content is parsed strictly (an unknown key anywhere is an err
 
 from __future__ import annotations
 
+import posixpath
 import re
 from fnmatch import fnmatchcase
 from typing import Any, Literal
@@ -161,12 +162,23 @@ def _prefix_matches(prefix: str, command: str) -> bool:
 PATH_KEYS = ("file_path", "path", "notebook_path", "filePath")
 
 
+WORKSPACE = "/workspace"
+
+
+def normalize_path(path: str) -> str:
+    """Lexically canonical: relative paths are rebased on /workspace, and ``.``/``..`` are folded,
+    so ``/workspace/../etc/passwd`` is judged as ``/etc/passwd``."""
+    joined = path if path.startswith("/") else f"{WORKSPACE}/{path}"
+    normalized = posixpath.normpath(joined)
+    return "/" + normalized.lstrip("/")  # normpath keeps a leading '//'
+
+
 def candidate_paths(tool_input: dict[str, Any]) -> list[str]:
     paths = [v for k in PATH_KEYS if isinstance(v := tool_input.get(k), str)]
     edits = tool_input.get("edits")
     if isinstance(edits, list):
         paths += [e["file_path"] for e in edits if isinstance(e, dict) and isinstance(e.get("file_path"), str)]
-    return paths
+    return [normalize_path(p) for p in paths]
 
 
 class PolicyVerdict(BaseModel):
@@ -197,13 +209,14 @@ def _raw_verdict(policy: Policy, tool: str, tool_input: dict[str, Any]) -> tuple
                         action="deny", rule=index, reason=f'shell command matches deny pattern "{pattern}"'
                     ), rule
             matched = next((p for p in rule.shell.allow_prefixes if _prefix_matches(p, command)), None)
+            # Two key namespaces so an exact command can never collide with a prefix key.
             if matched is not None:
-                scope_key = f"{tool}:{matched.strip()}"
+                scope_key = f"{tool}:prefix:{matched}"
             else:
                 action = rule.shell.on_no_match
                 # The exact command, never its first word: approving `git push` for the session
                 # must not approve every later git command.
-                scope_key = f"{tool}:{command}"
+                scope_key = f"{tool}:command:{command}"
         elif rule.paths is not None:
             paths = candidate_paths(tool_input)
             for path in paths:

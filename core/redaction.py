@@ -57,7 +57,7 @@ class Redactor:
                 value = value.replace(secret, MARK)
             return scrub_text(value)
         if isinstance(value, dict):
-            return {str(k): self._scrub(v) for k, v in value.items()}
+            return {self._scrub(str(k)): self._scrub(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return [self._scrub(v) for v in value]
         return value

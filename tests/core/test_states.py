@@ -73,7 +73,9 @@ def test_every_edge_of_the_spec_table_is_allowed(edge: tuple[RunStatus, RunStatu
 
 
 @pytest.mark.parametrize("edge", FORBIDDEN, ids=_id)
-def test_every_edge_outside_the_spec_table_raises_invalid_transition(edge: tuple[RunStatus, RunStatus]) -> None:
+def test_every_edge_outside_the_spec_table_raises_invalid_transition(
+    edge: tuple[RunStatus, RunStatus],
+) -> None:
     src, dst = edge
     assert not can_transition(src, dst)
     with pytest.raises(InvalidTransition) as info:

@@ -1,0 +1,118 @@
+"""Bad input gets a clear 4xx with a JSON error naming the problem, and changes nothing."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+
+from cli.stack import Stack
+from tests.integration.helpers import make_agent, unique
+
+pytestmark = pytest.mark.stack
+
+
+async def snapshot(api: httpx.AsyncClient) -> tuple[int, int, int]:
+    agents = (await api.get("/v1/agents")).json()["agents"]
+    runs = (await api.get("/v1/sessions", params={"limit": 500})).json()["sessions"]
+    pending = (await api.get("/v1/approvals")).json()["approvals"]
+    return len(agents), len(runs), len(pending)
+
+
+async def test_missing_or_wrong_admin_token_is_401(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.api_url) as anon:
+        for path in ("/v1/sessions", "/v1/agents", "/v1/approvals"):
+            r = await anon.get(path)
+            assert (r.status_code, r.json()) == (401, {"error": "unauthorized"})
+        r = await anon.get("/v1/sessions", headers={"authorization": "Bearer fbx_admin_wrong"})
+        assert r.status_code == 401
+        r = await anon.get("/v1/sessions", headers={"authorization": "Basic abc"})
+        assert r.status_code == 401
+        assert (await anon.get("/v1/health")).json() == {"status": "ok"}
+        ready = await anon.get("/v1/ready")
+        assert ready.status_code == 200 and ready.json()["db"] is True and ready.json()["temporal"] is True
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "message"),
+    [
+        ("POST", "/v1/sessions", {"content": b"{not json", "headers": {"content-type": "application/json"}},
+         400, "malformed JSON body"),
+        ("POST", "/v1/sessions", {"json": {"agent": "x", "task": "t", "colour": "red"}}, 400, "unknown field 'colour'"),
+        ("POST", "/v1/sessions", {"json": {"task": "t"}}, 400, "missing field 'agent'"),
+        ("POST", "/v1/sessions", {"json": {"agent": "no-such-agent", "task": "t"}}, 400, "unknown agent 'no-such-agent'"),
+        ("POST", "/v1/sessions", {"content": b"agent=x", "headers": {"content-type": "text/plain"}},
+         415, "content-type: application/json"),
+        ("POST", "/v1/sessions", {"json": {"agent": "x", "task": "t", "workspace": {"kind": "ftp"}}},
+         400, "workspace.kind"),
+        ("POST", "/v1/agents", {"json": {"name": "a b"}}, 400, "name"),
+        ("POST", "/v1/agents", {"json": {"name": "ok-name", "harness": "gpt"}}, 422,
+         "unknown harness 'gpt' (known: replay, claude-agent-sdk, codex)"),
+        ("POST", "/v1/agents", {"json": {"name": "ok-name", "harness": "replay", "model": "claude-opus-4-8"}}, 422,
+         "model 'claude-opus-4-8' is not valid for harness 'replay' (valid: replay)"),
+        ("POST", "/v1/agents", {"json": {"name": "ok-name", "harness": "replay", "policy": "nope"}}, 400,
+         "unknown policy 'nope'"),
+        ("POST", "/v1/agents", {"json": {"name": "ok-name", "harness": "replay",
+                                         "harness_config": {"script": [{"say": "a", "sleep_ms": 1}]}}}, 400,
+         "exactly one of say, tool, sleep_ms"),
+        ("POST", f"/v1/approvals/{uuid.uuid4()}/decision", {"json": {"decision": "approve"}}, 404, "not found"),
+        ("POST", "/v1/approvals/not-a-uuid/decision", {"json": {"decision": "approve"}}, 404, "not found"),
+        ("POST", f"/v1/approvals/{uuid.uuid4()}/decision", {"json": {"decision": "maybe"}}, 400,
+         "unknown decision 'maybe'"),
+        ("GET", f"/v1/sessions/{uuid.uuid4()}", {}, 404, "not found"),
+        ("GET", "/v1/sessions/garbage", {}, 404, "not found"),
+        ("POST", f"/v1/sessions/{uuid.uuid4()}/cancel", {}, 404, "not found"),
+        ("GET", f"/v1/sessions/{uuid.uuid4()}/events", {}, 404, "not found"),
+        ("GET", "/v1/sessions", {"params": {"limit": 0}}, 400, "limit"),
+        ("GET", "/v1/agents/nobody", {}, 404, "not found"),
+        ("POST", "/v1/policies", {"json": {"name": "p1", "yaml": "name: p1\ntools:\n  - match: [Read]\n    action: allow\n    colour: red\n"}},
+         422, "unknown key 'tools.0.colour'"),
+        ("POST", "/v1/policies", {"json": {"name": "p2", "yaml": "name: other\n"}}, 400,
+         "policy name must match yaml `name`"),
+    ],
+)  # fmt: skip
+async def test_bad_requests_get_a_clear_error_and_change_nothing(
+    api: httpx.AsyncClient, method: str, path: str, kwargs: dict[str, object], status: int, message: str
+) -> None:
+    before = await snapshot(api)
+    r = await api.request(method, path, **kwargs)  # type: ignore[arg-type]
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and message in body["error"], body
+    assert await snapshot(api) == before
+
+
+async def test_a_duplicate_agent_name_is_a_conflict_and_revisions_append(api: httpx.AsyncClient) -> None:
+    name = await make_agent(api, [{"say": "v1"}])
+    again = await api.post("/v1/agents", json={"name": name, "harness": "replay"})
+    assert (again.status_code, again.json()) == (409, {"error": f"an agent named '{name}' already exists"})
+    r = await api.post(f"/v1/agents/{name}/revisions", json={"system_prompt": "be careful"})
+    assert r.status_code == 201 and r.json()["revision"]["rev"] == 2
+    detail = (await api.get(f"/v1/agents/{name}")).json()
+    revs = detail["revisions"]
+    assert [r["rev"] for r in revs] == [1, 2]
+    # Omitted fields inherit; the first revision is untouched.
+    assert revs[1]["harness_config"] == revs[0]["harness_config"] == {"script": [{"say": "v1"}]}
+    assert (revs[0]["system_prompt"], revs[1]["system_prompt"]) == (None, "be careful")
+    by_id = (await api.get(f"/v1/agents/{detail['agent']['id']}")).json()
+    assert by_id["agent"]["name"] == name
+
+
+async def test_an_agent_whose_harness_cannot_run_here_is_refused_at_run_creation(api: httpx.AsyncClient) -> None:
+    name = unique("claude")
+    r = await api.post("/v1/agents", json={"name": name, "harness": "claude-agent-sdk"})
+    assert r.status_code == 201 and r.json()["revision"]["model"] == "claude-haiku-4-5"
+    run = await api.post("/v1/sessions", json={"agent": name, "task": "t"})
+    assert run.status_code == 422 and "cannot run in this build yet" in run.json()["error"]
+    harnesses = (await api.get("/v1/harnesses")).json()["harnesses"]
+    assert {h["id"]: h["available"] for h in harnesses} == {"replay": True, "claude-agent-sdk": False, "codex": False}
+
+
+async def test_a_local_copy_workspace_must_exist(api: httpx.AsyncClient) -> None:
+    name = await make_agent(api, [{"say": "hi"}])
+    r = await api.post("/v1/sessions", json={"agent": name, "task": "t", "workspace": {"kind": "local_copy", "path": "rel"}})
+    assert r.status_code == 400 and "absolute" in r.json()["error"]
+    both = await api.post("/v1/sessions", json={"agent": name, "task": "t", "workspace": {"kind": "scratch"},
+                                                "repo": {"kind": "scratch"}})  # fmt: skip
+    assert both.status_code == 400 and "not both" in both.json()["error"]

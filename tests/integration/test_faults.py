@@ -1,0 +1,144 @@
+"""Faults and the runner plane: retries re-attach, reused ids, lost runners, a killed worker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import httpx
+import pytest
+
+from cli.stack import Stack
+from tests.integration.helpers import (
+    events, make_agent, start_run, types, wait_pending, wait_sandbox_env, wait_status,
+)  # fmt: skip
+
+pytestmark = pytest.mark.stack
+
+DEPLOY = [{"tool": "Bash", "input": {"command": "./deploy.sh"}}]
+IDLE = [{"sleep_ms": 600000}]
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def runner_client(stack: Stack, token: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60)
+
+
+async def test_a_retried_permission_reattaches_to_the_same_approval(api: httpx.AsyncClient, stack: Stack) -> None:
+    run_id = await start_run(api, await make_agent(api, DEPLOY))
+    pending = await wait_pending(api, run_id)
+    env = await wait_sandbox_env(run_id)
+    async with runner_client(stack, env["FLUIDBOX_TOOL_TOKEN"]) as runner:
+        body = {"tool_call_id": "rp_001", "tool": "Bash", "input": {"command": "./deploy.sh"}}
+        retry = asyncio.create_task(runner.post(f"/internal/sessions/{run_id}/permission", json=body))
+        await asyncio.sleep(0)  # let the retry reach the server before the decision
+        await asyncio.wait({retry}, timeout=0.5)
+        assert not retry.done(), "a retry must wait for the same human decision"
+        r = await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "approve"})
+        assert r.status_code == 200
+        answer = await asyncio.wait_for(retry, 30)
+        assert answer.json() == {"decision": "allow"}
+        # After the decision a further retry gets the recorded verdict at once.
+        again = await runner.post(f"/internal/sessions/{run_id}/permission", json=body)
+        assert again.json() == {"decision": "allow"}
+    await wait_status(api, run_id, {"completed"})
+    approvals = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+    assert len(approvals) == 1
+    evs = await events(api, run_id)
+    assert types(evs).count("approval.requested") == 1 and types(evs).count("tool.requested") == 1
+
+
+async def test_a_reused_tool_call_id_with_other_input_is_denied_and_changes_nothing(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    run_id = await start_run(api, await make_agent(api, DEPLOY))
+    pending = await wait_pending(api, run_id)
+    env = await wait_sandbox_env(run_id)
+    async with runner_client(stack, env["FLUIDBOX_TOOL_TOKEN"]) as runner:
+        body = {"tool_call_id": "rp_001", "tool": "Bash", "input": {"command": "./deploy.sh --force"}}
+        r = await runner.post(f"/internal/sessions/{run_id}/permission", json=body)
+        assert r.json() == {"decision": "deny", "message": "tool_call_id reused with a different tool or input"}
+    approvals = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+    assert [(a["id"], a["status"]) for a in approvals] == [(pending["id"], "pending")]
+    violation = [e for e in await events(api, run_id) if e["payload"]["data"].get("source") == "protocol_violation"]
+    assert len(violation) == 1
+    await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
+    await wait_status(api, run_id, {"completed"})
+
+
+async def test_run_tokens_are_audience_scoped(api: httpx.AsyncClient, stack: Stack) -> None:
+    run_id = await start_run(api, await make_agent(api, IDLE))
+    await wait_status(api, run_id, {"running"})
+    env = await wait_sandbox_env(run_id)
+    tool, control = env["FLUIDBOX_TOOL_TOKEN"], env["FLUIDBOX_SESSION_TOKEN"]
+    body = {"tool_call_id": "x1", "tool": "Read", "input": {"file_path": "/workspace/app.py"}}
+    async with runner_client(stack, control) as as_control, runner_client(stack, tool) as as_tool:
+        wrong = await as_control.post(f"/internal/sessions/{run_id}/permission", json=body)
+        assert (wrong.status_code, wrong.json()) == (403, {"error": "wrong_audience"})
+        wrong = await as_tool.post(f"/internal/sessions/{run_id}/heartbeat")
+        assert (wrong.status_code, wrong.json()) == (403, {"error": "wrong_audience"})
+        assert (await as_tool.post(f"/internal/sessions/{run_id}/permission", json=body)).json() == {"decision": "allow"}
+        # A run token never opens the public API, and the admin token never opens the runner plane.
+        assert (await as_control.get("/v1/sessions")).status_code == 401
+        other = await api.post(f"/internal/sessions/{run_id}/heartbeat")
+        assert other.status_code == 401
+    async with runner_client(stack, "fbx_sess_" + "0" * 32) as forged:
+        assert (await forged.post(f"/internal/sessions/{run_id}/heartbeat")).status_code == 401
+    assert (await api.post(f"/v1/sessions/{run_id}/cancel")).json() == {"cancelled": True}
+    await wait_status(api, run_id, {"cancelled"})
+    # After the run ends its tokens are revoked.
+    async with runner_client(stack, control) as as_control:
+        assert (await as_control.post(f"/internal/sessions/{run_id}/heartbeat")).status_code == 401
+        late = await as_control.post(f"/internal/sessions/{run_id}/result", json={"outcome": "completed"})
+        assert late.json() == {"ok": True, "note": "already terminal"}
+
+
+async def test_a_killed_runner_fails_the_run_with_a_reason(api: httpx.AsyncClient) -> None:
+    run_id = await start_run(api, await make_agent(api, IDLE))
+    await wait_status(api, run_id, {"running"})
+    env = await wait_sandbox_env(run_id)
+    os.kill(int(env["__pid__"]), signal.SIGKILL)
+    row = await wait_status(api, run_id, {"failed", "completed", "cancelled"})
+    assert row["status"] == "failed"
+    assert row["status_reason"] == "sandbox died (runner exited without reporting a result)"
+    errors = [e for e in await events(api, run_id) if e["type"] == "run.error"]
+    assert [e["payload"]["data"]["message"] for e in errors] == [row["status_reason"]]
+
+
+async def test_a_runner_that_stops_heartbeating_fails_the_run(api: httpx.AsyncClient) -> None:
+    run_id = await start_run(api, await make_agent(api, IDLE))
+    await wait_status(api, run_id, {"running"})
+    env = await wait_sandbox_env(run_id)
+    os.kill(int(env["__pid__"]), signal.SIGSTOP)  # alive but silent: a hung runner
+    row = await wait_status(api, run_id, {"failed", "completed", "cancelled"})
+    assert row["status"] == "failed"
+    assert row["status_reason"].startswith("runner stopped heartbeating")
+    assert not process_alive(int(env["__pid__"])), "finalization must destroy the sandbox"
+
+
+async def test_killing_the_worker_mid_run_loses_nothing(api: httpx.AsyncClient, stack: Stack) -> None:
+    run_id = await start_run(api, await make_agent(api, [*DEPLOY, {"say": "after the deploy"}]))
+    pending = await wait_pending(api, run_id)
+    stack.kill_process("worker")
+    try:
+        r = await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "approve"})
+        assert r.status_code == 200
+    finally:
+        stack.start_worker()
+    row = await wait_status(api, run_id, {"completed", "failed"}, timeout=90)
+    assert row["status"] == "completed", row["status_reason"]
+    assert row["result_summary"] == "Replay complete: 1 executed, 0 denied."
+    evs = await events(api, run_id)
+    assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))
+    for kind in ("tool.requested", "approval.requested", "approval.decided", "tool.decision", "run.result"):
+        assert types(evs).count(kind) == 1, kind
+    diff = (await api.get(f"/v1/sessions/{run_id}/outputs")).json()["diff"]
+    assert diff.count("+deployed") == 1
