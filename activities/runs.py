@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -250,11 +252,14 @@ class RunActivities:
                 ev.NewEvent(
                     type=ev.ARTIFACT_COLLECTED,
                     data={
-                        "kind": "diff", "name": "changes.patch", "bytes": len(content.encode()),
-                        "sha256": sha256_hex(content), "truncated": truncated,
+                        "kind": "diff",
+                        "name": "changes.patch",
+                        "bytes": len(content.encode()),
+                        "sha256": sha256_hex(content),
+                        "truncated": truncated,
                     },
                 )
-            )  # fmt: skip
+            )
         except workspace.WorkspaceError as err:
             new.append(ev.NewEvent(type=ev.ARTIFACT_MISSING, data={"kind": "diff", "reason": str(err)}))
         summary = intent.get("summary")
@@ -266,9 +271,7 @@ class RunActivities:
         reason = intent.get("reason")
         if terminal == RunStatus.CANCELLED and not reason:
             reason = "cancelled by user"
-        _, final = await self.store.finish(
-            run_id, terminal, reason, summary, intent["outcome"], artifacts, new
-        )
+        _, final = await self.store.finish(run_id, terminal, reason, summary, intent["outcome"], artifacts, new)
         return c.StatusOut(status=final)
 
     @activity.defn(name=c.OPEN_APPROVAL)
@@ -293,12 +296,19 @@ class RunActivities:
         await self.store.resume_after_approval(ref.run_id)
         return c.StatusOut(status=await self._status(ref.run_id))
 
-    def all(self) -> list[object]:
+    def all(self) -> list[Callable[..., Any]]:
         return [
-            self.provision, self.supervise, self.request_finalization, self.begin_finalize,
-            self.await_sandbox_exit, self.finalize, self.open_approval, self.read_approval,
-            self.expire_approval, self.resume_after_approval,
-        ]  # fmt: skip
+            self.provision,
+            self.supervise,
+            self.request_finalization,
+            self.begin_finalize,
+            self.await_sandbox_exit,
+            self.finalize,
+            self.open_approval,
+            self.read_approval,
+            self.expire_approval,
+            self.resume_after_approval,
+        ]
 
 
 def _approval(row: dict[str, object]) -> c.ApprovalRow:

@@ -29,21 +29,33 @@ class WorkspaceError(Exception):
 
 async def _git(baseline: Path, worktree: Path, *args: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        "git", f"--git-dir={baseline}", f"--work-tree={worktree}", "-c", "safe.directory=*",
-        "-c", "core.autocrlf=false", "-c", "commit.gpgsign=false", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        "git",
+        f"--git-dir={baseline}",
+        f"--work-tree={worktree}",
+        "-c",
+        "safe.directory=*",
+        "-c",
+        "core.autocrlf=false",
+        "-c",
+        "commit.gpgsign=false",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_ENV},
-    )  # fmt: skip
+    )
     out, err = await proc.communicate()
     if proc.returncode != 0:
         raise WorkspaceError(f"git {args[0]} failed: {err.decode(errors='replace').strip()[:500]}")
     return out.decode(errors="replace")
 
 
-def _copy(source: Path, dest: Path) -> int:
-    if dest.exists():
-        shutil.rmtree(dest)
-    if source.is_dir():
+def _copy(source: Path | None, dest: Path, baseline: Path) -> int:
+    if source is not None and (not source.is_absolute() or not source.is_dir()):
+        raise WorkspaceError(f"workspace path {source} is not an existing absolute directory")
+    for stale in (dest, baseline):  # a retried preparation starts over
+        if stale.exists():
+            shutil.rmtree(stale)
+    if source is not None:
         shutil.copytree(source, dest, symlinks=True)
     else:
         dest.mkdir(parents=True)
@@ -53,14 +65,8 @@ def _copy(source: Path, dest: Path) -> int:
 
 async def prepare(run_dir: Path, source: str | None) -> tuple[str, int]:
     """Copy ``source`` (or nothing, for scratch) into ``run_dir/workspace`` and commit a baseline."""
-    if source is not None:
-        src = Path(source)
-        if not src.is_absolute() or not src.is_dir():
-            raise WorkspaceError(f"workspace path {source} is not an existing absolute directory")
     worktree, baseline = run_dir / "workspace", run_dir / "baseline.git"
-    files = await asyncio.to_thread(_copy, Path(source) if source else Path("/nonexistent"), worktree)
-    if baseline.exists():
-        shutil.rmtree(baseline)
+    files = await asyncio.to_thread(_copy, Path(source) if source else None, worktree, baseline)
     await _git(baseline, worktree, "init", "-q")
     await _git(baseline, worktree, "add", "-A")
     await _git(baseline, worktree, "commit", "-q", "--allow-empty", "-m", "fluidbox baseline")
@@ -70,7 +76,7 @@ async def prepare(run_dir: Path, source: str | None) -> tuple[str, int]:
 async def diff(run_dir: Path) -> tuple[str, bool]:
     """The workspace's changes against the baseline as a binary-safe patch, and whether it was cut."""
     worktree, baseline = run_dir / "workspace", run_dir / "baseline.git"
-    if not baseline.exists() or not worktree.exists():
+    if not await asyncio.to_thread(lambda: baseline.exists() and worktree.exists()):
         raise WorkspaceError("workspace is gone")
     await _git(baseline, worktree, "add", "-A")
     patch = await _git(baseline, worktree, "diff", "--cached", "--binary", "HEAD")

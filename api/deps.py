@@ -91,8 +91,9 @@ class RunPrincipal:
     revoked: bool
 
 
-async def run_token(request: Request, svc: Services, session_id: str, audience: Audience,
-                    *, allow_revoked: bool = False) -> RunPrincipal:  # fmt: skip
+async def run_token(
+    request: Request, svc: Services, session_id: str, audience: Audience, *, allow_revoked: bool = False
+) -> RunPrincipal:
     token = _bearer(request)
     if token is None:
         raise Unauthorized()

@@ -44,10 +44,11 @@ class EventHub:
         while True:
             try:
                 conn = await asyncpg.connect(self._dsn)
+                closed = asyncio.Event()
+                conn.add_termination_listener(lambda _c, ev=closed: ev.set())
                 try:
                     await conn.add_listener(NOTIFY_CHANNEL, self._notify)
-                    while not conn.is_closed():
-                        await asyncio.sleep(5)
+                    await closed.wait()
                 finally:
                     with contextlib.suppress(Exception):
                         await conn.close()

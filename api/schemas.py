@@ -83,21 +83,65 @@ def _jsonable(value: Any) -> Any:
 
 
 SESSION_FIELDS = (
-    "id", "tenant_id", "agent_id", "agent_revision_id", "status", "status_reason", "autonomy", "trust_tier",
-    "task", "repo_source", "run_spec", "trigger", "sandbox_handle", "budgets", "base_commit", "result_summary",
-    "event_seq", "last_heartbeat_at", "started_at", "finished_at", "invoked_by_kind", "invoked_by_user_id",
-    "created_at", "updated_at",
-)  # fmt: skip
+    "id",
+    "tenant_id",
+    "agent_id",
+    "agent_revision_id",
+    "status",
+    "status_reason",
+    "autonomy",
+    "trust_tier",
+    "task",
+    "repo_source",
+    "run_spec",
+    "trigger",
+    "sandbox_handle",
+    "budgets",
+    "base_commit",
+    "result_summary",
+    "event_seq",
+    "last_heartbeat_at",
+    "started_at",
+    "finished_at",
+    "invoked_by_kind",
+    "invoked_by_user_id",
+    "created_at",
+    "updated_at",
+)
 APPROVAL_FIELDS = (
-    "id", "session_id", "tool_call_id", "tool", "summary", "input_digest", "risk", "scope", "scope_key",
-    "status", "requested_at", "expires_at", "decided_at", "decided_by",
-)  # fmt: skip
+    "id",
+    "session_id",
+    "tool_call_id",
+    "tool",
+    "summary",
+    "input_digest",
+    "risk",
+    "scope",
+    "scope_key",
+    "status",
+    "requested_at",
+    "expires_at",
+    "decided_at",
+    "decided_by",
+)
 AGENT_FIELDS = ("id", "tenant_id", "name", "description", "created_at")
 REVISION_FIELDS = (
-    "id", "agent_id", "rev", "harness", "runner_image", "model", "system_prompt", "policy_id", "budgets",
-    "harness_config", "capability_bundles", "default_workspace", "connection_requirements", "network",
+    "id",
+    "agent_id",
+    "rev",
+    "harness",
+    "runner_image",
+    "model",
+    "system_prompt",
+    "policy_id",
+    "budgets",
+    "harness_config",
+    "capability_bundles",
+    "default_workspace",
+    "connection_requirements",
+    "network",
     "created_at",
-)  # fmt: skip
+)
 ARTIFACT_FIELDS = ("id", "session_id", "kind", "name", "content", "content_type", "created_at")
 EVENT_FIELDS = ("event_id", "session_id", "seq", "actor", "type", "payload", "occurred_at")
 

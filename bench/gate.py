@@ -25,6 +25,7 @@ import datetime as dt
 import os
 import platform
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -265,15 +266,20 @@ def make_client(stack: Stack, transport: str, run_id: str, token: str) -> Client
     headers = {"authorization": f"Bearer {token}"}
     if transport == "uds":
         uds = stack.env.get("FLUIDBOX_GATEWAY_SOCKET") or str(stack.home / "gateway" / "api.sock")
-        http = httpx.AsyncClient(base_url="http://fluidbox", headers=headers, timeout=60,
-                                 transport=httpx.AsyncHTTPTransport(uds=uds, limits=limits))  # fmt: skip
+        http = httpx.AsyncClient(
+            base_url="http://fluidbox",
+            headers=headers,
+            timeout=60,
+            transport=httpx.AsyncHTTPTransport(uds=uds, limits=limits),
+        )
     else:
         http = httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=60, limits=limits)
     return Client(run_id, http)
 
 
-async def measure(stack: Stack, transport: str, tokens: dict[str, str], args: argparse.Namespace,
-                  tally: Tally) -> Result:  # fmt: skip
+async def measure(
+    stack: Stack, transport: str, tokens: dict[str, str], args: argparse.Namespace, tally: Tally
+) -> Result:
     clients = [make_client(stack, transport, rid, tok) for rid, tok in tokens.items()]
     try:
         say(f"• [{transport}] warm-up ({args.warmup} requests per client and kind)")
@@ -289,8 +295,10 @@ async def measure(stack: Stack, transport: str, tokens: dict[str, str], args: ar
             for kind in ("baseline", "gate"):
                 rnd = await run_round(kind, clients, args.requests, tally, f"{transport}-r{i}")
                 rounds.append(rnd)
-                say(f"  round {i + 1} {kind:8s}: p50 {rnd.pct(50):7.1f} ms  p99 {rnd.pct(99):7.1f} ms  "
-                    f"{rnd.rate:7.0f}/s  ({rnd.count} requests in {rnd.wall:.1f}s)")  # fmt: skip
+                say(
+                    f"  round {i + 1} {kind:8s}: p50 {rnd.pct(50):7.1f} ms  p99 {rnd.pct(99):7.1f} ms  "
+                    f"{rnd.rate:7.0f}/s  ({rnd.count} requests in {rnd.wall:.1f}s)"
+                )
     finally:
         await asyncio.gather(*(cl.http.aclose() for cl in clients), return_exceptions=True)
     return Result(transport, rounds, idle)
@@ -356,6 +364,29 @@ async def cancel_runs(api: httpx.AsyncClient, ids: list[str], within: float) -> 
         if pending:
             await asyncio.sleep(0.5)
     return len(pending)
+
+
+def stop_postgres(data_dir: Path, within: float = 20.0) -> None:
+    """Stop the embedded PostgreSQL this benchmark started, by the pid in its ``postmaster.pid``.
+
+    ``Stack.stop()`` leaves it running (the server handle is created with ``cleanup_mode=None``).
+    """
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if str(data_dir).encode() not in cmdline:
+        return  # not our server (a stale pid file)
+    for sig, wait in ((signal.SIGINT, within), (signal.SIGQUIT, 5.0)):  # fast, then immediate shutdown
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not Path(f"/proc/{pid}").exists():
+            return
+    say(f"  PostgreSQL (pid {pid}) did not stop")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -475,9 +506,7 @@ async def bench(args: argparse.Namespace) -> int:
         token, _ = admin_token(stack.home)
         await stack.start_app(token)
         say(f"• stack up in {time.monotonic() - t0:.1f}s (API {stack.api_url})")
-        api = httpx.AsyncClient(
-            base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=30
-        )
+        api = httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=30)
         await setup_runs(api, args.runs, ids, within=args.start_timeout)
         tokens = await collect_tokens(ids, within=30)
         say(f"• read {len(tokens)} TOOL tokens from /proc/<pid>/environ")
@@ -487,8 +516,10 @@ async def bench(args: argparse.Namespace) -> int:
         results = [await measure(stack, t, tokens, args, tally) for t in transports]
 
         if tally.mismatches or tally.allow_ok + tally.deny_ok != tally.sent:
-            say(f"FAIL: {tally.mismatches} responses did not match the expected decision "
-                f"({tally.allow_ok + tally.deny_ok} of {tally.sent} gate decisions correct):")  # fmt: skip
+            say(
+                f"FAIL: {tally.mismatches} responses did not match the expected decision "
+                f"({tally.allow_ok + tally.deny_ok} of {tally.sent} gate decisions correct):"
+            )
             for ex in tally.examples:
                 say(f"  {ex}")
             return 1
@@ -513,6 +544,7 @@ async def bench(args: argparse.Namespace) -> int:
             await api.aclose()
         say("• stopping the stack")
         stack.stop()
+        stop_postgres(home / "pg")
         if ok:
             shutil.rmtree(home, ignore_errors=True)
         else:

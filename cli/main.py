@@ -75,7 +75,9 @@ def up() -> None:
     try:
         _, token_path = asyncio.run(_start(stack))
         typer.echo(f"\nfluidbox is up.\n  API:         {stack.api_url}\n  Temporal UI: {stack.ui_url}")
-        typer.echo(f"  admin token: {'$FLUIDBOX_ADMIN_TOKEN' if os.environ.get('FLUIDBOX_ADMIN_TOKEN') else token_path}")
+        typer.echo(
+            f"  admin token: {'$FLUIDBOX_ADMIN_TOKEN' if os.environ.get('FLUIDBOX_ADMIN_TOKEN') else token_path}"
+        )
         typer.echo(f"  logs:        {stack.logs}\nPress Ctrl-C to stop.")
         _wait_for_signal()
         typer.echo("stopping…")
@@ -106,18 +108,30 @@ def run_demo(api: Api, ui_url: str, *, approve: bool = True) -> dict[str, Any]:
     try:
         api.get(f"/v1/agents/{DEMO_AGENT}")
     except CliError:
-        api.post("/v1/agents", {
-            "name": DEMO_AGENT, "description": "Fixes the greeting bug in the demo repository.",
-            "harness": "replay", "policy": "demo",
-        })  # fmt: skip
+        api.post(
+            "/v1/agents",
+            {
+                "name": DEMO_AGENT,
+                "description": "Fixes the greeting bug in the demo repository.",
+                "harness": "replay",
+                "policy": "demo",
+            },
+        )
         typer.echo(f"✓ created agent {DEMO_AGENT} (harness replay, policy demo)")
     workspace = _demo_workspace()
-    created = api.post("/v1/sessions", {
-        "agent": DEMO_AGENT, "task": "Make the failing test pass, then deploy.",
-        "workspace": {"kind": "local_copy", "path": str(workspace)},
-    })["session"]  # fmt: skip
+    created = api.post(
+        "/v1/sessions",
+        {
+            "agent": DEMO_AGENT,
+            "task": "Make the failing test pass, then deploy.",
+            "workspace": {"kind": "local_copy", "path": str(workspace)},
+        },
+    )["session"]
     run_id = created["id"]
-    typer.echo(f"✓ started run {run_id} (status {created['status']})\n  Temporal UI: {ui_url}/namespaces/default/workflows/run-{run_id}\n")
+    typer.echo(
+        f"✓ started run {run_id} (status {created['status']})\n"
+        f"  Temporal UI: {ui_url}/namespaces/default/workflows/run-{run_id}\n"
+    )
     for event in api.stream(run_id):
         typer.echo(event_line(event))
         data = event["payload"].get("data", {})
@@ -126,7 +140,7 @@ def run_demo(api: Api, ui_url: str, *, approve: bool = True) -> dict[str, Any]:
             api.post(f"/v1/approvals/{data['approval_id']}/decision", {"decision": "approve"})
         if event["type"] == "run.result":
             break
-    outputs = api.get(f"/v1/sessions/{run_id}/outputs")
+    outputs: dict[str, Any] = api.get(f"/v1/sessions/{run_id}/outputs")
     typer.echo("\n── diff ─────────────────────────────────────────")
     typer.echo(outputs["diff"] or "(none)")
     typer.echo(f"── run {outputs['status']} ── Temporal UI: {ui_url}/namespaces/default/workflows/run-{run_id}")
@@ -217,7 +231,9 @@ def approvals_list() -> None:
 @approvals.command("approve")
 def approvals_approve(approval_id: str, session: bool = typer.Option(False, help="Approve for the whole run.")) -> None:
     """Approve a pending tool call."""
-    _out(Api().post(f"/v1/approvals/{approval_id}/decision", {"decision": "approved_session" if session else "approve"}))
+    _out(
+        Api().post(f"/v1/approvals/{approval_id}/decision", {"decision": "approved_session" if session else "approve"})
+    )
 
 
 @approvals.command("deny")

@@ -5,11 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 ICONS = {
-    "session.created": "◆", "session.status_changed": "→", "workspace.initialized": "▣", "agent.message": "💬",
-    "tool.requested": "?", "tool.decision": "⚖", "approval.requested": "✋", "approval.decided": "✔",
-    "run.result": "■", "run.error": "✖", "artifact.collected": "📎", "artifact.missing": "⚠",
-    "budget.exceeded": "$", "run.quiesce_requested": "⏸",
-}  # fmt: skip
+    "session.created": "◆",
+    "session.status_changed": "→",
+    "workspace.initialized": "▣",
+    "agent.message": "💬",
+    "tool.requested": "?",
+    "tool.decision": "⚖",
+    "approval.requested": "✋",
+    "approval.decided": "✔",
+    "run.result": "■",
+    "run.error": "✖",
+    "artifact.collected": "📎",
+    "artifact.missing": "⚠",
+    "budget.exceeded": "$",
+    "run.quiesce_requested": "⏸",
+}
 
 
 def event_line(event: dict[str, Any]) -> str:

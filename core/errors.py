@@ -1,13 +1,13 @@
 """The domain error tree. Translated to HTTP only in ``api/errors.py``.
 
-    DomainError
-    ├── BadRequest          (400) malformed or contradictory input
-    ├── Unauthorized        (401) missing or unknown credential
-    ├── Forbidden           (403) authenticated but not allowed
-    ├── NotFound            (404) missing, or not visible to the caller
-    ├── Conflict            (409) lost a race, duplicate, not pending
-    ├── Unprocessable       (422) semantically invalid (policy, harness, model)
-    └── InvalidTransition   (409) a run status edge the state machine forbids
+DomainError
+├── BadRequest          (400) malformed or contradictory input
+├── Unauthorized        (401) missing or unknown credential
+├── Forbidden           (403) authenticated but not allowed
+├── NotFound            (404) missing, or not visible to the caller
+├── Conflict            (409) lost a race, duplicate, not pending
+├── Unprocessable       (422) semantically invalid (policy, harness, model)
+└── InvalidTransition   (409) a run status edge the state machine forbids
 """
 
 from __future__ import annotations

@@ -18,15 +18,35 @@ from core.runspec import RunSpec
 
 READ_ONLY_TOOLS = frozenset({"Read", "Glob", "Grep", "LS", "NotebookRead"})
 READ_ONLY_PREFIXES = (
-    "ls", "cat", "head", "tail", "wc", "grep", "rg", "pwd", "git status", "git log", "git diff",
-    "git show", "git branch", "git blame",
-)  # fmt: skip
+    "ls",
+    "cat",
+    "head",
+    "tail",
+    "wc",
+    "grep",
+    "rg",
+    "pwd",
+    "git status",
+    "git log",
+    "git diff",
+    "git show",
+    "git branch",
+    "git blame",
+)
 _SHELL_META = re.compile(r"[;|&`$()<>\n]")
 
 Source = Literal[
-    "policy", "human", "autonomy_rewrite", "session_scope", "trust_tier", "capability", "schema",
-    "budget", "protocol_violation", "session_terminal",
-]  # fmt: skip
+    "policy",
+    "human",
+    "autonomy_rewrite",
+    "session_scope",
+    "trust_tier",
+    "capability",
+    "schema",
+    "budget",
+    "protocol_violation",
+    "session_terminal",
+]
 
 
 class GateDecision(BaseModel):
@@ -87,9 +107,7 @@ def decide(
     """Decide one new tool call. ``registered_calls`` counts this call's intent row too."""
     cap = spec.budgets.max_tool_calls
     if cap is not None and registered_calls > cap:
-        return GateDecision(
-            verdict="deny", source="budget", reason="tool-call budget exceeded", budget_exceeded=True
-        )
+        return GateDecision(verdict="deny", source="budget", reason="tool-call budget exceeded", budget_exceeded=True)
     if tool.startswith("mcp__") and tool not in frozen_tools(spec):
         return GateDecision(
             verdict="deny", source="capability", reason=f"tool '{tool}' is not in this run's frozen tool set"
@@ -111,7 +129,9 @@ def decide(
         )
     if verdict.action == "require_approval" and verdict.scope_key in session_scope_keys:
         return GateDecision(
-            verdict="allow", source="session_scope", reason=f"approved for the session ({verdict.scope_key})",
+            verdict="allow",
+            source="session_scope",
+            reason=f"approved for the session ({verdict.scope_key})",
             policy=verdict,
         )
     return GateDecision(verdict=verdict.action, source="policy", reason=verdict.reason, policy=verdict)

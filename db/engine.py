@@ -23,12 +23,12 @@ def asyncpg_dsn(url: str) -> str:
     return url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
-async def _init_connection(conn: "asyncpg.Connection[Any]") -> None:
+async def _init_connection(conn: asyncpg.Connection[Any]) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def create_pool(url: str, *, min_size: int = 2, max_size: int = 20) -> "asyncpg.Pool[Any]":
+async def create_pool(url: str, *, min_size: int = 2, max_size: int = 20) -> asyncpg.Pool[Any]:
     pool = await asyncpg.create_pool(
         asyncpg_dsn(url), min_size=min_size, max_size=max_size, init=_init_connection, command_timeout=60
     )

@@ -52,7 +52,7 @@ class GateOutcome:
 
 
 class Store:
-    def __init__(self, pool: "asyncpg.Pool[Any]", redactor: Redactor) -> None:
+    def __init__(self, pool: asyncpg.Pool[Any], redactor: Redactor) -> None:
         self.pool = pool
         self.redactor = redactor
         self._specs: dict[str, RunSpec] = {}
@@ -76,14 +76,19 @@ class Store:
             inserted = await conn.fetchval(
                 "INSERT INTO policies (id, tenant_id, name) VALUES ($1, $2, $3) "
                 "ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
-                pid, uuid.UUID(tenant_id), content["name"],
-            )  # fmt: skip
+                pid,
+                uuid.UUID(tenant_id),
+                content["name"],
+            )
             if inserted is not None:
                 await conn.execute(
                     "INSERT INTO policy_versions (id, policy_id, version, content, yaml_source, summary, author) "
                     "VALUES ($1, $2, 1, $3, $4, 'seeded', 'seed')",
-                    uuid.UUID(new_id()), pid, content, yaml_source,
-                )  # fmt: skip
+                    uuid.UUID(new_id()),
+                    pid,
+                    content,
+                    yaml_source,
+                )
 
     async def policy_head(self, tenant_id: str, name: str) -> Row | None:
         async with self.pool.acquire() as conn:
@@ -92,8 +97,9 @@ class Store:
                     "SELECT p.id AS policy_id, p.name, v.version, v.content FROM policies p "
                     "JOIN policy_versions v ON v.policy_id = p.id WHERE p.tenant_id = $1 AND p.name = $2 "
                     "ORDER BY v.version DESC LIMIT 1",
-                    uuid.UUID(tenant_id), name,
-                )  # fmt: skip
+                    uuid.UUID(tenant_id),
+                    name,
+                )
             )
 
     async def policy_head_by_id(self, conn: Conn, policy_id: str) -> Row:
@@ -117,11 +123,16 @@ class Store:
         """Create the policy or append a version; byte-equal content appends nothing."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                "INSERT INTO policies (id, tenant_id, name) VALUES ($1, $2, $3) ON CONFLICT (tenant_id, name) DO NOTHING",
-                uuid.UUID(new_id()), uuid.UUID(tenant_id), content["name"],
-            )  # fmt: skip
+                "INSERT INTO policies (id, tenant_id, name) VALUES ($1, $2, $3) "
+                "ON CONFLICT (tenant_id, name) DO NOTHING",
+                uuid.UUID(new_id()),
+                uuid.UUID(tenant_id),
+                content["name"],
+            )
             policy = await conn.fetchrow(
-                "SELECT * FROM policies WHERE tenant_id = $1 AND name = $2 FOR UPDATE", uuid.UUID(tenant_id), content["name"]
+                "SELECT * FROM policies WHERE tenant_id = $1 AND name = $2 FOR UPDATE",
+                uuid.UUID(tenant_id),
+                content["name"],
             )
             head = await conn.fetchrow(
                 "SELECT version, content FROM policy_versions WHERE policy_id = $1 ORDER BY version DESC LIMIT 1",
@@ -133,8 +144,12 @@ class Store:
             await conn.execute(
                 "INSERT INTO policy_versions (id, policy_id, version, content, yaml_source, summary, author) "
                 "VALUES ($1, $2, $3, $4, $5, 'imported', 'api')",
-                uuid.UUID(new_id()), policy["id"], version, content, yaml_source,
-            )  # fmt: skip
+                uuid.UUID(new_id()),
+                policy["id"],
+                version,
+                content,
+                yaml_source,
+            )
             await conn.execute("UPDATE policies SET updated_at = now() WHERE id = $1", policy["id"])
             return {"id": str(policy["id"]), "name": policy["name"], "version": version}, True
 
@@ -152,9 +167,18 @@ class Store:
     # ---- agents --------------------------------------------------------------------------------
 
     _REVISION_COLUMNS = (
-        "harness", "runner_image", "model", "system_prompt", "policy_id", "budgets", "harness_config",
-        "capability_bundles", "default_workspace", "connection_requirements", "network",
-    )  # fmt: skip
+        "harness",
+        "runner_image",
+        "model",
+        "system_prompt",
+        "policy_id",
+        "budgets",
+        "harness_config",
+        "capability_bundles",
+        "default_workspace",
+        "connection_requirements",
+        "network",
+    )
 
     async def _insert_revision(self, conn: Conn, tenant_id: str, agent_id: str, fields: Row) -> Row:
         rev = await conn.fetchval(
@@ -168,8 +192,12 @@ class Store:
         record = await conn.fetchrow(
             f"INSERT INTO agent_revisions (id, tenant_id, agent_id, rev, {cols}) "
             f"VALUES ($1, $2, $3, $4, {params}) RETURNING *",
-            uuid.UUID(new_id()), uuid.UUID(tenant_id), uuid.UUID(agent_id), rev, *values,
-        )  # fmt: skip
+            uuid.UUID(new_id()),
+            uuid.UUID(tenant_id),
+            uuid.UUID(agent_id),
+            rev,
+            *values,
+        )
         return _row(record) or {}
 
     async def create_agent(self, tenant_id: str, name: str, description: str | None, fields: Row) -> tuple[Row, Row]:
@@ -178,8 +206,11 @@ class Store:
                 await conn.fetchrow(
                     "INSERT INTO agents (id, tenant_id, name, description) VALUES ($1, $2, $3, $4) "
                     "ON CONFLICT (tenant_id, name) DO NOTHING RETURNING *",
-                    uuid.UUID(new_id()), uuid.UUID(tenant_id), name, description,
-                )  # fmt: skip
+                    uuid.UUID(new_id()),
+                    uuid.UUID(tenant_id),
+                    name,
+                    description,
+                )
             )
             if agent is None:
                 raise Conflict(f"an agent named '{name}' already exists")
@@ -214,9 +245,7 @@ class Store:
     async def revisions(self, agent_id: str) -> list[Row]:
         async with self.pool.acquire() as conn:
             return _rows(
-                await conn.fetch(
-                    "SELECT * FROM agent_revisions WHERE agent_id = $1 ORDER BY rev", uuid.UUID(agent_id)
-                )
+                await conn.fetch("SELECT * FROM agent_revisions WHERE agent_id = $1 ORDER BY rev", uuid.UUID(agent_id))
             )
 
     async def latest_revision(self, conn: Conn, agent_id: str) -> Row | None:
@@ -243,11 +272,19 @@ class Store:
                 "INSERT INTO sessions (id, tenant_id, agent_id, agent_revision_id, status, autonomy, trust_tier, "
                 "task, repo_source, run_spec, trigger, budgets, invoked_by_kind) "
                 "VALUES ($1,$2,$3,$4,'created',$5,$6,$7,$8,$9,$10,$11,$12) RETURNING *",
-                uuid.UUID(spec.run_id), uuid.UUID(spec.tenant_id), uuid.UUID(spec.agent_id),
-                uuid.UUID(spec.agent_revision_id), spec.autonomy, spec.trust_tier, spec.task,
-                spec.workspace.model_dump(), spec.model_dump(mode="json"),
-                spec.invocation.model_dump(mode="json"), spec.budgets.model_dump(), invoked_by_kind,
-            )  # fmt: skip
+                uuid.UUID(spec.run_id),
+                uuid.UUID(spec.tenant_id),
+                uuid.UUID(spec.agent_id),
+                uuid.UUID(spec.agent_revision_id),
+                spec.autonomy,
+                spec.trust_tier,
+                spec.task,
+                spec.workspace.model_dump(),
+                spec.model_dump(mode="json"),
+                spec.invocation.model_dump(mode="json"),
+                spec.budgets.model_dump(),
+                invoked_by_kind,
+            )
             created = ev.NewEvent(
                 type=ev.SESSION_CREATED,
                 data={"task": spec.task, "agent": spec.agent_name, "autonomy": spec.autonomy},
@@ -266,7 +303,9 @@ class Store:
             if tenant_id is None:
                 return _row(await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", rid))
             return _row(
-                await conn.fetchrow("SELECT * FROM sessions WHERE id = $1 AND tenant_id = $2", rid, uuid.UUID(tenant_id))
+                await conn.fetchrow(
+                    "SELECT * FROM sessions WHERE id = $1 AND tenant_id = $2", rid, uuid.UUID(tenant_id)
+                )
             )
 
     async def list_runs(self, tenant_id: str, limit: int) -> list[Row]:
@@ -274,8 +313,9 @@ class Store:
             return _rows(
                 await conn.fetch(
                     "SELECT * FROM sessions WHERE tenant_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
-                    uuid.UUID(tenant_id), limit,
-                )  # fmt: skip
+                    uuid.UUID(tenant_id),
+                    limit,
+                )
             )
 
     async def run_spec(self, run_id: str) -> RunSpec:
@@ -329,8 +369,11 @@ class Store:
             "UPDATE sessions SET status = $2, status_reason = $3, updated_at = now(),"
             " started_at = CASE WHEN $2 = 'running' AND started_at IS NULL THEN now() ELSE started_at END,"
             " finished_at = CASE WHEN $4 THEN now() ELSE finished_at END WHERE id = $1",
-            uuid.UUID(run_id), to.value, reason, is_terminal(to),
-        )  # fmt: skip
+            uuid.UUID(run_id),
+            to.value,
+            reason,
+            is_terminal(to),
+        )
         await self.append(conn, run_id, [ev.status_changed(current, to.value, reason), *(extra or [])])
         return current, to.value
 
@@ -340,14 +383,16 @@ class Store:
         async with self.pool.acquire() as conn:
             await conn.execute(
                 f"UPDATE sessions SET {sets}, updated_at = now() WHERE id = $1",
-                uuid.UUID(run_id), *[fields[c] for c in cols],
-            )  # fmt: skip
+                uuid.UUID(run_id),
+                *[fields[c] for c in cols],
+            )
 
     async def heartbeat(self, run_id: str) -> str | None:
         async with self.pool.acquire() as conn:
-            return await conn.fetchval(
+            status = await conn.fetchval(
                 "UPDATE sessions SET last_heartbeat_at = now() WHERE id = $1 RETURNING status", uuid.UUID(run_id)
             )
+        return None if status is None else str(status)
 
     # ---- the ledger ----------------------------------------------------------------------------
 
@@ -357,11 +402,19 @@ class Store:
             return 0
         last = await conn.fetchval(
             "UPDATE sessions SET event_seq = event_seq + $2 WHERE id = $1 RETURNING event_seq",
-            uuid.UUID(run_id), len(new),
-        )  # fmt: skip
+            uuid.UUID(run_id),
+            len(new),
+        )
         first = last - len(new) + 1
         rows = [
-            (uuid.UUID(new_id()), uuid.UUID(run_id), first + i, e.actor, e.type, self.redactor.redact(e.payload()).value)
+            (
+                uuid.UUID(new_id()),
+                uuid.UUID(run_id),
+                first + i,
+                e.actor,
+                e.type,
+                self.redactor.redact(e.payload()).value,
+            )
             for i, e in enumerate(new)
         ]
         await conn.executemany(
@@ -380,8 +433,10 @@ class Store:
                 await conn.fetch(
                     "SELECT event_id, session_id, seq, actor, type, payload, occurred_at FROM events "
                     "WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                    uuid.UUID(run_id), after, limit,
-                )  # fmt: skip
+                    uuid.UUID(run_id),
+                    after,
+                    limit,
+                )
             )
 
     # ---- tokens --------------------------------------------------------------------------------
@@ -396,9 +451,13 @@ class Store:
                     "VALUES ($1, $2, $3, 'session', $4, $5, now() + make_interval(secs => $6)) "
                     "ON CONFLICT (session_id, audience) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, "
                     "expires_at = EXCLUDED.expires_at, revoked_at = NULL",
-                    uuid.UUID(new_id()), token_digest(token), uuid.UUID(tenant_id), uuid.UUID(run_id),
-                    audience, float(ttl_secs),
-                )  # fmt: skip
+                    uuid.UUID(new_id()),
+                    token_digest(token),
+                    uuid.UUID(tenant_id),
+                    uuid.UUID(run_id),
+                    audience,
+                    float(ttl_secs),
+                )
         return tokens
 
     async def resolve_token(self, token: str) -> Row | None:
@@ -422,8 +481,9 @@ class Store:
             await conn.execute(
                 "UPDATE api_tokens SET expires_at = now() + make_interval(secs => $2) "
                 "WHERE session_id = $1 AND revoked_at IS NULL",
-                uuid.UUID(run_id), float(ttl_secs),
-            )  # fmt: skip
+                uuid.UUID(run_id),
+                float(ttl_secs),
+            )
 
     # ---- the gate ------------------------------------------------------------------------------
 
@@ -449,13 +509,16 @@ class Store:
                 approved = await conn.fetchval(
                     "SELECT 1 FROM approvals WHERE session_id = $1 AND status = 'approved_session' "
                     "AND scope_key = $2 LIMIT 1",
-                    rid, decision.policy.scope_key,
-                )  # fmt: skip
+                    rid,
+                    decision.policy.scope_key,
+                )
                 if approved:
                     decision = GateDecision(
-                        verdict="allow", source="session_scope", policy=decision.policy,
+                        verdict="allow",
+                        source="session_scope",
+                        policy=decision.policy,
                         reason=f"approved for the session ({decision.policy.scope_key})",
-                    )  # fmt: skip
+                    )
             status = {"allow": "auto_allowed", "deny": "auto_denied"}.get(decision.verdict, "intent")
             policy = decision.policy
             summary = ev.summarize(tool, tool_input)
@@ -467,11 +530,21 @@ class Store:
                     " CASE WHEN $11 = 'intent' THEN NULL ELSE now() END,"
                     " CASE WHEN $11 = 'intent' THEN NULL ELSE 'gate' END,"
                     " CASE WHEN $11 = 'intent' THEN now() + make_interval(secs => $14) END) RETURNING *",
-                    uuid.UUID(new_id()), uuid.UUID(spec.tenant_id), rid, tool_call_id, tool, summary, digest,
-                    policy.risk if policy else None, policy.scope if policy else None,
-                    policy.scope_key if policy else None, status, decision.source, decision.reason,
+                    uuid.UUID(new_id()),
+                    uuid.UUID(spec.tenant_id),
+                    rid,
+                    tool_call_id,
+                    tool,
+                    summary,
+                    digest,
+                    policy.risk if policy else None,
+                    policy.scope if policy else None,
+                    policy.scope_key if policy else None,
+                    status,
+                    decision.source,
+                    decision.reason,
                     float(policy.ttl_secs or 600) if policy else 600.0,
-                )  # fmt: skip
+                )
             )
             await conn.execute("UPDATE sessions SET gate_calls = $2 WHERE id = $1", rid, count)
             new = [
@@ -502,9 +575,12 @@ class Store:
         if row["tool"] != tool or row["input_digest"] != digest:
             message = "tool_call_id reused with a different tool or input"
             data = {
-                "tool_call_id": row["tool_call_id"], "tool": tool, "verdict": "deny",
-                "source": "protocol_violation", "reason": message,
-            }  # fmt: skip
+                "tool_call_id": row["tool_call_id"],
+                "tool": tool,
+                "verdict": "deny",
+                "source": "protocol_violation",
+                "reason": message,
+            }
             await self.append(conn, run_id, [ev.NewEvent(type=ev.TOOL_DECISION, data=data)])
             return GateOutcome("deny", message)
         if row["status"] in DECIDED_ALLOW:
@@ -525,8 +601,9 @@ class Store:
                     "UPDATE approvals SET status = 'pending', requested_at = now(),"
                     " expires_at = now() + (expires_at - requested_at)"
                     " WHERE session_id = $1 AND tool_call_id = $2 AND status = 'intent' RETURNING *",
-                    rid, tool_call_id,
-                )  # fmt: skip
+                    rid,
+                    tool_call_id,
+                )
             )
             if row is None:
                 existing = _row(
@@ -547,26 +624,31 @@ class Store:
                     ev.NewEvent(
                         type=ev.APPROVAL_REQUESTED,
                         data={
-                            "approval_id": row["id"], "tool_call_id": tool_call_id, "tool": row["tool"],
-                            "summary": row["summary"], "risk": row["risk"],
+                            "approval_id": row["id"],
+                            "tool_call_id": tool_call_id,
+                            "tool": row["tool"],
+                            "summary": row["summary"],
+                            "risk": row["risk"],
                             "expires_at": row["expires_at"].isoformat(),
                         },
                     )
                 ],
-            )  # fmt: skip
+            )
             if status == RunStatus.RUNNING:
                 await self.transition(run_id, RunStatus.AWAITING_APPROVAL, conn=conn)
             return row
 
-    async def _settle(
-        self, conn: Conn, row: Row, decision: str, decided_by: str, source: str, reason: str
-    ) -> Row:
+    async def _settle(self, conn: Conn, row: Row, decision: str, decided_by: str, source: str, reason: str) -> Row:
         settled = _row(
             await conn.fetchrow(
                 "UPDATE approvals SET status = $2, decided_at = now(), decided_by = $3, decision_source = $4,"
                 " decision_reason = $5 WHERE id = $1 AND status IN ('pending', 'intent') RETURNING *",
-                uuid.UUID(row["id"]), decision, decided_by, source, reason,
-            )  # fmt: skip
+                uuid.UUID(row["id"]),
+                decision,
+                decided_by,
+                source,
+                reason,
+            )
         )
         if settled is None:
             raise Conflict("approval is not pending")
@@ -578,20 +660,25 @@ class Store:
                     type=ev.APPROVAL_DECIDED,
                     actor="human" if source == "human" else "system",
                     data={
-                        "approval_id": row["id"], "tool_call_id": row["tool_call_id"],
-                        "decision": decision, "decided_by": decided_by,
+                        "approval_id": row["id"],
+                        "tool_call_id": row["tool_call_id"],
+                        "decision": decision,
+                        "decided_by": decided_by,
                     },
                 )
-            )  # fmt: skip
+            )
         new.append(
             ev.NewEvent(
                 type=ev.TOOL_DECISION,
                 data={
-                    "tool_call_id": row["tool_call_id"], "tool": row["tool"], "verdict": verdict,
-                    "source": source, "reason": reason,
+                    "tool_call_id": row["tool_call_id"],
+                    "tool": row["tool"],
+                    "verdict": verdict,
+                    "source": source,
+                    "reason": reason,
                 },
             )
-        )  # fmt: skip
+        )
         await self.append(conn, row["session_id"], new)
         return settled
 
@@ -657,8 +744,9 @@ class Store:
             if run_id is not None:
                 records = await conn.fetch(
                     "SELECT * FROM approvals WHERE session_id = $1 AND tenant_id = $2 ORDER BY requested_at, id",
-                    uuid.UUID(run_id), uuid.UUID(tenant_id),
-                )  # fmt: skip
+                    uuid.UUID(run_id),
+                    uuid.UUID(tenant_id),
+                )
             else:
                 records = await conn.fetch(
                     "SELECT * FROM approvals WHERE tenant_id = $1 AND status = 'pending' ORDER BY requested_at",
@@ -674,12 +762,21 @@ class Store:
         inserted = await conn.fetchval(
             "INSERT INTO session_finalizations (session_id, outcome, summary, reason, needs_quiesce) "
             "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING true",
-            uuid.UUID(run_id), outcome, summary, reason, quiesce,
-        )  # fmt: skip
+            uuid.UUID(run_id),
+            outcome,
+            summary,
+            reason,
+            quiesce,
+        )
         return bool(inserted)
 
     async def request_finalization(
-        self, run_id: str, outcome: str, *, summary: str | None = None, reason: str | None = None,
+        self,
+        run_id: str,
+        outcome: str,
+        *,
+        summary: str | None = None,
+        reason: str | None = None,
         quiesce: bool = False,
     ) -> tuple[bool, str]:
         """Record the durable wind-down intent. Returns (created, current status)."""
@@ -711,8 +808,14 @@ class Store:
         return {"status": row["status"], "silent_secs": float(row["silent_secs"] or 0), "has_intent": row["has_intent"]}
 
     async def finish(
-        self, run_id: str, terminal: RunStatus, reason: str | None, summary: str | None, outcome: str,
-        artifacts: list[Row], artifact_events: list[ev.NewEvent],
+        self,
+        run_id: str,
+        terminal: RunStatus,
+        reason: str | None,
+        summary: str | None,
+        outcome: str,
+        artifacts: list[Row],
+        artifact_events: list[ev.NewEvent],
     ) -> tuple[str, str]:
         """finalizing → terminal with artifacts, ``run.result`` and token revocation, in one transaction."""
         rid = uuid.UUID(run_id)
@@ -724,10 +827,17 @@ class Store:
                 await conn.execute(
                     "INSERT INTO artifacts (id, session_id, kind, name, content, content_type) "
                     "VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (session_id, kind, name) DO NOTHING",
-                    uuid.UUID(new_id()), rid, art["kind"], art["name"], art["content"], art["content_type"],
-                )  # fmt: skip
+                    uuid.UUID(new_id()),
+                    rid,
+                    art["kind"],
+                    art["name"],
+                    art["content"],
+                    art["content_type"],
+                )
             await conn.execute("UPDATE sessions SET result_summary = $2 WHERE id = $1", rid, summary)
-            result = ev.NewEvent(type=ev.RUN_RESULT, data={"outcome": outcome, **({"summary": summary} if summary else {})})
+            result = ev.NewEvent(
+                type=ev.RUN_RESULT, data={"outcome": outcome, **({"summary": summary} if summary else {})}
+            )
             await self.append(conn, run_id, artifact_events)
             moved = await self.transition(run_id, terminal, reason, [result], conn=conn)
             await self.revoke_tokens(conn, run_id)
@@ -757,4 +867,3 @@ def require(cond: bool, message: str) -> None:
 
 
 __all__ = ["DECIDED_ALLOW", "DECIDED_DENY", "GateOutcome", "InvalidTransition", "Store", "iso", "require"]
-

@@ -108,9 +108,7 @@ def take_credentials(environ: MutableMapping[str, str]) -> Credentials:
     tokens = {name: (environ.pop(name, None) or "").strip() for name in TOKEN_ENV_VARS}
     session_id = (environ.get(ENV_SESSION_ID) or "").strip()
     control = tokens[ENV_SESSION_TOKEN]
-    missing = [
-        name for name, value in ((ENV_SESSION_ID, session_id), (ENV_SESSION_TOKEN, control)) if not value
-    ]
+    missing = [name for name, value in ((ENV_SESSION_ID, session_id), (ENV_SESSION_TOKEN, control)) if not value]
     if missing:
         raise MissingEnv(f"missing required environment: {', '.join(missing)}")
     return Credentials(
@@ -163,9 +161,7 @@ class Gateway:
         self._sleep = sleep
 
     @classmethod
-    def from_env(
-        cls, credentials: Credentials, environ: Mapping[str, str], *, sleep: Sleep = time.sleep
-    ) -> Gateway:
+    def from_env(cls, credentials: Credentials, environ: Mapping[str, str], *, sleep: Sleep = time.sleep) -> Gateway:
         return cls(
             credentials,
             base_url=environ.get(ENV_CONTROL_URL) or DEFAULT_CONTROL_URL,
@@ -290,9 +286,7 @@ class Gateway:
             f"runner aborted: /{leaf} rejected the token with wrong_audience — "
             "the runner image and the server disagree on token audiences"
         )
-        payload = EventPost(
-            actor="harness", body=EventBody(type=RUN_ERROR, data={"message": message})
-        ).model_dump()
+        payload = EventPost(actor="harness", body=EventBody(type=RUN_ERROR, data={"message": message})).model_dump()
         log(message)
         try:
             self._client.post(
@@ -314,6 +308,4 @@ def _decision(response: httpx.Response) -> PermissionResponse:
         return PermissionResponse.model_validate(response.json())
     except ValueError:
         # A complete but unreadable 2xx is a server bug, not a dropped connection: fail closed.
-        return PermissionResponse(
-            decision="deny", message="unreadable permission answer from the control plane"
-        )
+        return PermissionResponse(decision="deny", message="unreadable permission answer from the control plane")

@@ -41,9 +41,7 @@ from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat
 
 DEFAULT_TRANSCRIPT: Final[str] = (files("runner") / "transcripts" / "demo.json").read_text(encoding="utf-8")
 DEFAULT_DELAY_MS = 400.0
-STARTING_TEXT = (
-    "deterministic replay runner starting — scripted transcript, no model calls (autonomy={autonomy})"
-)
+STARTING_TEXT = "deterministic replay runner starting — scripted transcript, no model calls (autonomy={autonomy})"
 DEPLOY_WITHHELD = " Deploy withheld — nothing was released."
 
 # Required string fields of each tool's input (Claude Code's canonical names).
@@ -83,9 +81,7 @@ def _parse_step(number: int, item: Any) -> ReplayStep:
         step = ReplayStep.model_validate(item)
         kind = step.kind()
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'step'}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'step'}: {err['msg']}" for err in exc.errors())
         raise ScriptError(f"{where}: {problems}") from None
     except ValueError as exc:
         raise ScriptError(f"{where}: {exc}") from None
@@ -246,9 +242,7 @@ def run(
         AudienceMismatch: from the driver thread; the caller turns it into exit code 3.
     """
     autonomy = environ.get(ENV_AUTONOMY) or "unknown"
-    gateway.emit(
-        "harness", AGENT_MESSAGE, {"role": "system", "text": STARTING_TEXT.format(autonomy=autonomy)}
-    )
+    gateway.emit("harness", AGENT_MESSAGE, {"role": "system", "text": STARTING_TEXT.format(autonomy=autonomy)})
 
     def end_process(code: int) -> None:
         tools.kill_running()

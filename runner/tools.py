@@ -72,9 +72,7 @@ def write_file(path: str, content: str, root: str | os.PathLike[str] = DEFAULT_R
     return len(data)
 
 
-def edit_file(
-    path: str, old_string: str, new_string: str, root: str | os.PathLike[str] = DEFAULT_ROOT
-) -> None:
+def edit_file(path: str, old_string: str, new_string: str, root: str | os.PathLike[str] = DEFAULT_ROOT) -> None:
     """Replace the single occurrence of ``old_string`` in ``path`` with ``new_string``.
 
     Raises:

@@ -251,23 +251,43 @@ class BubblewrapProvider:
             self._bwrap_path,
             "--unshare-all",
             "--unshare-user",
-            "--uid", str(SANDBOX_UID),
-            "--gid", str(SANDBOX_UID),
-            "--hostname", "sandbox",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            "--hostname",
+            "sandbox",
             "--new-session",
-            "--cap-drop", "ALL",
+            "--cap-drop",
+            "ALL",
             # A tmpfs hides whatever was bound beneath it before, so these come ahead of every bind.
-            "--dev", "/dev",
-            "--proc", "/proc",
-            "--tmpfs", "/tmp",
-            "--dir", "/run",
-            "--ro-bind", "/usr", "/usr",
-            "--symlink", "usr/bin", "/bin",
-            "--symlink", "usr/lib", "/lib",
-            "--symlink", "usr/lib64", "/lib64",
-            "--symlink", "usr/sbin", "/sbin",
-            "--ro-bind", "/etc", "/etc",
-        ]  # fmt: skip
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+            "--dir",
+            "/run",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--symlink",
+            "usr/sbin",
+            "/sbin",
+            "--ro-bind",
+            "/etc",
+            "/etc",
+        ]
         for hidden in masked:
             if hidden.is_dir:
                 argv += ["--tmpfs", hidden.path, "--remount-ro", hidden.path]
@@ -286,12 +306,18 @@ class BubblewrapProvider:
             seen[base] = code_dir
             argv += ["--ro-bind", code_dir, f"{CODE_ROOT}/{base}"]
         argv += [
-            "--ro-bind", spec.socket_dir, SOCKET_MOUNT,
-            "--bind", spec.workspace_dir, WORKSPACE,
-            "--remount-ro", "/",
-            "--chdir", WORKSPACE,
+            "--ro-bind",
+            spec.socket_dir,
+            SOCKET_MOUNT,
+            "--bind",
+            spec.workspace_dir,
+            WORKSPACE,
+            "--remount-ro",
+            "/",
+            "--chdir",
+            WORKSPACE,
             "--clearenv",
-        ]  # fmt: skip
+        ]
         env = {
             "PATH": ":".join([*(f"{p}/bin" for p in prefixes), "/usr/bin", "/bin"]),
             "HOME": WORKSPACE,
@@ -458,9 +484,7 @@ async def _stop(handle: SandboxHandle, sig: signal.Signals, within_secs: float) 
         await asyncio.sleep(_POLL_SECS)
 
 
-def _send(
-    members: list[_Proc], handle: SandboxHandle, sig: signal.Signals, sent: set[tuple[int, int]]
-) -> None:
+def _send(members: list[_Proc], handle: SandboxHandle, sig: signal.Signals, sent: set[tuple[int, int]]) -> None:
     child_pid, _ = _child_of(handle)
     # SIGKILL to a pid namespace's init kills everything in it, so the init goes first.
     inner = sorted((p for p in members if p.pid != handle.pid), key=lambda p: p.pid != child_pid)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import TypeVar, cast
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -16,6 +17,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
 
+M = TypeVar("M")
 SHORT = timedelta(seconds=60)
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20))
 PROVISION_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
@@ -102,9 +104,7 @@ class RunWorkflow:
         self._inp = inp
         ref = c.RunRef(run_id=inp.run_id)
         try:
-            out = await self._act(
-                c.PROVISION, ref, c.StatusOut, timeout=timedelta(minutes=5), retry=PROVISION_RETRY
-            )
+            out = await self._act(c.PROVISION, ref, c.StatusOut, timeout=timedelta(minutes=5), retry=PROVISION_RETRY)
             self._set_status(out.status)
         except ActivityError as err:
             await self._fail(f"provisioning failed: {_cause(err)}")
@@ -132,11 +132,15 @@ class RunWorkflow:
             await self._act(
                 c.REQUEST_FINALIZATION,
                 c.FinalizationIn(
-                    run_id=self._inp.run_id, outcome="budget_exceeded", reason="max_wall_clock_secs budget exceeded",
-                    budget="max_wall_clock_secs", limit=str(budget), spent=str(budget),
+                    run_id=self._inp.run_id,
+                    outcome="budget_exceeded",
+                    reason="max_wall_clock_secs budget exceeded",
+                    budget="max_wall_clock_secs",
+                    limit=str(budget),
+                    spent=str(budget),
                 ),
                 c.StatusOut,
-            )  # fmt: skip
+            )
         if supervisor.done() and not self._wake:
             try:
                 seen = supervisor.result()
@@ -170,7 +174,7 @@ class RunWorkflow:
         done = await self._act(c.FINALIZE, ref, c.StatusOut, timeout=timedelta(minutes=5))
         self._set_status(done.status)
         await workflow.wait_condition(workflow.all_handlers_finished)
-        return done.status
+        return str(done.status)
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -183,13 +187,13 @@ class RunWorkflow:
         self,
         name: str,
         arg: object,
-        result_type: type,
+        result_type: type[M],
         *,
         timeout: timedelta = SHORT,
         heartbeat: timedelta | None = None,
         retry: RetryPolicy = RETRY,
-    ):  # type: ignore[no-untyped-def]
-        return await workflow.execute_activity(
+    ) -> M:
+        result = await workflow.execute_activity(
             name,
             arg,
             result_type=result_type,
@@ -198,6 +202,7 @@ class RunWorkflow:
             retry_policy=retry,
             summary=name.replace("_", " "),
         )
+        return cast(M, result)
 
 
 def _cause(err: ActivityError) -> str:

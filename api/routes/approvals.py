@@ -18,9 +18,13 @@ log = logging.getLogger("fluidbox.api.approvals")
 router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
 
 DECISIONS = {
-    "approved_once": "approved_once", "approve": "approved_once", "allow": "approved_once",
-    "approved_session": "approved_session", "denied": "denied", "deny": "denied",
-}  # fmt: skip
+    "approved_once": "approved_once",
+    "approve": "approved_once",
+    "allow": "approved_once",
+    "approved_session": "approved_session",
+    "denied": "denied",
+    "deny": "denied",
+}
 
 
 @router.get("", summary="Pending approvals across runs")

@@ -36,8 +36,12 @@ async def ready(svc: ServicesDep) -> JSONResponse:
     except Exception:
         temporal_ok = False
     ok = bool(db_ok and temporal_ok)
-    body = {"status": "ready" if ok else "not ready", "db": bool(db_ok), "temporal": temporal_ok,
-            "provider": svc.settings.sandbox_provider}  # fmt: skip
+    body = {
+        "status": "ready" if ok else "not ready",
+        "db": bool(db_ok),
+        "temporal": temporal_ok,
+        "provider": svc.settings.sandbox_provider,
+    }
     return JSONResponse(body, status_code=200 if ok else 503)
 
 

@@ -42,7 +42,6 @@ async def permission(run_id: str, req: PermissionRequest, request: Request, svc:
             RunWorkflow.await_approval,
             c.ApprovalWait(tool_call_id=req.tool_call_id),
             id=f"approval:{req.tool_call_id}",
-            result_type=c.ApprovalVerdict,
         )
     except (WorkflowUpdateFailedError, RPCError) as exc:
         log.info("approval wait for %s/%s ended: %s", run_id, req.tool_call_id, exc)
@@ -95,7 +94,9 @@ async def result(run_id: str, body: ResultPost, request: Request, svc: ServicesD
 
 
 @router.post("/token/renew", summary="Extend the run's tokens")
-async def renew(request: Request, svc: ServicesDep, body: dict[str, Any] = Body(default_factory=dict)) -> dict[str, Any]:
+async def renew(
+    request: Request, svc: ServicesDep, body: dict[str, Any] = Body(default_factory=dict)
+) -> dict[str, Any]:
     """Extends all four tokens of the run (at most 3 h from now)."""
     from api.deps import _bearer
 

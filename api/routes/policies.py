@@ -50,5 +50,7 @@ async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, 
     head = await svc.store.policy_head(op.tenant_id, name)
     if head is None:
         raise NotFound()
-    return {"policy": {"id": head["policy_id"], "name": head["name"], "version": head["version"]},
-            "content": head["content"]}  # fmt: skip
+    return {
+        "policy": {"id": head["policy_id"], "name": head["name"], "version": head["version"]},
+        "content": head["content"],
+    }

@@ -12,14 +12,24 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from temporalio.client import WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 
 from activities import contracts as c
 from api.deps import OperatorDep, Services, ServicesDep
 from api.routes.agents import workspace_doc
 from api.schemas import (
-    APPROVAL_FIELDS, ARTIFACT_FIELDS, EVENT_FIELDS, SESSION_FIELDS, SessionCreate, pick,
-)  # fmt: skip
+    APPROVAL_FIELDS,
+    ARTIFACT_FIELDS,
+    EVENT_FIELDS,
+    SESSION_FIELDS,
+    SessionCreate,
+    pick,
+)
 from core.errors import BadRequest, NotFound, Unprocessable
 from core.harnesses import RUNNABLE
 from core.runspec import InvocationContext, WorkspaceSpec, freeze
@@ -95,8 +105,10 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
         await client.start_workflow(
             RunWorkflow.run,
             c.RunInput(
-                run_id=run_id, agent_name=spec.agent_name,
-                max_wall_clock_secs=spec.budgets.max_wall_clock_secs, timing=timing(svc),
+                run_id=run_id,
+                agent_name=spec.agent_name,
+                max_wall_clock_secs=spec.budgets.max_wall_clock_secs,
+                timing=timing(svc),
             ),
             id=c.workflow_id(run_id),
             task_queue=svc.settings.task_queue,
@@ -106,7 +118,7 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
                 [SearchAttributePair(c.RUN_STATUS, "created"), SearchAttributePair(c.AGENT_NAME, spec.agent_name)]
             ),
             static_summary=f"{spec.agent_name}: {spec.task[:120]}",
-        )  # fmt: skip
+        )
     except Exception as exc:
         log.exception("could not start the workflow of run %s", run_id)
         reason = f"could not start the run workflow: {type(exc).__name__}"
@@ -142,9 +154,7 @@ async def get_session(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[st
 async def cancel_session(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, bool]:
     """``cancelled: false`` when the run is already terminal or already winding down (not an error)."""
     await _run(svc, op.tenant_id, run_id)
-    created, _ = await svc.store.request_finalization(
-        run_id, "cancelled", reason="cancelled by user", quiesce=True
-    )
+    created, _ = await svc.store.request_finalization(run_id, "cancelled", reason="cancelled by user", quiesce=True)
     if created:
         try:
             await run_handle(await svc.temporal(), run_id).signal(RunWorkflow.cancel)
@@ -201,9 +211,12 @@ async def events(
 
 def _sse(row: dict[str, Any]) -> str:
     data = {
-        "seq": row["seq"], "type": row["type"], "actor": row["actor"], "payload": row["payload"],
+        "seq": row["seq"],
+        "type": row["type"],
+        "actor": row["actor"],
+        "payload": row["payload"],
         "occurred_at": row["occurred_at"].isoformat(),
-    }  # fmt: skip
+    }
     return f"id: {row['seq']}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 

@@ -7,7 +7,7 @@ from app import greet
 
 def test_greet():
     got = greet("Ada")
-    assert got == "Hello, Ada!", f'greet("Ada") returned {got!r}, expected \'Hello, Ada!\''
+    assert got == "Hello, Ada!", f"greet(\"Ada\") returned {got!r}, expected 'Hello, Ada!'"
 
 
 if __name__ == "__main__":

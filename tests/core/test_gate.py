@@ -36,9 +36,7 @@ SHELL: dict[str, Any] = {
     ],
 }
 
-CAPABILITIES = [
-    {"name": "gh", "version": "1", "servers": [{"name": "github", "tools": [{"name": "create_issue"}]}]}
-]
+CAPABILITIES = [{"name": "gh", "version": "1", "servers": [{"name": "github", "tools": [{"name": "create_issue"}]}]}]
 BROKERED = [{"slot": "linear", "tools": [{"name": "list_issues"}, {"name": "create_issue"}]}]
 
 
@@ -124,9 +122,7 @@ def test_frozen_tools_come_from_capability_servers_and_brokered_slots() -> None:
     }
 
 
-def test_an_mcp_tool_outside_the_frozen_set_is_denied_by_capability_even_when_policy_allows_mcp_star() -> (
-    None
-):
+def test_an_mcp_tool_outside_the_frozen_set_is_denied_by_capability_even_when_policy_allows_mcp_star() -> None:
     spec = make_spec(SHELL)
     assert evaluate(spec.policy(), "mcp__github__delete_repo", {}, autonomous=False).action == "allow"
     decision = _decide(spec, "mcp__github__delete_repo")
@@ -181,9 +177,7 @@ READ_ONLY_DENIED: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("tool", "tool_input"), READ_ONLY_DENIED, ids=[f"{t}:{i}" for t, i in READ_ONLY_DENIED]
-)
+@pytest.mark.parametrize(("tool", "tool_input"), READ_ONLY_DENIED, ids=[f"{t}:{i}" for t, i in READ_ONLY_DENIED])
 def test_read_only_trust_tier_denies_non_read_calls_under_a_policy_that_allows_everything(
     tool: str, tool_input: dict[str, Any]
 ) -> None:
@@ -194,12 +188,8 @@ def test_read_only_trust_tier_denies_non_read_calls_under_a_policy_that_allows_e
     assert decision.reason.startswith("read-only trust tier (untrusted event source): ")
 
 
-@pytest.mark.parametrize(
-    ("tool", "tool_input"), READ_ONLY_DENIED, ids=[f"{t}:{i}" for t, i in READ_ONLY_DENIED]
-)
-def test_no_session_scope_or_autonomy_lifts_the_read_only_floor(
-    tool: str, tool_input: dict[str, Any]
-) -> None:
+@pytest.mark.parametrize(("tool", "tool_input"), READ_ONLY_DENIED, ids=[f"{t}:{i}" for t, i in READ_ONLY_DENIED])
+def test_no_session_scope_or_autonomy_lifts_the_read_only_floor(tool: str, tool_input: dict[str, Any]) -> None:
     permissive = {**APPROVE_ALL, "autonomy": {"on_approval_rule": "allow"}}
     spec = make_spec(permissive, trust_tier="read_only", autonomy="autonomous")
     scope_key = evaluate(spec.policy(), tool, tool_input, autonomous=False).scope_key
@@ -226,9 +216,7 @@ def test_no_session_scope_or_autonomy_lifts_the_read_only_floor(
         ("Bash", {"command": "pwd"}),
     ],
 )
-def test_read_only_trust_tier_lets_read_calls_through_to_the_policy(
-    tool: str, tool_input: dict[str, Any]
-) -> None:
+def test_read_only_trust_tier_lets_read_calls_through_to_the_policy(tool: str, tool_input: dict[str, Any]) -> None:
     decision = _decide(make_spec(ALLOW_ALL, trust_tier="read_only"), tool, tool_input)
     assert (decision.verdict, decision.source) == ("allow", "policy")
 
@@ -368,9 +356,7 @@ _META = set(";|&`$()<>\n")
 
 @settings(max_examples=300, deadline=None, database=None)
 @given(
-    tool=st.sampled_from(
-        ["Read", "Glob", "Write", "Edit", "Bash", "WebFetch", "Agent", "mcp__github__create_issue"]
-    ),
+    tool=st.sampled_from(["Read", "Glob", "Write", "Edit", "Bash", "WebFetch", "Agent", "mcp__github__create_issue"]),
     command=st.text(alphabet=st.sampled_from(list("lscatgi urm;|&`$()<>\n-x")), max_size=20),
     autonomous=st.booleans(),
 )

@@ -105,12 +105,8 @@ DEFAULT_TABLE: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("tool", "tool_input", "action"), DEFAULT_TABLE, ids=[f"{t}:{i}" for t, i, _ in DEFAULT_TABLE]
-)
-def test_default_policy_verdict_table(
-    default: Policy, tool: str, tool_input: dict[str, Any], action: str
-) -> None:
+@pytest.mark.parametrize(("tool", "tool_input", "action"), DEFAULT_TABLE, ids=[f"{t}:{i}" for t, i, _ in DEFAULT_TABLE])
+def test_default_policy_verdict_table(default: Policy, tool: str, tool_input: dict[str, Any], action: str) -> None:
     assert _ev(default, tool, tool_input).action == action
 
 
@@ -281,9 +277,7 @@ def _doc(**extra: Any) -> dict[str, Any]:
         ),
     ],
 )
-def test_an_unknown_key_at_any_level_is_unprocessable_naming_the_key(
-    document: dict[str, Any], key: str
-) -> None:
+def test_an_unknown_key_at_any_level_is_unprocessable_naming_the_key(document: dict[str, Any], key: str) -> None:
     with pytest.raises(Unprocessable) as info:
         parse_policy(document)
     assert info.value.status == 422
@@ -340,9 +334,7 @@ def test_more_than_256_patterns_in_a_constraint_list_is_unprocessable() -> None:
 def test_a_pattern_longer_than_1024_bytes_is_unprocessable() -> None:
     long = "é" * 513  # 1026 bytes, 513 characters
     with pytest.raises(Unprocessable, match="1024"):
-        parse_policy(
-            _doc(tools=[{"match": ["Bash"], "action": "allow", "shell": {"allow_prefixes": [long]}}])
-        )
+        parse_policy(_doc(tools=[{"match": ["Bash"], "action": "allow", "shell": {"allow_prefixes": [long]}}]))
 
 
 def test_a_missing_or_empty_name_is_unprocessable() -> None:
@@ -359,9 +351,7 @@ def test_a_document_that_is_not_a_mapping_is_unprocessable() -> None:
         parse_policy(None)
 
 
-def test_an_omitted_budgets_block_takes_the_defaults_and_missing_fields_in_a_given_block_are_uncapped() -> (
-    None
-):
+def test_an_omitted_budgets_block_takes_the_defaults_and_missing_fields_in_a_given_block_are_uncapped() -> None:
     omitted = parse_policy(_doc())
     assert omitted.budgets.max_tool_calls == 100
     assert omitted.budgets.max_tokens == 1_000_000
@@ -505,9 +495,7 @@ def test_autonomy_leaves_allow_and_deny_verdicts_untouched(default: Policy) -> N
     ],
 )
 def test_match_is_exact_or_trailing_star_prefix_or_star_for_all(pattern: str, tool: str, hit: bool) -> None:
-    policy = parse_policy(
-        _doc(defaults={"tool_action": "deny"}, tools=[{"match": [pattern], "action": "allow"}])
-    )
+    policy = parse_policy(_doc(defaults={"tool_action": "deny"}, tools=[{"match": [pattern], "action": "allow"}]))
     assert (_ev(policy, tool).action == "allow") is hit
 
 

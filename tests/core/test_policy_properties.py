@@ -177,9 +177,7 @@ def test_a_tool_matching_no_rule_gets_the_default_action(
     if _first_rule(document, tool) is not None:
         return
     verdict = evaluate(parse_policy(document), tool, tool_input, autonomous=False)
-    expected = {"allow": "allow", "deny": "deny", "approve": "require_approval"}[
-        document["defaults"]["tool_action"]
-    ]
+    expected = {"allow": "allow", "deny": "deny", "approve": "require_approval"}[document["defaults"]["tool_action"]]
     assert verdict.action == expected
 
 

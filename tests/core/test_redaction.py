@@ -39,9 +39,7 @@ def test_each_token_shape_is_replaced_by_the_redaction_mark(shape: str, secret: 
 
 
 @pytest.mark.parametrize(("shape", "secret", "core"), SECRETS, ids=IDS)
-def test_each_token_shape_is_scrubbed_at_any_depth_of_a_json_value(
-    shape: str, secret: str, core: str
-) -> None:
+def test_each_token_shape_is_scrubbed_at_any_depth_of_a_json_value(shape: str, secret: str, core: str) -> None:
     value = {
         "top": secret,
         "list": ["ok", secret, {"deep": [f"x={secret}", {"deeper": secret}]}],

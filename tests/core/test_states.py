@@ -58,10 +58,19 @@ def _id(pair: tuple[RunStatus, RunStatus]) -> str:
 
 def test_the_status_vocabulary_is_exactly_the_twelve_spec_statuses() -> None:
     assert {s.value for s in RunStatus} == {
-        "created", "awaiting_authorization", "provisioning", "initializing", "running",
-        "awaiting_approval", "cancelling", "finalizing", "completed", "failed", "cancelled",
+        "created",
+        "awaiting_authorization",
+        "provisioning",
+        "initializing",
+        "running",
+        "awaiting_approval",
+        "cancelling",
+        "finalizing",
+        "completed",
+        "failed",
+        "cancelled",
         "budget_exceeded",
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("edge", sorted(SPEC_EDGES), ids=_id)

@@ -31,9 +31,13 @@ FAST = {
 async def stack() -> AsyncIterator[Stack]:
     home = Path(tempfile.mkdtemp(prefix="fbxt-", dir="/tmp"))
     st = Stack(
-        home=home, bind=f"127.0.0.1:{free_port()}", temporal_port=free_port(), ui_port=free_port(),
-        extra_env=FAST, quiet=True,
-    )  # fmt: skip
+        home=home,
+        bind=f"127.0.0.1:{free_port()}",
+        temporal_port=free_port(),
+        ui_port=free_port(),
+        extra_env=FAST,
+        quiet=True,
+    )
     try:
         await st.start_backing_services()
         token, _ = admin_token(home)

@@ -37,41 +37,107 @@ async def test_missing_or_wrong_admin_token_is_401(stack: Stack) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "kwargs", "status", "message"),
     [
-        ("POST", "/v1/sessions", {"content": b"{not json", "headers": {"content-type": "application/json"}},
-         400, "malformed JSON body"),
+        (
+            "POST",
+            "/v1/sessions",
+            {"content": b"{not json", "headers": {"content-type": "application/json"}},
+            400,
+            "malformed JSON body",
+        ),
         ("POST", "/v1/sessions", {"json": {"agent": "x", "task": "t", "colour": "red"}}, 400, "unknown field 'colour'"),
         ("POST", "/v1/sessions", {"json": {"task": "t"}}, 400, "missing field 'agent'"),
-        ("POST", "/v1/sessions", {"json": {"agent": "no-such-agent", "task": "t"}}, 400, "unknown agent 'no-such-agent'"),
-        ("POST", "/v1/sessions", {"content": b"agent=x", "headers": {"content-type": "text/plain"}},
-         415, "content-type: application/json"),
-        ("POST", "/v1/sessions", {"json": {"agent": "x", "task": "t", "workspace": {"kind": "ftp"}}},
-         400, "workspace.kind"),
+        (
+            "POST",
+            "/v1/sessions",
+            {"json": {"agent": "no-such-agent", "task": "t"}},
+            400,
+            "unknown agent 'no-such-agent'",
+        ),
+        (
+            "POST",
+            "/v1/sessions",
+            {"content": b"agent=x", "headers": {"content-type": "text/plain"}},
+            415,
+            "content-type: application/json",
+        ),
+        (
+            "POST",
+            "/v1/sessions",
+            {"json": {"agent": "x", "task": "t", "workspace": {"kind": "ftp"}}},
+            400,
+            "workspace.kind",
+        ),
         ("POST", "/v1/agents", {"json": {"name": "a b"}}, 400, "name"),
-        ("POST", "/v1/agents", {"json": {"name": "ok-name", "harness": "gpt"}}, 422,
-         "unknown harness 'gpt' (known: replay, claude-agent-sdk, codex)"),
-        ("POST", "/v1/agents", {"json": {"name": "ok-name", "harness": "replay", "model": "claude-opus-4-8"}}, 422,
-         "model 'claude-opus-4-8' is not valid for harness 'replay' (valid: replay)"),
-        ("POST", "/v1/agents", {"json": {"name": "ok-name", "harness": "replay", "policy": "nope"}}, 400,
-         "unknown policy 'nope'"),
-        ("POST", "/v1/agents", {"json": {"name": "ok-name", "harness": "replay",
-                                         "harness_config": {"script": [{"say": "a", "sleep_ms": 1}]}}}, 400,
-         "exactly one of say, tool, sleep_ms"),
+        (
+            "POST",
+            "/v1/agents",
+            {"json": {"name": "ok-name", "harness": "gpt"}},
+            422,
+            "unknown harness 'gpt' (known: replay, claude-agent-sdk, codex)",
+        ),
+        (
+            "POST",
+            "/v1/agents",
+            {"json": {"name": "ok-name", "harness": "replay", "model": "claude-opus-4-8"}},
+            422,
+            "model 'claude-opus-4-8' is not valid for harness 'replay' (valid: replay)",
+        ),
+        (
+            "POST",
+            "/v1/agents",
+            {"json": {"name": "ok-name", "harness": "replay", "policy": "nope"}},
+            400,
+            "unknown policy 'nope'",
+        ),
+        (
+            "POST",
+            "/v1/agents",
+            {
+                "json": {
+                    "name": "ok-name",
+                    "harness": "replay",
+                    "harness_config": {"script": [{"say": "a", "sleep_ms": 1}]},
+                }
+            },
+            400,
+            "exactly one of say, tool, sleep_ms",
+        ),
         ("POST", f"/v1/approvals/{uuid.uuid4()}/decision", {"json": {"decision": "approve"}}, 404, "not found"),
         ("POST", "/v1/approvals/not-a-uuid/decision", {"json": {"decision": "approve"}}, 404, "not found"),
-        ("POST", f"/v1/approvals/{uuid.uuid4()}/decision", {"json": {"decision": "maybe"}}, 400,
-         "unknown decision 'maybe'"),
+        (
+            "POST",
+            f"/v1/approvals/{uuid.uuid4()}/decision",
+            {"json": {"decision": "maybe"}},
+            400,
+            "unknown decision 'maybe'",
+        ),
         ("GET", f"/v1/sessions/{uuid.uuid4()}", {}, 404, "not found"),
         ("GET", "/v1/sessions/garbage", {}, 404, "not found"),
         ("POST", f"/v1/sessions/{uuid.uuid4()}/cancel", {}, 404, "not found"),
         ("GET", f"/v1/sessions/{uuid.uuid4()}/events", {}, 404, "not found"),
         ("GET", "/v1/sessions", {"params": {"limit": 0}}, 400, "limit"),
         ("GET", "/v1/agents/nobody", {}, 404, "not found"),
-        ("POST", "/v1/policies", {"json": {"name": "p1", "yaml": "name: p1\ntools:\n  - match: [Read]\n    action: allow\n    colour: red\n"}},
-         422, "unknown key 'tools.0.colour'"),
-        ("POST", "/v1/policies", {"json": {"name": "p2", "yaml": "name: other\n"}}, 400,
-         "policy name must match yaml `name`"),
+        (
+            "POST",
+            "/v1/policies",
+            {
+                "json": {
+                    "name": "p1",
+                    "yaml": "name: p1\ntools:\n  - match: [Read]\n    action: allow\n    colour: red\n",
+                }
+            },
+            422,
+            "unknown key 'tools.0.colour'",
+        ),
+        (
+            "POST",
+            "/v1/policies",
+            {"json": {"name": "p2", "yaml": "name: other\n"}},
+            400,
+            "policy name must match yaml `name`",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_bad_requests_get_a_clear_error_and_change_nothing(
     api: httpx.AsyncClient, method: str, path: str, kwargs: dict[str, object], status: int, message: str
 ) -> None:
@@ -111,8 +177,11 @@ async def test_an_agent_whose_harness_cannot_run_here_is_refused_at_run_creation
 
 async def test_a_local_copy_workspace_must_exist(api: httpx.AsyncClient) -> None:
     name = await make_agent(api, [{"say": "hi"}])
-    r = await api.post("/v1/sessions", json={"agent": name, "task": "t", "workspace": {"kind": "local_copy", "path": "rel"}})
+    r = await api.post(
+        "/v1/sessions", json={"agent": name, "task": "t", "workspace": {"kind": "local_copy", "path": "rel"}}
+    )
     assert r.status_code == 400 and "absolute" in r.json()["error"]
-    both = await api.post("/v1/sessions", json={"agent": name, "task": "t", "workspace": {"kind": "scratch"},
-                                                "repo": {"kind": "scratch"}})  # fmt: skip
+    both = await api.post(
+        "/v1/sessions", json={"agent": name, "task": "t", "workspace": {"kind": "scratch"}, "repo": {"kind": "scratch"}}
+    )
     assert both.status_code == 400 and "not both" in both.json()["error"]

@@ -11,8 +11,14 @@ import pytest
 
 from cli.stack import Stack
 from tests.integration.helpers import (
-    events, make_agent, start_run, types, wait_pending, wait_sandbox_env, wait_status,
-)  # fmt: skip
+    events,
+    make_agent,
+    start_run,
+    types,
+    wait_pending,
+    wait_sandbox_env,
+    wait_status,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -85,7 +91,9 @@ async def test_run_tokens_are_audience_scoped(api: httpx.AsyncClient, stack: Sta
         assert (wrong.status_code, wrong.json()) == (403, {"error": "wrong_audience"})
         wrong = await as_tool.post(f"/internal/sessions/{run_id}/heartbeat")
         assert (wrong.status_code, wrong.json()) == (403, {"error": "wrong_audience"})
-        assert (await as_tool.post(f"/internal/sessions/{run_id}/permission", json=body)).json() == {"decision": "allow"}
+        assert (await as_tool.post(f"/internal/sessions/{run_id}/permission", json=body)).json() == {
+            "decision": "allow"
+        }
         # A run token never opens the public API, and the admin token never opens the runner plane.
         assert (await as_control.get("/v1/sessions")).status_code == 401
         other = await api.post(f"/internal/sessions/{run_id}/heartbeat")

@@ -59,9 +59,13 @@ async def test_stream_resumes_after_last_event_id_without_gaps_or_duplicates(api
 
 async def test_token_shaped_strings_never_reach_the_ledger(api: httpx.AsyncClient, admin: str) -> None:
     secrets = [
-        "sk-ant-api03-" + "A1b2" * 10, "ghp_" + "x" * 36, "fbx_sess_" + "ab" * 16, "AKIAABCDEFGHIJKLMNOP",
-        "Bearer " + "t0k3n" * 5, admin,
-    ]  # fmt: skip
+        "sk-ant-api03-" + "A1b2" * 10,
+        "ghp_" + "x" * 36,
+        "fbx_sess_" + "ab" * 16,
+        "AKIAABCDEFGHIJKLMNOP",
+        "Bearer " + "t0k3n" * 5,
+        admin,
+    ]
     script = [{"say": f"here is a secret: {s}"} for s in secrets]
     script.append({"tool": "Bash", "input": {"command": f"echo {secrets[0]}"}})
     policy = await make_policy(api, {"defaults": {"tool_action": "allow"}})
@@ -92,11 +96,26 @@ async def test_the_sandbox_holds_only_run_scoped_tokens_and_cannot_reach_the_hos
     )
     env = await wait_sandbox_env(run_id)
     allowed = {
-        "FLUIDBOX_CONTROL_URL", "FLUIDBOX_CONTROL_SOCKET", "FLUIDBOX_SESSION_ID", "FLUIDBOX_SESSION_TOKEN",
-        "FLUIDBOX_TOOL_TOKEN", "FLUIDBOX_TASK", "FLUIDBOX_AUTONOMY", "FLUIDBOX_MODEL", "FLUIDBOX_HARNESS",
-        "FLUIDBOX_WORKSPACE", "FLUIDBOX_HEARTBEAT_SECS", "FLUIDBOX_REPLAY_DELAY_MS", "FLUIDBOX_REPLAY_SCRIPT",
-        "PATH", "HOME", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PWD", "__pid__",
-    }  # fmt: skip
+        "FLUIDBOX_CONTROL_URL",
+        "FLUIDBOX_CONTROL_SOCKET",
+        "FLUIDBOX_SESSION_ID",
+        "FLUIDBOX_SESSION_TOKEN",
+        "FLUIDBOX_TOOL_TOKEN",
+        "FLUIDBOX_TASK",
+        "FLUIDBOX_AUTONOMY",
+        "FLUIDBOX_MODEL",
+        "FLUIDBOX_HARNESS",
+        "FLUIDBOX_WORKSPACE",
+        "FLUIDBOX_HEARTBEAT_SECS",
+        "FLUIDBOX_REPLAY_DELAY_MS",
+        "FLUIDBOX_REPLAY_SCRIPT",
+        "PATH",
+        "HOME",
+        "PYTHONPATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "PWD",
+        "__pid__",
+    }
     assert set(env) <= allowed, set(env) - allowed
     assert admin not in json.dumps(env)
     assert not any("postgres" in v or stack.temporal_address in v for v in env.values() if v)
@@ -114,7 +133,11 @@ async def test_the_sandbox_holds_only_run_scoped_tokens_and_cannot_reach_the_hos
     assert "PATH" in names
     assert not [n for n in names if n.startswith("FLUIDBOX_") or "TOKEN" in n or "KEY" in n], names
     assert (seen["NET"], seen["TOKEN"], seen["ETC"], seen["WS"], seen["UID"].strip()) == (
-        "closed", "hidden", "read-only", "writable", "1000"
+        "closed",
+        "hidden",
+        "read-only",
+        "writable",
+        "1000",
     )
     await api.post(f"/v1/sessions/{run_id}/cancel")
     await wait_status(api, run_id, {"cancelled"})

@@ -8,8 +8,16 @@ import httpx
 import pytest
 
 from tests.integration.helpers import (
-    DEMO_REPO, events, make_agent, make_policy, run_row, start_run, types, wait_pending, wait_status,
-)  # fmt: skip
+    DEMO_REPO,
+    events,
+    make_agent,
+    make_policy,
+    run_row,
+    start_run,
+    types,
+    wait_pending,
+    wait_status,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -27,22 +35,37 @@ async def test_approved_run_fixes_the_bug_deploys_and_records_the_approval_in_or
     assert row["result_summary"] == "Replay complete: 4 executed, 1 denied."
     evs = await events(api, run_id)
     ordered = [
-        (e["type"], e["payload"]["data"].get("to")) for e in evs
+        (e["type"], e["payload"]["data"].get("to"))
+        for e in evs
         if e["payload"]["data"].get("tool_call_id") == "rp_005" or e["type"] == "session.status_changed"
-    ]  # fmt: skip
+    ]
     start = ordered.index(("tool.requested", None))
     assert ordered[start : start + 6] == [
-        ("tool.requested", None), ("approval.requested", None), ("session.status_changed", "awaiting_approval"),
-        ("approval.decided", None), ("tool.decision", None), ("session.status_changed", "running"),
-    ]  # fmt: skip
+        ("tool.requested", None),
+        ("approval.requested", None),
+        ("session.status_changed", "awaiting_approval"),
+        ("approval.decided", None),
+        ("tool.decision", None),
+        ("session.status_changed", "running"),
+    ]
     statuses = [e["payload"]["data"]["to"] for e in evs if e["type"] == "session.status_changed"]
     assert statuses == [
-        "provisioning", "initializing", "running", "awaiting_approval", "running", "finalizing", "completed",
-    ]  # fmt: skip
+        "provisioning",
+        "initializing",
+        "running",
+        "awaiting_approval",
+        "running",
+        "finalizing",
+        "completed",
+    ]
     decision = next(e for e in evs if e["type"] == "tool.decision" and e["payload"]["data"]["tool_call_id"] == "rp_005")
     assert decision["payload"]["data"] == {
-        "tool_call_id": "rp_005", "tool": "Bash", "verdict": "allow", "source": "human", "reason": "human:operator",
-    }  # fmt: skip
+        "tool_call_id": "rp_005",
+        "tool": "Bash",
+        "verdict": "allow",
+        "source": "human",
+        "reason": "human:operator",
+    }
     denied = next(e for e in evs if e["type"] == "tool.decision" and e["payload"]["data"]["tool_call_id"] == "rp_004")
     assert denied["payload"]["data"]["verdict"] == "deny"
     assert denied["payload"]["data"]["reason"] == 'shell command matches deny pattern "\\bcurl\\b"'
@@ -154,9 +177,13 @@ async def test_a_new_run_gets_its_own_snapshot_and_status_is_visible_in_listings
     assert run_id in [s["id"] for s in listed]
     detail = (await api.get(f"/v1/sessions/{run_id}")).json()
     assert detail["usage"] == {
-        "input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0,
-        "cost_usd": 0.0, "requests": 0,
-    }  # fmt: skip
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
+        "cost_usd": 0.0,
+        "requests": 0,
+    }
     out = (await api.get(f"/v1/sessions/{run_id}/outputs")).json()
     assert out["diff"] == "(no changes)"
     assert (await run_row(api, run_id))["finished_at"] is not None

@@ -19,9 +19,7 @@ from runner.heartbeat import Heartbeat
 
 
 class Recorder:
-    def __init__(
-        self, decisions: dict[str, PermissionResponse] | None = None, action: str | None = None
-    ) -> None:
+    def __init__(self, decisions: dict[str, PermissionResponse] | None = None, action: str | None = None) -> None:
         self.decisions = decisions or {}
         self.action = action
         self.events: list[tuple[str, str, dict[str, Any]]] = []
@@ -81,8 +79,7 @@ def test_tool_calls_are_numbered_over_tool_steps_and_denials_are_narrated(tmp_pa
         "agent.message",
         {
             "role": "system",
-            "text": "deterministic replay runner starting — scripted transcript, no model calls "
-            "(autonomy=supervised)",
+            "text": "deterministic replay runner starting — scripted transcript, no model calls (autonomy=supervised)",
         },
     )
     assert gw.texts()[1:] == [
@@ -100,9 +97,7 @@ def test_tool_calls_are_numbered_over_tool_steps_and_denials_are_narrated(tmp_pa
 
 def test_updated_input_from_the_gate_is_what_runs(tmp_path: Path) -> None:
     script = [{"tool": "Bash", "input": {"command": "echo original"}}]
-    gw = Recorder(
-        {"rp_001": PermissionResponse(decision="allow", updated_input={"command": "echo rewritten"})}
-    )
+    gw = Recorder({"rp_001": PermissionResponse(decision="allow", updated_input={"command": "echo rewritten"})})
     assert replay.run(gw, env(tmp_path, script), exit_process=pytest.fail) == 0
     assert gw.texts()[-1] == "$ echo rewritten\nrewritten"
     assert gw.results == [("completed", "Replay complete: 1 executed, 0 denied.")]

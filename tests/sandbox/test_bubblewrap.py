@@ -193,9 +193,21 @@ def host_ipv4s() -> list[str]:
 def option_args(argv: list[str]) -> list[tuple[str, ...]]:
     """Split a bwrap argv (up to ``--``) into (option, *arguments) tuples."""
     arity = {
-        "--ro-bind": 2, "--bind": 2, "--symlink": 2, "--setenv": 2, "--tmpfs": 1, "--dev": 1, "--proc": 1,
-        "--dir": 1, "--remount-ro": 1, "--chdir": 1, "--uid": 1, "--gid": 1, "--hostname": 1, "--cap-drop": 1,
-    }  # fmt: skip
+        "--ro-bind": 2,
+        "--bind": 2,
+        "--symlink": 2,
+        "--setenv": 2,
+        "--tmpfs": 1,
+        "--dev": 1,
+        "--proc": 1,
+        "--dir": 1,
+        "--remount-ro": 1,
+        "--chdir": 1,
+        "--uid": 1,
+        "--gid": 1,
+        "--hostname": 1,
+        "--cap-drop": 1,
+    }
     out: list[tuple[str, ...]] = []
     i = 1
     while argv[i] != "--":
@@ -395,9 +407,7 @@ async def probe(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[
         elapsed = loop.time() - started
         report_path = Path(spec.workspace_dir) / "report.json"
         if not await asyncio.to_thread(report_path.exists):
-            pytest.fail(
-                f"probe wrote no report; log: {await asyncio.to_thread(Path(spec.log_path).read_text)}"
-            )
+            pytest.fail(f"probe wrote no report; log: {await asyncio.to_thread(Path(spec.log_path).read_text)}")
         yield {
             "report": json.loads(await asyncio.to_thread(report_path.read_text)),
             "host_tmp_exists": await asyncio.to_thread(os.path.exists, host_tmp_name),
@@ -449,8 +459,11 @@ async def test_host_files_outside_the_binds_are_invisible(probe: dict[str, Any])
     prefixes = probe["provider"].python_prefixes
 
     assert report["reads"][probe["canary_file"]]["error"] == "FileNotFoundError"
-    assert report["exists"] == {probe["canary_file"]: False, str(PROJECT_ROOT / "pyproject.toml"): False,
-                                probe["host_tmp_name"]: False}  # fmt: skip
+    assert report["exists"] == {
+        probe["canary_file"]: False,
+        str(PROJECT_ROOT / "pyproject.toml"): False,
+        probe["host_tmp_name"]: False,
+    }
     # The venv lives inside the project: only it shows, never the project's source.
     assert report["listings"][str(PROJECT_ROOT)]["value"] == [".venv"]
     assert report["listings"]["/tmp"]["value"] == []
@@ -690,8 +703,9 @@ async def test_sandbox_survives_the_exit_of_the_process_that_launched_it(tmp_pat
 async def test_a_recycled_pid_is_neither_running_nor_killed(tmp_path: Path) -> None:
     bystander = await asyncio.create_subprocess_exec(*SLEEPER)
     try:
-        stranger = SandboxHandle(provider="bwrap", run_id="r", pid=bystander.pid, start_time=1,
-                                 log_path=str(tmp_path / "sandbox.log"))  # fmt: skip
+        stranger = SandboxHandle(
+            provider="bwrap", run_id="r", pid=bystander.pid, start_time=1, log_path=str(tmp_path / "sandbox.log")
+        )
         provider = BubblewrapProvider()
 
         assert await provider.status(stranger) == "exited"

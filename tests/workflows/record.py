@@ -1,0 +1,75 @@
+"""Record RunWorkflow histories for the replay test: ``python -m tests.workflows.record``.
+
+Re-record deliberately (and commit the JSON) only when a workflow change is meant to be
+incompatible and is guarded by ``workflow.patched``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import httpx
+
+from activities import contracts as c
+from cli.stack import Stack, admin_token, free_port
+from config.settings import Settings
+from config.temporal import connect_client
+from tests.integration.conftest import FAST
+from tests.integration.helpers import make_agent, make_policy, start_run, wait_pending, wait_status
+
+OUT = Path(__file__).resolve().parent / "histories"
+
+
+async def record() -> None:
+    home = Path(tempfile.mkdtemp(prefix="fbxr-", dir="/tmp"))
+    stack = Stack(
+        home=home,
+        bind=f"127.0.0.1:{free_port()}",
+        temporal_port=free_port(),
+        ui_port=free_port(),
+        extra_env=FAST,
+        quiet=True,
+    )
+    try:
+        await stack.start_backing_services()
+        token, _ = admin_token(home)
+        await stack.start_app(token)
+        client = await connect_client(Settings(temporal_address=stack.temporal_address))
+        async with httpx.AsyncClient(
+            base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
+        ) as api:
+            runs: dict[str, str] = {}
+            approved = await start_run(api, await make_agent(api))
+            pending = await wait_pending(api, approved)
+            await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "approve"})
+            await wait_status(api, approved, {"completed"})
+            runs["approved"] = approved
+            ttl = await make_policy(api, {"defaults": {"tool_action": "approve"}, "approvals": {"default_ttl_secs": 1}})
+            expired = await start_run(
+                api, await make_agent(api, [{"tool": "Bash", "input": {"command": "x"}}], policy=ttl)
+            )
+            await wait_status(api, expired, {"completed"})
+            runs["expired"] = expired
+            cancelled = await start_run(api, await make_agent(api, [{"sleep_ms": 600000}]))
+            await wait_status(api, cancelled, {"running"})
+            await api.post(f"/v1/sessions/{cancelled}/cancel")
+            await wait_status(api, cancelled, {"cancelled"})
+            runs["cancelled"] = cancelled
+        for name, run_id in runs.items():
+            handle = client.get_workflow_handle(c.workflow_id(run_id))
+            await handle.result()
+            history = await handle.fetch_history()
+            (OUT / f"run_{name}.json").write_text(history.to_json())
+            print(f"recorded {name}: {len(history.events)} events")
+    finally:
+        stack.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(record())
+    os._exit(0)
