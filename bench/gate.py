@@ -5,15 +5,17 @@ imports an uncapped ``bench`` policy, starts N idle replay runs and reads each r
 way only the host can: from ``/proc/<pid>/environ`` of the run's process (the runner deletes it
 from its own ``os.environ``, but the kernel keeps the initial environment).
 
-Then N concurrent clients (one keep-alive ``httpx.AsyncClient`` per run, over TCP) each send a fixed
-number of gate requests (allows and denies interleaved, a unique ``tool_call_id`` each), and, in the
-same process and with the same clients, the same number of ``GET /v1/health`` requests (no
-dependencies): the baseline. Rounds alternate (baseline, gate, baseline, gate, ...) and the medians
-are reported, because the machine is noisy. Every decision is checked; any mismatch exits 1.
+Then N concurrent clients (one keep-alive ``httpx.AsyncClient`` per run) each send a fixed number
+of gate requests (allows and denies interleaved, a unique ``tool_call_id`` each) and, with the same
+clients, the same number of ``GET /v1/health`` requests (no dependencies): the baseline. Rounds
+alternate (baseline, gate, baseline, gate, ...) and the medians are reported, because the machine is
+noisy. This is done over TCP to the API's bind address and over the gateway Unix socket that
+sandboxes use (``--transport``). Every decision is checked; any mismatch exits 1.
 
-Writes the ``bench:gate`` section of ``docs/benchmarks.md`` and prints the table.
+Writes the ``bench:gate`` section of ``docs/benchmarks.md`` and prints it.
 
-    .venv/bin/python bench/gate.py [--runs 64] [--requests 80] [--rounds 3] [--quick] [--no-write]
+    .venv/bin/python bench/gate.py [--runs 64] [--requests 80] [--rounds 3] [--transport both]
+                                   [--quick] [--no-write]
 """
 
 from __future__ import annotations
@@ -78,19 +80,21 @@ INTRO = """\
 Benchmarks of fluidbox's hot paths, run against the real embedded stack (PostgreSQL, the Temporal
 dev server, the worker and the API, all on one machine).
 
-* **gate** (`bench/gate.py`): the tool gate, `POST /internal/sessions/{id}/permission`: token check,
-  policy decision and the ledger transaction for every call. Many concurrent runs each send
-  allowed (`ls -la`) and denied (`curl x`) Bash calls over keep-alive HTTP connections. The baseline
-  is `GET /v1/health`, a route that touches nothing, sent by the same clients at the same
-  concurrency.
+* **gate** (`bench/gate.py`): the tool gate, `POST /internal/sessions/{id}/permission`: the run
+  token check, the policy decision and the ledger transaction of every tool call. Many idle runs
+  (replay harness, one `sleep_ms` step) each send allowed (`ls -la`) and denied (`curl x`) Bash
+  calls with the run's own TOOL token, over keep-alive HTTP connections, both over TCP to the API's
+  bind address and over the gateway Unix socket that sandboxes use. The baseline is
+  `GET /v1/health`, a route that touches nothing, sent by the same clients at the same concurrency.
+  Every decision is checked; a wrong one fails the benchmark.
 
-The absolute figures depend on the machine; the ones below come from a noisy 2-core machine where
-the benchmark client, the API, PostgreSQL, Temporal and the sandboxes share the CPUs. Compare the
-**ratios** against the baseline, which is measured in the same run (baseline and gate rounds
-alternate and medians are reported).
+The absolute figures depend on the machine; the ones below come from a noisy 2-core machine on
+which the benchmark client, the API, PostgreSQL, Temporal and the sandboxes share the CPUs. Read the
+**ratios** against the baseline, which is measured in the same run: baseline and gate rounds
+alternate and the medians of the rounds are reported.
 
-Rerun with `make bench` (or `.venv/bin/python bench/gate.py --help` for the options); it rewrites
-the section between its markers.
+Rerun with `make bench` (`.venv/bin/python bench/gate.py --help` lists the options; `--quick` is a
+small smoke run that only prints). Each run rewrites its own section, between its markers.
 """
 
 

@@ -109,11 +109,29 @@ class Postgres:
         sock = self.server.get_postmaster_info().socket_dir
         return f"postgresql://postgres@/postgres?host={sock}"
 
-    def stop(self) -> None:
-        if self.server is not None:
-            with contextlib.suppress(Exception):
-                self.server.cleanup()  # type: ignore[attr-defined]
-            self.server = None
+    def stop(self, timeout: float = 15.0) -> None:
+        """Fast shutdown (SIGINT to the postmaster), then SIGKILL if it lingers."""
+        self.server = None
+        try:
+            pid = int((self.data_dir / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        for sig in (signal.SIGINT, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+            deadline = time.monotonic() + timeout
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not _alive(pid):
+                return
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
 async def ensure_database(admin_url: str, name: str) -> str:

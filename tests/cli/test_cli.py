@@ -1,0 +1,173 @@
+"""The `fluidbox` command as a user runs it: demo, up/stop, and readable errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.stack import free_port
+
+FLUIDBOX = str(Path(sys.executable).parent / "fluidbox")
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="fbxc-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def cli_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLUIDBOX_")}
+    env.update(
+        FLUIDBOX_HOME=str(home),
+        FLUIDBOX_BIND=f"127.0.0.1:{free_port()}",
+        FLUIDBOX_TEMPORAL_PORT=str(free_port()),
+        FLUIDBOX_UI_PORT=str(free_port()),
+        FLUIDBOX_REPLAY_DELAY_MS="0",
+    )
+    env.update(extra)
+    return env
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state not in ("Z", "X"):
+            found.append(int(pid))
+    return found
+
+
+def test_demo_runs_a_governed_agent_end_to_end(home: Path) -> None:
+    proc = subprocess.run([FLUIDBOX, "demo"], env=cli_env(home), capture_output=True, text=True, timeout=240)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "needs a human: Bash: ./deploy.sh" in out
+    assert "a human approves over HTTP: POST /v1/approvals/" in out
+    assert "DENY by policy" in out and "curl" in out
+    assert '+    return f"Hello, {name}!"' in out
+    assert "── run completed ── Temporal UI: http://127.0.0.1:" in out and "/workflows/run-" in out
+    assert (home / "admin-token").stat().st_mode & 0o777 == 0o600
+    assert processes_mentioning(str(home)) == [], "the demo must stop everything it started"
+
+
+def test_up_serves_until_sigterm_and_leaves_no_process_behind(home: Path) -> None:
+    env = cli_env(home)
+    proc = subprocess.Popen([FLUIDBOX, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "Press Ctrl-C to stop." in line:
+                break
+        text = "".join(lines)
+        assert f"API:         http://{env['FLUIDBOX_BIND']}" in text
+        assert f"Temporal UI: http://127.0.0.1:{env['FLUIDBOX_UI_PORT']}" in text
+        assert f"admin token: {home}/admin-token" in text
+        token = (home / "admin-token").read_text().strip()
+        ready = httpx.get(f"http://{env['FLUIDBOX_BIND']}/v1/ready", timeout=10)
+        assert ready.status_code == 200
+        listed = httpx.get(f"http://{env['FLUIDBOX_BIND']}/v1/agents", headers={"authorization": f"Bearer {token}"})
+        assert listed.status_code == 200
+        assert processes_mentioning(str(home)), "the stack's processes should be running"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert processes_mentioning(str(home)) == []
+
+
+def test_a_taken_port_is_a_one_line_error_naming_it(home: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = cli_env(home, FLUIDBOX_UI_PORT=str(port))
+        proc = subprocess.run([FLUIDBOX, "up"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert errors == [
+        f"error: port 127.0.0.1:{port} (Temporal UI) is already in use; stop what holds it or pick another port"
+    ]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert processes_mentioning(str(home)) == []
+
+
+def test_an_unreachable_api_is_a_one_line_error(home: Path) -> None:
+    env = cli_env(home, FLUIDBOX_URL=f"http://127.0.0.1:{free_port()}", FLUIDBOX_ADMIN_TOKEN="x")
+    proc = subprocess.run([FLUIDBOX, "runs", "list"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("error: cannot reach the fluidbox API at http://127.0.0.1:")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_commands_drive_runs_and_approvals_over_http(home: Path) -> None:
+    """`runs start`, `approvals approve` and `runs watch` against a stack started with `up`."""
+    env = cli_env(home)
+    up = subprocess.Popen([FLUIDBOX, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            if "Press Ctrl-C to stop." in line:
+                break
+        env["FLUIDBOX_URL"] = f"http://{env['FLUIDBOX_BIND']}"
+
+        def fb(*args: str) -> str:
+            done = subprocess.run([FLUIDBOX, *args], env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout
+
+        script = home / "script.json"
+        script.write_text('[{"tool": "Bash", "input": {"command": "./deploy.sh"}}]')
+        fb("agents", "create", "--name", "cli-agent", "--policy", "demo", "--script", str(script))
+        import json
+
+        run = json.loads(
+            fb(
+                "runs",
+                "start",
+                "--agent",
+                "cli-agent",
+                "--task",
+                "deploy",
+                "--workspace",
+                str(Path(__file__).resolve().parents[2] / "examples" / "demo-repo"),
+            )
+        )
+        approval_id = None
+        for _ in range(300):
+            listed = fb("approvals", "list")
+            if listed.strip():
+                approval_id = listed.split()[0]
+                break
+            asyncio.run(asyncio.sleep(0.1))
+        assert approval_id is not None
+        assert json.loads(fb("approvals", "approve", approval_id))["approval"]["status"] == "approved_once"
+        timeline = fb("runs", "watch", run["id"])
+        assert "rp_001 approved_once by operator" in timeline
+        assert "result completed: Replay complete: 1 executed, 0 denied." in timeline
+        assert run["id"] in fb("runs", "list")
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=60)
