@@ -37,7 +37,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     pool = await create_pool(settings.database_url, min_size=1, max_size=10)
     client = await connect_client(settings)
     store = Store(pool, redactor_for(settings))
-    acts = RunActivities(store, make_provider(settings.sandbox_provider), settings)
+    acts = RunActivities(store, make_provider(settings.sandbox_provider, bwrap_path=settings.bwrap_path), settings)
     worker = Worker(
         client,
         task_queue=settings.task_queue,

@@ -18,44 +18,18 @@ from temporalio.exceptions import ApplicationError
 
 from activities import contracts as c
 from activities import workspace
+from activities.env import runner_env, runner_secrets
 from config.settings import Settings
-from core import contract as wire
 from core import events as ev
 from core.digests import sha256_hex
 from core.errors import InvalidTransition
 from core.ports import ExecutionProvider, SandboxHandle, SandboxSpec
-from core.runspec import RunSpec
 from core.states import RunStatus, is_terminal, outcome_status
 from core.tokens import RUN_AUDIENCES
 from db.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH_ORDER = [RunStatus.CREATED, RunStatus.PROVISIONING, RunStatus.INITIALIZING, RunStatus.RUNNING]
-
-
-def runner_env(spec: RunSpec, tokens: dict[str, str], settings: Settings) -> dict[str, str]:
-    """The sandbox's whole environment: run-scoped tokens and run facts, never an upstream secret."""
-    env = {
-        wire.ENV_CONTROL_URL: "http://fluidbox",
-        wire.ENV_CONTROL_SOCKET: wire.SANDBOX_SOCKET,
-        wire.ENV_SESSION_ID: spec.run_id,
-        wire.ENV_SESSION_TOKEN: tokens["control"],
-        wire.ENV_TOOL_TOKEN: tokens["tool"],
-        wire.ENV_TASK: spec.task,
-        wire.ENV_AUTONOMY: spec.autonomy,
-        wire.ENV_MODEL: spec.model,
-        wire.ENV_HARNESS: spec.harness,
-        wire.ENV_WORKSPACE: wire.SANDBOX_WORKSPACE,
-        wire.ENV_HEARTBEAT_SECS: str(settings.heartbeat_secs),
-        wire.ENV_REPLAY_DELAY_MS: str(spec.harness_config.get("delay_ms", settings.replay_delay_ms)),
-    }
-    if spec.system_prompt:
-        env[wire.ENV_SYSTEM_PROMPT] = spec.system_prompt
-    if spec.harness == "replay" and spec.harness_config.get("script") is not None:
-        import json
-
-        env[wire.ENV_REPLAY_SCRIPT] = json.dumps(spec.harness_config["script"])
-    return env
 
 
 class RunActivities:
@@ -120,7 +94,8 @@ class RunActivities:
             workspace_dir=str(run_dir / "workspace"),
             socket_dir=str(socket_dir),
             code_dirs=[str(ROOT / "runner"), str(ROOT / "core")],
-            env=runner_env(spec, tokens, self.settings),
+            env=runner_env(spec, self.settings),
+            secrets=runner_secrets(tokens),
             argv=[sys.executable, "-m", "runner"],
             log_path=str(run_dir / "sandbox.log"),
         )
@@ -261,6 +236,14 @@ class RunActivities:
                 )
             )
         except workspace.WorkspaceError as err:
+            artifacts.append(
+                {
+                    "kind": "diff",
+                    "name": "changes.patch",
+                    "content": f"(diff unavailable: {err})",
+                    "content_type": "text/plain",
+                }
+            )
             new.append(ev.NewEvent(type=ev.ARTIFACT_MISSING, data={"kind": "diff", "reason": str(err)}))
         summary = intent.get("summary")
         if summary:

@@ -51,7 +51,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await create_pool(settings.database_url or "")
+        pool = await create_pool(settings.database_url or "", max_size=40)
         store = Store(pool, Redactor((admin,)))
         tenant_id = await store.boot_tenant()
         await seed_policies(store, tenant_id)
@@ -76,6 +76,14 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
 
     limit = settings.max_request_body_bytes
+
+    @app.middleware("http")
+    async def planes(request: Request, call_next):  # type: ignore[no-untyped-def]
+        # A Unix-socket connection has no server address: that is the sandboxes' gateway, which
+        # serves the runner plane only. The public API is not even routable from a sandbox.
+        if request.scope.get("server") is None and not request.url.path.startswith("/internal/"):
+            return JSONResponse({"error": "not found"}, status_code=404)
+        return await call_next(request)
 
     @app.middleware("http")
     async def body_limit(request: Request, call_next):  # type: ignore[no-untyped-def]

@@ -39,7 +39,7 @@ class Services:
         return self._temporal
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
 

@@ -20,6 +20,14 @@ class WorkspaceIn(_Body):
     path: str | None = None
 
 
+TOOL_INPUTS: dict[str, tuple[str, ...]] = {
+    "Bash": ("command",),
+    "Write": ("file_path", "content"),
+    "Edit": ("file_path", "old_string", "new_string"),
+    "Read": ("file_path",),
+}
+
+
 class HarnessConfig(_Body):
     """Harness-specific settings. ``replay`` takes a ``script`` of steps and a pacing ``delay_ms``."""
 
@@ -34,8 +42,15 @@ class HarnessConfig(_Body):
                 step.kind()
             except ValueError as exc:
                 raise ValueError(f"step {index}: {exc}") from None
-            if step.tool is not None and step.input is None:
-                raise ValueError(f"step {index}: a tool step needs an input object")
+            if step.tool is None:
+                if step.input is not None or step.on_deny_say is not None or step.timeout_ms is not None:
+                    raise ValueError(f"step {index}: input, on_deny_say and timeout_ms belong to tool steps")
+                continue
+            needed = TOOL_INPUTS[step.tool]
+            given = step.input or {}
+            missing = [k for k in needed if not isinstance(given.get(k), str)]
+            if missing:
+                raise ValueError(f"step {index}: {step.tool} needs string input field(s) {', '.join(missing)}")
         return steps
 
 

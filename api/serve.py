@@ -14,11 +14,20 @@ from config.settings import get_settings
 
 
 def _sockets(host: str, port: int, uds: str) -> list[socket.socket]:
-    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio enables TCP_NODELAY only on sockets created with it, and without
+    # it every response waits ~40 ms for the client's delayed ACK between headers and body.
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     tcp.bind((host, port))
-    os.makedirs(os.path.dirname(uds), exist_ok=True)
-    os.chmod(os.path.dirname(uds), 0o755)
+    # The socket's directory is bound into every sandbox, so it must hold nothing but the socket.
+    directory = os.path.dirname(uds)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    others = [name for name in os.listdir(directory) if name != os.path.basename(uds)]
+    if others:
+        raise SystemExit(
+            f"the gateway socket directory {directory} must contain only the socket (found {others[:3]}); "
+            "point FLUIDBOX_GATEWAY_SOCKET into a directory of its own"
+        )
     if os.path.exists(uds):
         os.unlink(uds)
     unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -295,6 +295,23 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
+    def destroy_sandboxes(self) -> None:
+        """Stopping the stack leaves no agent running: every sandbox under this home is destroyed.
+
+        Their runs resume (and then fail as 'sandbox died') when the stack comes back.
+        """
+        from core.ports import SandboxHandle
+        from sandbox.registry import make_provider
+
+        provider = make_provider("bwrap")
+        for pidfile in sorted((self.home / "runs").glob("*/sandbox.pid")):
+            try:
+                handle = SandboxHandle.model_validate_json(pidfile.read_text())
+            except (OSError, ValueError):
+                continue
+            with contextlib.suppress(Exception):
+                asyncio.run(provider.destroy(handle))
+
     def kill_process(self, name: str) -> None:
         """SIGKILL, no grace: for fault-injection tests."""
         proc = self.procs.pop(name)
@@ -303,8 +320,10 @@ class Stack:
         proc.wait()
 
     def stop(self) -> None:
-        for name in ("api", "worker", "temporal"):
+        for name in ("api", "worker"):
             self.stop_process(name)
+        self.destroy_sandboxes()
+        self.stop_process("temporal")
         for name in list(self.procs):
             self.stop_process(name)
         if self.postgres is not None:

@@ -26,7 +26,6 @@ class Settings(BaseSettings):
 
     bind: str = "127.0.0.1:8787"
     gateway_socket: Path | None = None
-    public_url: str | None = None
     sandbox_provider: str = "bwrap"
     bwrap_path: str = "bwrap"
 
@@ -57,7 +56,7 @@ class Settings(BaseSettings):
     @property
     def api_url(self) -> str:
         host, port = self.host_port
-        return self.public_url or f"http://{host}:{port}"
+        return f"http://{host}:{port}"
 
     @property
     def temporal_target(self) -> str:

@@ -7,6 +7,7 @@ DomainError
 ├── NotFound            (404) missing, or not visible to the caller
 ├── Conflict            (409) lost a race, duplicate, not pending
 ├── Unprocessable       (422) semantically invalid (policy, harness, model)
+├── Unavailable         (503) a dependency is down; retry
 └── InvalidTransition   (409) a run status edge the state machine forbids
 """
 
@@ -49,6 +50,10 @@ class Conflict(DomainError):
 
 class Unprocessable(DomainError):
     status = 422
+
+
+class Unavailable(DomainError):
+    status = 503
 
 
 class InvalidTransition(DomainError):

@@ -442,23 +442,32 @@ class Store:
     # ---- tokens --------------------------------------------------------------------------------
 
     async def mint_tokens(self, tenant_id: str, run_id: str, ttl_secs: int, randoms: dict[str, str]) -> dict[str, str]:
-        """Mint the run's four audience tokens (replacing any earlier ones: a retried provision)."""
+        """Mint the run's four audience tokens; a retried provision revokes the earlier set first."""
         tokens = {aud.value: session_token(randoms[aud.value]) for aud in RUN_AUDIENCES}
         async with self.pool.acquire() as conn, conn.transaction():
+            await self.revoke_tokens(conn, run_id)
             for audience, token in tokens.items():
-                await conn.execute(
-                    "INSERT INTO api_tokens (id, token_sha256, tenant_id, kind, session_id, audience, expires_at) "
-                    "VALUES ($1, $2, $3, 'session', $4, $5, now() + make_interval(secs => $6)) "
-                    "ON CONFLICT (session_id, audience) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, "
-                    "expires_at = EXCLUDED.expires_at, revoked_at = NULL",
-                    uuid.UUID(new_id()),
-                    token_digest(token),
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(run_id),
-                    audience,
-                    float(ttl_secs),
-                )
+                await self._insert_token(conn, tenant_id, run_id, audience, token, ttl_secs)
         return tokens
+
+    async def issue_token(self, tenant_id: str, run_id: str, audience: str, ttl_secs: int, random_hex: str) -> str:
+        """One more run-scoped token (operator tooling and tests); the runner's own stay valid."""
+        token = session_token(random_hex)
+        async with self.pool.acquire() as conn:
+            await self._insert_token(conn, tenant_id, run_id, audience, token, ttl_secs)
+        return token
+
+    async def _insert_token(self, conn: Conn, tenant_id: str, run_id: str, audience: str, token: str, ttl: int) -> None:
+        await conn.execute(
+            "INSERT INTO api_tokens (id, token_sha256, tenant_id, kind, session_id, audience, expires_at) "
+            "VALUES ($1, $2, $3, 'session', $4, $5, now() + make_interval(secs => $6))",
+            uuid.UUID(new_id()),
+            token_digest(token),
+            uuid.UUID(tenant_id),
+            uuid.UUID(run_id),
+            audience,
+            float(ttl),
+        )
 
     async def resolve_token(self, token: str) -> Row | None:
         async with self.pool.acquire() as conn:

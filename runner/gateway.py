@@ -18,7 +18,9 @@ Exceptions (independent, so catching one never swallows another)::
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping
@@ -32,6 +34,7 @@ from core.contract import (
     ENV_CONTROL_SOCKET,
     ENV_CONTROL_URL,
     ENV_LLM_TOKEN,
+    ENV_SECRETS_FILE,
     ENV_SESSION_ID,
     ENV_SESSION_TOKEN,
     ENV_TOOL_TOKEN,
@@ -96,6 +99,24 @@ def log(message: str) -> None:
     print(f"fluidbox-runner: {message}", file=sys.stderr, flush=True)
 
 
+def _read_secrets_file(path: str | None) -> dict[str, str]:
+    """Read the tokens the sandbox was handed in a private file, then delete the file at once,
+    before any tool runs, so nothing the agent starts can read them from disk."""
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise MissingEnv(f"cannot read the secrets file {path}: {exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if not isinstance(data, dict):
+        raise MissingEnv(f"the secrets file {path} does not hold a JSON object")
+    return {str(k): str(v) for k, v in data.items()}
+
+
 def take_credentials(environ: MutableMapping[str, str]) -> Credentials:
     """Read the session id and tokens, deleting every token variable from ``environ`` first.
 
@@ -106,6 +127,9 @@ def take_credentials(environ: MutableMapping[str, str]) -> Credentials:
         MissingEnv: no session id or no control token.
     """
     tokens = {name: (environ.pop(name, None) or "").strip() for name in TOKEN_ENV_VARS}
+    for name, value in _read_secrets_file(environ.pop(ENV_SECRETS_FILE, None)).items():
+        if name in tokens and value:
+            tokens[name] = value.strip()
     session_id = (environ.get(ENV_SESSION_ID) or "").strip()
     control = tokens[ENV_SESSION_TOKEN]
     missing = [name for name, value in ((ENV_SESSION_ID, session_id), (ENV_SESSION_TOKEN, control)) if not value]

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from core.contract import ENV_SECRETS_FILE, SECRETS_FILE
 from core.ports import SandboxHandle, SandboxSpec, SandboxState
 
 SANDBOX_UID = 1000
@@ -70,7 +71,10 @@ def pid_ns(pid):
     except OSError:
         return None
 
-log_path, argv = sys.argv[1], sys.argv[2:]
+log_path, bwrap = sys.argv[1], sys.argv[2]
+request = json.loads(sys.stdin.buffer.read())
+args_r, args_w = os.pipe()
+secrets_r, secrets_w = os.pipe()
 err_r, err_w = os.pipe()
 pid = os.fork()
 if pid == 0:
@@ -81,11 +85,34 @@ if pid == 0:
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        os.execve(argv[0], argv, {})
+        # Move both pipes above 10 first (one may already sit on 3 or 4), then place them on the fds
+        # bwrap is told to read (--args 3, --file 4) and let them survive the exec.
+        import fcntl
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (args_r, secrets_r)]
+        for target, fd in zip((3, 4), high):
+            os.dup2(fd, target)
+            os.set_inheritable(target, True)
+        os.set_inheritable(err_w, False)
+        os.execve(bwrap, [bwrap, "--args", "3", "--", *request["command"]], {})
     except BaseException as exc:
         os.write(err_w, repr(exc).encode())
     os._exit(127)
-os.close(err_w)
+for fd in (err_w, args_r, secrets_r):
+    os.close(fd)
+# Pipes, not files: nothing remains to read once bwrap has consumed them.
+def feed(fd, data):
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass
+    os.close(fd)
+import threading
+writers = [threading.Thread(target=feed, args=(args_w, "\0".join(request["args"]).encode() + b"\0")),
+           threading.Thread(target=feed, args=(secrets_w, request["secrets"].encode()))]
+for t in writers:
+    t.start()
 outer_start = start_time(pid)  # before any waitpid below can reap it
 err = b""
 while chunk := os.read(err_r, 4096):
@@ -109,6 +136,8 @@ while not child and exit_status is None and time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         exit_status = os.waitstatus_to_exitcode(status) if done else None
         time.sleep(0.001)
+for t in writers:
+    t.join(timeout=5.0)
 print(json.dumps({
     "pid": pid,
     "start_time": outer_start,
@@ -316,6 +345,11 @@ class BubblewrapProvider:
             "/",
             "--chdir",
             WORKSPACE,
+            "--perms",
+            "0600",
+            "--file",
+            "4",
+            SECRETS_FILE,
             "--clearenv",
         ]
         env = {
@@ -324,6 +358,7 @@ class BubblewrapProvider:
             "PYTHONPATH": CODE_ROOT,
             "PYTHONDONTWRITEBYTECODE": "1",
             **spec.env,
+            ENV_SECRETS_FILE: SECRETS_FILE,
         }
         for key, value in env.items():
             argv += ["--setenv", key, value]
@@ -361,7 +396,7 @@ class BubblewrapProvider:
                 return existing
             argv = self.build_argv(spec, masked=[p for root in MASKED_ROOTS for p in unreadable_paths(root)])
             argv[0] = bwrap
-            handle = self._launch(spec.run_id, log_path, argv)
+            handle = self._launch(spec.run_id, log_path, argv, json.dumps(spec.secrets))
             tmp = pidfile + ".tmp"
             with open(tmp, "w") as f:
                 f.write(handle.model_dump_json())
@@ -370,9 +405,13 @@ class BubblewrapProvider:
         finally:
             os.close(lock_fd)
 
-    def _launch(self, run_id: str, log_path: str, argv: list[str]) -> SandboxHandle:
+    def _launch(self, run_id: str, log_path: str, argv: list[str], secrets: str) -> SandboxHandle:
+        split = argv.index("--")  # options go through the pipe; bwrap wants the command on its argv
+        # The options travel on stdin and through a pipe into bwrap (--args), so neither the
+        # launcher's nor bwrap's command line (visible in /proc) carries the environment or a token.
         proc = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _LAUNCHER, log_path, *argv],
+            [sys.executable, "-I", "-S", "-c", _LAUNCHER, log_path, argv[0]],
+            input=json.dumps({"args": argv[1:split], "command": argv[split + 1 :], "secrets": secrets}).encode(),
             capture_output=True,
             env={},
             cwd="/",

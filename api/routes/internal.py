@@ -10,20 +10,22 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Request
 from temporalio.client import WorkflowUpdateFailedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
 from api.deps import ServicesDep, run_token
 from api.routes.sessions import run_handle
 from core import events as ev
 from core.contract import EventPost, HeartbeatResponse, PermissionRequest, PermissionResponse, ResultPost
-from core.errors import BadRequest
+from core.errors import BadRequest, Unavailable
 from core.states import RunStatus, accepts_work, is_terminal
 from core.tokens import Audience
 from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.api.internal")
 router = APIRouter(prefix="/internal", tags=["internal"])
+RUNNER_EVENT_TYPES = (ev.AGENT_MESSAGE, ev.RUN_ERROR, "tool.completed")
+RUNNER_ACTORS = frozenset({"agent", "harness"})
 INACTIVE = PermissionResponse(decision="deny", message="session is not active")
 
 
@@ -43,9 +45,15 @@ async def permission(run_id: str, req: PermissionRequest, request: Request, svc:
             c.ApprovalWait(tool_call_id=req.tool_call_id),
             id=f"approval:{req.tool_call_id}",
         )
-    except (WorkflowUpdateFailedError, RPCError) as exc:
+    except WorkflowUpdateFailedError as exc:
         log.info("approval wait for %s/%s ended: %s", run_id, req.tool_call_id, exc)
         return INACTIVE
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return INACTIVE
+        # The workflow engine is unreachable: a transient failure the runner retries with the same id.
+        log.warning("approval wait for %s/%s could not reach Temporal: %s", run_id, req.tool_call_id, exc)
+        raise Unavailable("the workflow engine is unavailable; retry with the same tool_call_id") from exc
     if verdict.decision == "allow":
         return PermissionResponse(decision="allow")
     return PermissionResponse(decision="deny", message=verdict.message or "denied")
@@ -57,9 +65,15 @@ async def post_event(run_id: str, body: EventPost, request: Request, svc: Servic
     principal = await run_token(request, svc, run_id, Audience.CONTROL)
     if body.body.type == ev.TOOL_REQUESTED:
         return {"seq": None, "dropped": ev.TOOL_REQUESTED}
+    if body.body.type not in RUNNER_EVENT_TYPES:
+        # Decisions, status changes and results are the server's to write, never a runner's.
+        raise BadRequest(
+            f"event type '{body.body.type}' cannot be posted by a runner (allowed: {', '.join(RUNNER_EVENT_TYPES)})"
+        )
     if not accepts_work(principal.status) and principal.status != RunStatus.CANCELLING:
         raise BadRequest("session is not active")
-    event = ev.NewEvent(type=body.body.type, actor=ev.normalize_actor(body.actor), data=body.body.data)
+    actor = body.actor if body.actor in RUNNER_ACTORS else "agent"  # a runner never speaks as a human
+    event = ev.NewEvent(type=body.body.type, actor=actor, data=body.body.data)
     return {"seq": await svc.store.append_events(run_id, [event])}
 
 
@@ -79,7 +93,7 @@ async def result(run_id: str, body: ResultPost, request: Request, svc: ServicesD
         from core.errors import Unauthorized
 
         raise Unauthorized()
-    outcome = body.outcome if body.outcome in ("completed", "failed") else "failed"
+    outcome = body.outcome if body.outcome in ("completed", "failed", "cancelled", "budget_exceeded") else "failed"
     reason = None if outcome == "completed" else f"runner reported {body.outcome}"
     created, status = await svc.store.request_finalization(run_id, outcome, summary=body.summary, reason=reason)
     if is_terminal(status):

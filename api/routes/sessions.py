@@ -20,6 +20,7 @@ from temporalio.common import (
 )
 
 from activities import contracts as c
+from activities.env import runner_env
 from api.deps import OperatorDep, Services, ServicesDep
 from api.routes.agents import workspace_doc
 from api.schemas import (
@@ -30,7 +31,7 @@ from api.schemas import (
     SessionCreate,
     pick,
 )
-from core.errors import BadRequest, NotFound, Unprocessable
+from core.errors import BadRequest, NotFound, Unavailable, Unprocessable
 from core.harnesses import RUNNABLE
 from core.runspec import InvocationContext, WorkspaceSpec, freeze
 from core.states import RunStatus
@@ -41,6 +42,7 @@ log = logging.getLogger("fluidbox.api.sessions")
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 STREAM_BATCH = 500
+MAX_RUNNER_ENV_BYTES = 512 * 1024
 REPOLL_SECS = 2.0
 KEEPALIVE_SECS = 15.0
 
@@ -99,6 +101,12 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
         budget_override=body.budgets,
         invocation=InvocationContext(kind="manual", actor=op.name),
     )
+    size = sum(len(k) + len(v) + 2 for k, v in runner_env(spec, svc.settings).items())
+    if size > MAX_RUNNER_ENV_BYTES:
+        raise Unprocessable(
+            f"runner environment is {size} bytes, over the {MAX_RUNNER_ENV_BYTES} byte ceiling — "
+            "shorten the task/system prompt or the replay script"
+        )
     row = await store.create_run(spec, invoked_by_kind="operator")
     try:
         client = await svc.temporal()
@@ -126,11 +134,7 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
             await store.request_finalization(run_id, "failed", reason=reason)
             await store.transition(run_id, RunStatus.FINALIZING, reason)
             await store.finish(run_id, RunStatus.FAILED, reason, None, "failed", [], [])
-        from core.errors import DomainError
-
-        err = DomainError("the workflow engine is unavailable; the run was not started")
-        err.status = 503
-        raise err from exc
+        raise Unavailable("the workflow engine is unavailable; the run was not started") from exc
     return {"session": pick(row, SESSION_FIELDS)}
 
 

@@ -171,3 +171,39 @@ def test_cli_commands_drive_runs_and_approvals_over_http(home: Path) -> None:
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=60)
+
+
+def test_stopping_the_stack_destroys_running_sandboxes(home: Path) -> None:
+    env = cli_env(home)
+    up = subprocess.Popen([FLUIDBOX, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            if "Press Ctrl-C to stop." in line:
+                break
+        api = httpx.Client(
+            base_url=f"http://{env['FLUIDBOX_BIND']}",
+            headers={"authorization": f"Bearer {(home / 'admin-token').read_text().strip()}"},
+        )
+        agent = api.post(
+            "/v1/agents",
+            json={
+                "name": "idle",
+                "harness": "replay",
+                "policy": "demo",
+                "harness_config": {"script": [{"sleep_ms": 600000}]},
+            },
+        )
+        assert agent.status_code == 201, agent.text
+        run = api.post("/v1/sessions", json={"agent": "idle", "task": "wait"}).json()["session"]
+        for _ in range(300):
+            if api.get(f"/v1/sessions/{run['id']}").json()["session"]["status"] == "running":
+                break
+            asyncio.run(asyncio.sleep(0.1))
+        assert processes_mentioning("--args"), "a sandbox should be running"
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=60)
+    assert processes_mentioning(str(home)) == []
+    pidfile = home / "runs" / run["id"] / "sandbox.pid"
+    assert not pidfile.exists(), "the sandbox was destroyed on stop"

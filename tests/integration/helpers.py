@@ -120,3 +120,20 @@ async def wait_sandbox_env(run_id: str, timeout: float = 30) -> dict[str, str]:
             if loop.time() > deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+async def issue_token(database_url: str, run_id: str, audience: str) -> str:
+    """A fresh run-scoped token from the store (the runner's own never leave its sandbox)."""
+    import secrets
+
+    from core.redaction import Redactor
+    from db.engine import create_pool
+    from db.store import Store
+
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        store = Store(pool, Redactor())
+        spec = await store.run_spec(run_id)
+        return await store.issue_token(spec.tenant_id, run_id, audience, 600, secrets.token_hex(16))
+    finally:
+        await pool.close()

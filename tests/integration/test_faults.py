@@ -12,6 +12,7 @@ import pytest
 from cli.stack import Stack
 from tests.integration.helpers import (
     events,
+    issue_token,
     make_agent,
     start_run,
     types,
@@ -41,8 +42,8 @@ def runner_client(stack: Stack, token: str) -> httpx.AsyncClient:
 async def test_a_retried_permission_reattaches_to_the_same_approval(api: httpx.AsyncClient, stack: Stack) -> None:
     run_id = await start_run(api, await make_agent(api, DEPLOY))
     pending = await wait_pending(api, run_id)
-    env = await wait_sandbox_env(run_id)
-    async with runner_client(stack, env["FLUIDBOX_TOOL_TOKEN"]) as runner:
+    tool = await issue_token(stack.database_url or "", run_id, "tool")
+    async with runner_client(stack, tool) as runner:
         body = {"tool_call_id": "rp_001", "tool": "Bash", "input": {"command": "./deploy.sh"}}
         retry = asyncio.create_task(runner.post(f"/internal/sessions/{run_id}/permission", json=body))
         await asyncio.sleep(0)  # let the retry reach the server before the decision
@@ -67,8 +68,8 @@ async def test_a_reused_tool_call_id_with_other_input_is_denied_and_changes_noth
 ) -> None:
     run_id = await start_run(api, await make_agent(api, DEPLOY))
     pending = await wait_pending(api, run_id)
-    env = await wait_sandbox_env(run_id)
-    async with runner_client(stack, env["FLUIDBOX_TOOL_TOKEN"]) as runner:
+    tool = await issue_token(stack.database_url or "", run_id, "tool")
+    async with runner_client(stack, tool) as runner:
         body = {"tool_call_id": "rp_001", "tool": "Bash", "input": {"command": "./deploy.sh --force"}}
         r = await runner.post(f"/internal/sessions/{run_id}/permission", json=body)
         assert r.json() == {"decision": "deny", "message": "tool_call_id reused with a different tool or input"}
@@ -83,8 +84,8 @@ async def test_a_reused_tool_call_id_with_other_input_is_denied_and_changes_noth
 async def test_run_tokens_are_audience_scoped(api: httpx.AsyncClient, stack: Stack) -> None:
     run_id = await start_run(api, await make_agent(api, IDLE))
     await wait_status(api, run_id, {"running"})
-    env = await wait_sandbox_env(run_id)
-    tool, control = env["FLUIDBOX_TOOL_TOKEN"], env["FLUIDBOX_SESSION_TOKEN"]
+    tool = await issue_token(stack.database_url or "", run_id, "tool")
+    control = await issue_token(stack.database_url or "", run_id, "control")
     body = {"tool_call_id": "x1", "tool": "Read", "input": {"file_path": "/workspace/app.py"}}
     async with runner_client(stack, control) as as_control, runner_client(stack, tool) as as_tool:
         wrong = await as_control.post(f"/internal/sessions/{run_id}/permission", json=body)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -88,6 +90,9 @@ async def test_the_sandbox_holds_only_run_scoped_tokens_and_cannot_reach_the_hos
         f"if cat {stack.home}/admin-token >/dev/null 2>&1; then echo TOKEN:readable; else echo TOKEN:hidden; fi; "
         "if touch /etc/x 2>/dev/null; then echo ETC:writable; else echo ETC:read-only; fi; "
         "if touch /workspace/x 2>/dev/null; then echo WS:writable; else echo WS:read-only; fi; "
+        "echo PROC_TOKENS:$(cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' "
+        '| grep -c fbx_se""ss_); '  # split so this command line does not match itself
+        "if [ -e /tmp/fluidbox-secrets.json ]; then echo SECRETS_FILE:present; else echo SECRETS_FILE:gone; fi; "
         "echo UID:$(id -u)"
     )
     policy = await make_policy(api, {"defaults": {"tool_action": "allow"}})
@@ -99,8 +104,7 @@ async def test_the_sandbox_holds_only_run_scoped_tokens_and_cannot_reach_the_hos
         "FLUIDBOX_CONTROL_URL",
         "FLUIDBOX_CONTROL_SOCKET",
         "FLUIDBOX_SESSION_ID",
-        "FLUIDBOX_SESSION_TOKEN",
-        "FLUIDBOX_TOOL_TOKEN",
+        "FLUIDBOX_SECRETS_FILE",
         "FLUIDBOX_TASK",
         "FLUIDBOX_AUTONOMY",
         "FLUIDBOX_MODEL",
@@ -118,6 +122,14 @@ async def test_the_sandbox_holds_only_run_scoped_tokens_and_cannot_reach_the_hos
     }
     assert set(env) <= allowed, set(env) - allowed
     assert admin not in json.dumps(env)
+    assert "fbx_sess_" not in json.dumps(env), "tokens must not be in the runner's environment"
+    for pid in os.listdir("/proc"):  # nor on any command line on this host
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            assert b"fbx_sess_" not in cmdline, cmdline[:200]
     assert not any("postgres" in v or stack.temporal_address in v for v in env.values() if v)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 30
@@ -139,5 +151,6 @@ async def test_the_sandbox_holds_only_run_scoped_tokens_and_cannot_reach_the_hos
         "writable",
         "1000",
     )
+    assert (seen["PROC_TOKENS"], seen["SECRETS_FILE"]) == ("0", "gone")
     await api.post(f"/v1/sessions/{run_id}/cancel")
     await wait_status(api, run_id, {"cancelled"})

@@ -123,6 +123,10 @@ report = {
     "root_tree": tree("/root", set(cfg["python_prefixes"])),
     "writes": {p: attempt(lambda p=p: write(p)) for p in cfg["write_paths"]},
     "gateway": attempt(lambda: http_over_unix("/run/fluidbox/api.sock")),
+    "secrets_file": attempt(lambda: read(os.environ["FLUIDBOX_SECRETS_FILE"])),
+    "all_cmdlines": {
+        p: attempt(lambda p=p: read(f"/proc/{p}/cmdline")) for p in os.listdir("/proc") if p.isdigit()
+    },
 }
 with open("/workspace/report.json.tmp", "w") as f:
     json.dump(report, f)
@@ -137,6 +141,7 @@ def make_spec(
     env: dict[str, str] | None = None,
     code_dirs: list[str] | None = None,
     run_id: str | None = None,
+    secrets: dict[str, str] | None = None,
 ) -> SandboxSpec:
     for name in ("ws", "sock", "run"):
         (base / name).mkdir(parents=True, exist_ok=True)
@@ -146,6 +151,7 @@ def make_spec(
         socket_dir=str(base / "sock"),
         code_dirs=code_dirs or [],
         env=env or {},
+        secrets=secrets or {},
         argv=argv,
         log_path=str(base / "run" / "sandbox.log"),
     )
@@ -271,6 +277,7 @@ def test_build_argv_environment_defaults_yield_to_the_spec_env(tmp_path: Path) -
         "HOME": "/workspace",
         "PYTHONPATH": "/opt/fluidbox",
         "PYTHONDONTWRITEBYTECODE": "1",
+        "FLUIDBOX_SECRETS_FILE": "/tmp/fluidbox-secrets.json",
     }
     assert overridden == {**defaults, "PATH": "/x", "FOO": "bar"}
 
@@ -394,7 +401,8 @@ async def probe(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[
     }
     spec_env = {"PROBE_CONFIG": json.dumps(config), "FLUIDBOX_RUN_ID": "probe-run"}
     argv = [sys.executable, f"{CODE_ROOT}/probe/probe.py"]
-    spec = make_spec(base, argv, env=spec_env, code_dirs=[str(code)])
+    secret_token = f"fbx_sess_{uuid.uuid4().hex}"
+    spec = make_spec(base, argv, env=spec_env, code_dirs=[str(code)], secrets={"FLUIDBOX_SESSION_TOKEN": secret_token})
     server = await asyncio.start_unix_server(gateway, path=str(Path(spec.socket_dir) / "api.sock"))
     old_token = os.environ.get("FLUIDBOX_ADMIN_TOKEN")
     os.environ["FLUIDBOX_ADMIN_TOKEN"] = canary_secret
@@ -415,6 +423,7 @@ async def probe(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[
             "handle": handle,
             "requests": requests,
             "canary_secret": canary_secret,
+            "secret_token": secret_token,
             "canary_file": str(canary_file),
             "host_tmp_name": host_tmp_name,
             "port": port,
@@ -466,7 +475,8 @@ async def test_host_files_outside_the_binds_are_invisible(probe: dict[str, Any])
     }
     # The venv lives inside the project: only it shows, never the project's source.
     assert report["listings"][str(PROJECT_ROOT)]["value"] == [".venv"]
-    assert report["listings"]["/tmp"]["value"] == []
+    # Private tmpfs: nothing of the host, only the secrets file the runner deletes on start.
+    assert report["listings"]["/tmp"]["value"] == ["fluidbox-secrets.json"]
     assert not probe["host_tmp_exists"], "/tmp inside must be private"
     # /root holds nothing but the path down to a bound Python install (pyenv lives under /root here).
     for path in report["root_tree"]:
@@ -511,6 +521,7 @@ async def test_environment_is_exactly_the_spec_env_plus_defaults(probe: dict[str
         "HOME": "/workspace",
         "PYTHONPATH": "/opt/fluidbox",
         "PYTHONDONTWRITEBYTECODE": "1",
+        "FLUIDBOX_SECRETS_FILE": "/tmp/fluidbox-secrets.json",
         "PWD": "/workspace",  # bwrap sets it on --chdir
     }
 
@@ -523,6 +534,19 @@ async def test_environment_is_exactly_the_spec_env_plus_defaults(probe: dict[str
     for pid, outcome in report["all_environs"].items():
         leak = probe["canary_secret"] in outcome.get("value", "")
         assert not leak, f"/proc/{pid}/environ inside shows the worker's environment"
+
+
+@needs_bwrap
+async def test_secrets_reach_a_private_file_and_no_command_line_or_environment(probe: dict[str, Any]) -> None:
+    report = probe["report"]
+    token = probe["secret_token"]
+    assert report["secrets_file"]["ok"], report["secrets_file"]
+    assert json.loads(report["secrets_file"]["value"]) == {"FLUIDBOX_SESSION_TOKEN": token}
+    for pid, outcome in report["all_cmdlines"].items():
+        assert token not in outcome.get("value", ""), f"/proc/{pid}/cmdline inside shows a secret"
+    for pid, outcome in report["all_environs"].items():
+        assert token not in outcome.get("value", ""), f"/proc/{pid}/environ inside shows a secret"
+    assert report["all_cmdlines"]["1"]["value"].split("\0")[1:3] == ["--args", "3"]
 
 
 @needs_bwrap

@@ -161,9 +161,9 @@ CREATE TABLE api_tokens (
     audience text NOT NULL,
     expires_at timestamptz NOT NULL,
     revoked_at timestamptz,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (session_id, audience)
+    created_at timestamptz NOT NULL DEFAULT now()
 );
+CREATE INDEX api_tokens_session ON api_tokens (session_id, audience);
 
 CREATE TABLE session_finalizations (
     session_id uuid PRIMARY KEY REFERENCES sessions(id),

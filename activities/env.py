@@ -1,0 +1,35 @@
+"""What a sandbox is handed: its environment (run facts only) and its secrets (the run's tokens)."""
+
+from __future__ import annotations
+
+import json
+
+from config.settings import Settings
+from core import contract as wire
+from core.runspec import RunSpec
+
+
+def runner_secrets(tokens: dict[str, str]) -> dict[str, str]:
+    """The run-scoped tokens, handed over in a file the runner deletes (never argv or env)."""
+    return {wire.ENV_SESSION_TOKEN: tokens["control"], wire.ENV_TOOL_TOKEN: tokens["tool"]}
+
+
+def runner_env(spec: RunSpec, settings: Settings) -> dict[str, str]:
+    """The sandbox's environment: run facts only; no token, never an upstream secret."""
+    env = {
+        wire.ENV_CONTROL_URL: "http://fluidbox",
+        wire.ENV_CONTROL_SOCKET: f"{wire.SANDBOX_SOCKET_DIR}/{settings.socket_path.name}",
+        wire.ENV_SESSION_ID: spec.run_id,
+        wire.ENV_TASK: spec.task,
+        wire.ENV_AUTONOMY: spec.autonomy,
+        wire.ENV_MODEL: spec.model,
+        wire.ENV_HARNESS: spec.harness,
+        wire.ENV_WORKSPACE: wire.SANDBOX_WORKSPACE,
+        wire.ENV_HEARTBEAT_SECS: str(settings.heartbeat_secs),
+        wire.ENV_REPLAY_DELAY_MS: str(spec.harness_config.get("delay_ms", settings.replay_delay_ms)),
+    }
+    if spec.system_prompt:
+        env[wire.ENV_SYSTEM_PROMPT] = spec.system_prompt
+    if spec.harness == "replay" and spec.harness_config.get("script") is not None:
+        env[wire.ENV_REPLAY_SCRIPT] = json.dumps(spec.harness_config["script"])
+    return env
