@@ -1,9 +1,8 @@
 """Benchmark the tool gate (``POST /internal/sessions/{id}/permission``) against a bare request.
 
 Starts the real embedded stack (PostgreSQL, Temporal dev server, worker, API) in a temporary home,
-imports an uncapped ``bench`` policy, starts N idle replay runs and reads each run's TOOL token the
-way only the host can: from ``/proc/<pid>/environ`` of the run's process (the runner deletes it
-from its own ``os.environ``, but the kernel keeps the initial environment).
+imports an uncapped ``bench`` policy, starts N idle replay runs and issues one extra TOOL token per
+run from the store (a runner's own tokens never leave its sandbox).
 
 Then N concurrent clients (one keep-alive ``httpx.AsyncClient`` per run) each send a fixed number
 of gate requests (allows and denies interleaved, a unique ``tool_call_id`` each) and, with the same
@@ -26,8 +25,8 @@ import contextlib
 import datetime as dt
 import os
 import platform
+import secrets
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -42,7 +41,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cli.stack import Stack, admin_token, free_port  # noqa: E402
-from core.contract import ENV_SESSION_ID, ENV_TOOL_TOKEN  # noqa: E402
+from core.redaction import Redactor  # noqa: E402
+from db.engine import create_pool  # noqa: E402
+from db.store import Store  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench:gate -->", "<!-- /bench:gate -->"
@@ -103,48 +104,21 @@ def say(text: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Tokens from /proc
+# Tokens
 
 
-def _environ(pid: str) -> dict[bytes, bytes]:
+async def collect_tokens(database_url: str, run_ids: list[str]) -> dict[str, str]:
+    """Run id -> a TOOL token issued by the store (the runner's own never leave its sandbox)."""
+    pool = await create_pool(database_url, min_size=1, max_size=2)
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    out: dict[bytes, bytes] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key] = value
-    return out
-
-
-def scan_tool_tokens(run_ids: set[str]) -> dict[str, str]:
-    """Run id -> TOOL token, from the initial environment of each run's process."""
-    found: dict[str, str] = {}
-    want_sid, want_tok = ENV_SESSION_ID.encode(), ENV_TOOL_TOKEN.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        env = _environ(entry)
-        sid = env.get(want_sid, b"").decode(errors="replace")
-        tok = env.get(want_tok, b"").decode(errors="replace")
-        if sid in run_ids and tok:
-            found[sid] = tok
-    return found
-
-
-async def collect_tokens(run_ids: list[str], within: float) -> dict[str, str]:
-    wanted = set(run_ids)
-    found: dict[str, str] = {}
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found.update(await asyncio.to_thread(scan_tool_tokens, wanted - set(found)))
-        if len(found) == len(wanted):
-            return found
-        await asyncio.sleep(0.5)
-    missing = sorted(wanted - set(found))
-    raise BenchError(f"no TOOL token found in /proc for {len(missing)} run(s), e.g. {missing[:3]}")
+        store = Store(pool, Redactor())
+        out = {}
+        for run_id in run_ids:
+            spec = await store.run_spec(run_id)
+            out[run_id] = await store.issue_token(spec.tenant_id, run_id, "tool", 3600, secrets.token_hex(16))
+        return out
+    finally:
+        await pool.close()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -370,29 +344,6 @@ async def cancel_runs(api: httpx.AsyncClient, ids: list[str], within: float) -> 
     return len(pending)
 
 
-def stop_postgres(data_dir: Path, within: float = 20.0) -> None:
-    """Stop the embedded PostgreSQL this benchmark started, by the pid in its ``postmaster.pid``.
-
-    ``Stack.stop()`` leaves it running (the server handle is created with ``cleanup_mode=None``).
-    """
-    try:
-        pid = int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return
-    if str(data_dir).encode() not in cmdline:
-        return  # not our server (a stale pid file)
-    for sig, wait in ((signal.SIGINT, within), (signal.SIGQUIT, 5.0)):  # fast, then immediate shutdown
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not Path(f"/proc/{pid}").exists():
-            return
-    say(f"  PostgreSQL (pid {pid}) did not stop")
-
-
 # ---------------------------------------------------------------------------------------------------
 # Report
 
@@ -512,8 +463,8 @@ async def bench(args: argparse.Namespace) -> int:
         say(f"• stack up in {time.monotonic() - t0:.1f}s (API {stack.api_url})")
         api = httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=30)
         await setup_runs(api, args.runs, ids, within=args.start_timeout)
-        tokens = await collect_tokens(ids, within=30)
-        say(f"• read {len(tokens)} TOOL tokens from /proc/<pid>/environ")
+        tokens = await collect_tokens(stack.database_url or "", ids)
+        say(f"• issued {len(tokens)} TOOL tokens")
 
         tally = Tally()
         transports = ["tcp", "uds"] if args.transport == "both" else [args.transport]
@@ -548,7 +499,6 @@ async def bench(args: argparse.Namespace) -> int:
             await api.aclose()
         say("• stopping the stack")
         stack.stop()
-        stop_postgres(home / "pg")
         if ok:
             shutil.rmtree(home, ignore_errors=True)
         else:

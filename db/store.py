@@ -396,31 +396,37 @@ class Store:
 
     # ---- the ledger ----------------------------------------------------------------------------
 
-    async def append(self, conn: Conn, run_id: str, new: list[ev.NewEvent]) -> int:
-        """Append events atomically with the caller's transaction; returns the last seq."""
+    async def append(self, conn: Conn, run_id: str, new: list[ev.NewEvent], *, gate_calls: int = 0) -> int:
+        """Append events atomically with the caller's transaction; returns the last seq.
+
+        One statement: bump the session's counter (the row lock makes seq gapless), insert the
+        redacted events numbered from it, and NOTIFY (delivered at commit).
+        """
         if not new:
             return 0
-        last = await conn.fetchval(
-            "UPDATE sessions SET event_seq = event_seq + $2 WHERE id = $1 RETURNING event_seq",
-            uuid.UUID(run_id),
-            len(new),
-        )
-        first = last - len(new) + 1
-        rows = [
-            (
-                uuid.UUID(new_id()),
-                uuid.UUID(run_id),
-                first + i,
-                e.actor,
-                e.type,
-                self.redactor.redact(e.payload()).value,
-            )
-            for i, e in enumerate(new)
+        docs = [
+            {"id": new_id(), "actor": e.actor, "type": e.type, "payload": self.redactor.redact(e.payload()).value}
+            for e in new
         ]
-        await conn.executemany(
-            "INSERT INTO events (event_id, session_id, seq, actor, type, payload) VALUES ($1,$2,$3,$4,$5,$6)", rows
+        last = await conn.fetchval(
+            """
+            WITH s AS (
+                UPDATE sessions SET event_seq = event_seq + $3, gate_calls = gate_calls + $4
+                WHERE id = $1 RETURNING event_seq
+            ), e AS (
+                INSERT INTO events (event_id, session_id, seq, actor, type, payload)
+                SELECT (x.value->>'id')::uuid, $1, s.event_seq - $3 + x.ord, x.value->>'actor',
+                       x.value->>'type', x.value->'payload'
+                FROM s, jsonb_array_elements($2::jsonb) WITH ORDINALITY AS x(value, ord)
+            )
+            SELECT event_seq FROM s, pg_notify($5, $1::text || ':' || s.event_seq)
+            """,
+            uuid.UUID(run_id),
+            docs,
+            len(docs),
+            gate_calls,
+            NOTIFY_CHANNEL,
         )
-        await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"{run_id}:{last}")
         return int(last)
 
     async def append_events(self, run_id: str, new: list[ev.NewEvent]) -> int:
@@ -502,15 +508,17 @@ class Store:
         rid = uuid.UUID(run_id)
         async with self.pool.acquire() as conn, conn.transaction():
             # The session row lock serializes one run's gate calls: budget counts and seq stay exact.
-            session = await conn.fetchrow("SELECT status, gate_calls FROM sessions WHERE id = $1 FOR UPDATE", rid)
+            session = await conn.fetchrow(
+                "SELECT s.status, s.gate_calls, a.id AS approval_id FROM sessions s LEFT JOIN approvals a"
+                " ON a.session_id = s.id AND a.tool_call_id = $2 WHERE s.id = $1 FOR UPDATE OF s",
+                rid,
+                tool_call_id,
+            )
             if session is None or not accepts_work(session["status"]):
                 return GateOutcome("deny", "session is not active")
-            existing = _row(
-                await conn.fetchrow(
-                    "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2", rid, tool_call_id
-                )
-            )
-            if existing is not None:
+            if session["approval_id"] is not None:
+                existing = _row(await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", session["approval_id"]))
+                assert existing is not None
                 return await self._replay(conn, run_id, existing, tool, digest)
             count = session["gate_calls"] + 1
             decision = decide(spec, tool, tool_input, registered_calls=count)
@@ -555,7 +563,6 @@ class Store:
                     float(policy.ttl_secs or 600) if policy else 600.0,
                 )
             )
-            await conn.execute("UPDATE sessions SET gate_calls = $2 WHERE id = $1", rid, count)
             new = [
                 ev.NewEvent(
                     type=ev.TOOL_REQUESTED,
@@ -575,7 +582,7 @@ class Store:
                 await self._request_finalization(
                     conn, run_id, "budget_exceeded", None, "max_tool_calls budget exceeded", True
                 )
-            await self.append(conn, run_id, new)
+            await self.append(conn, run_id, new, gate_calls=1)
         if decision.verdict == "require_approval":
             return GateOutcome("wait", wait=row)
         return GateOutcome(decision.verdict, decision.reason if decision.verdict == "deny" else None)
