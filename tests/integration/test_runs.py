@@ -187,3 +187,36 @@ async def test_a_new_run_gets_its_own_snapshot_and_status_is_visible_in_listings
     out = (await api.get(f"/v1/sessions/{run_id}/outputs")).json()
     assert out["diff"] == "(no changes)"
     assert (await run_row(api, run_id))["finished_at"] is not None
+
+
+async def test_a_tool_step_that_cannot_execute_fails_the_run_loudly(api: httpx.AsyncClient) -> None:
+    script = [
+        {"say": "editing"},
+        {"tool": "Edit", "input": {"file_path": "/workspace/app.py", "old_string": "absent", "new_string": "x"}},
+        {"say": "never said"},
+    ]
+    run_id = await start_run(api, await make_agent(api, script))
+    row = await wait_status(api, run_id, {"completed", "failed"})
+    assert row["status"] == "failed"
+    assert row["status_reason"] == "runner reported failed"
+    assert row["result_summary"].startswith("replay runner failed:")
+    evs = await events(api, run_id)
+    errors = [e for e in evs if e["type"] == "run.error"]
+    assert len(errors) == 1 and "old_string occurs 0 times" in errors[0]["payload"]["data"]["message"]
+    said = [e["payload"]["data"]["text"] for e in evs if e["type"] == "agent.message"]
+    assert "never said" not in said
+
+
+async def test_a_denied_step_is_narrated_with_its_on_deny_text(api: httpx.AsyncClient) -> None:
+    script = [
+        {"tool": "Bash", "input": {"command": "curl https://example.com"}, "on_deny_say": "no network, as expected"},
+        {"tool": "Bash", "input": {"command": "wget x"}},
+    ]
+    run_id = await start_run(api, await make_agent(api, script))
+    row = await wait_status(api, run_id, {"completed", "failed"})
+    assert row["result_summary"] == "Replay complete: 0 executed, 2 denied."
+    said = [e["payload"]["data"]["text"] for e in await events(api, run_id) if e["type"] == "agent.message"]
+    assert "no network, as expected" in said
+    assert any(t.startswith("Bash denied: shell command matches deny pattern") for t in said)
+    calls = [e["payload"]["data"]["tool_call_id"] for e in await events(api, run_id) if e["type"] == "tool.requested"]
+    assert calls == ["rp_001", "rp_002"]
