@@ -5,6 +5,7 @@ Editing an agent or a policy afterwards affects only future runs.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,6 +66,11 @@ class RunSpec(_Frozen):
         return self.autonomy == "autonomous"
 
     def policy(self) -> Policy:
+        """The frozen policy, parsed once per RunSpec instance (the gate asks on every call)."""
+        return self._policy
+
+    @cached_property
+    def _policy(self) -> Policy:
         return Policy.model_validate(self.policy_snapshot)
 
 

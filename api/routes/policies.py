@@ -1,7 +1,12 @@
-"""Policies: YAML import and listing. (Publishing, preview and revert arrive with the governance work.)"""
+"""Policies: import, inspect, publish (optimistic), revert, clone, delete, validate and preview.
+
+Policies are addressed by name; every change appends a version; runs freeze the head they started
+with, so nothing here can change a run already in flight.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -10,47 +15,223 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import OperatorDep, ServicesDep
 from core.errors import BadRequest, NotFound, Unprocessable
-from core.policy import parse_policy
+from core.policy import Policy, parse_policy
+from core.policy_views import autonomy_summary, overview
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
+NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
+RESERVED = frozenset({"validate", "preview", "clone"})
+BLANK_RULES: dict[str, Any] = {"defaults": {"tool_action": "approve"}, "tools": []}
 
-class PolicyImport(BaseModel):
+
+class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
+
+
+class PolicyImport(_Body):
+    name: str
     yaml: str = Field(min_length=1, max_length=1024 * 1024)
+
+
+class PolicyPublish(_Body):
+    content: dict[str, Any]
+    summary: str = ""
+    base_version: int = Field(ge=1)
+
+
+class PolicyRevert(_Body):
+    version: int = Field(ge=1)
+    base_version: int = Field(ge=1)
+
+
+class PolicyClone(_Body):
+    name: str
+    from_: str | None = Field(default=None, alias="from")
+    from_version: int | None = Field(default=None, ge=1)
+
+
+class PolicyYaml(_Body):
+    yaml: str = Field(min_length=1, max_length=1024 * 1024)
+
+
+class PolicyPreview(_Body):
+    content: dict[str, Any]
+    name: str | None = None
+
+
+def check_name(name: str) -> None:
+    if not NAME.match(name):
+        raise BadRequest("policy names are 1-64 characters of a-z A-Z 0-9 . _ - and do not start with '.'")
+    if name in RESERVED:
+        raise BadRequest(f"'{name}' is reserved by the policies API — pick another name")
+
+
+def load_yaml(text: str) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise Unprocessable(f"bad policy content: not valid YAML{where}") from None
+    if not isinstance(doc, dict):
+        raise Unprocessable("bad policy content: the document must be a mapping")
+    return doc
+
+
+def _meta(row: dict[str, Any]) -> dict[str, Any]:
+    out = {"id": row["id"], "name": row["name"], "version": row["version"]}
+    if row.get("updated_at") is not None:
+        out["updated_at"] = row["updated_at"].isoformat()
+    return out
 
 
 @router.post("", summary="Import a policy from YAML")
 async def import_policy(body: PolicyImport, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """Strict parse; appends a version unless the content is byte-equal to the head."""
-    try:
-        doc = yaml.safe_load(body.yaml)
-    except yaml.YAMLError as exc:
-        raise Unprocessable(f"bad policy content: not valid YAML ({exc.__class__.__name__})") from None
-    if not isinstance(doc, dict):
-        raise Unprocessable("bad policy content: the document must be a mapping")
-    policy = parse_policy(doc)
-    if policy.name != body.name:
+    """Strict parse; creates the policy or appends a version unless the content is byte-equal."""
+    check_name(body.name)
+    doc = load_yaml(body.yaml)
+    if parse_policy(doc).name != body.name:
         raise BadRequest("policy name must match yaml `name`")
     row, appended = await svc.store.import_policy(op.tenant_id, doc, body.yaml)
-    return {"policy": row, "appended": appended}
+    return {"policy": _meta(row), "appended": appended}
 
 
 @router.get("", summary="List policies")
 async def list_policies(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """Every policy with its head version."""
+    """Every policy: head version, autonomy summary and how many agents use it."""
     rows = await svc.store.list_policies(op.tenant_id)
-    return {"policies": [{**r, "updated_at": r["updated_at"].isoformat()} for r in rows]}
+    return {
+        "policies": [
+            {
+                **_meta(r),
+                "autonomy_summary": autonomy_summary(Policy.model_validate(r["content"])),
+                "agents_using": r["agents_using"],
+            }
+            for r in rows
+        ]
+    }
 
 
-@router.get("/{name}", summary="A policy's head version")
+@router.post("/validate", summary="Validate a YAML policy without storing it")
+async def validate(body: PolicyYaml, op: OperatorDep) -> dict[str, Any]:
+    """200 with the policy's name when valid; 422 naming the problem otherwise."""
+    policy = parse_policy(load_yaml(body.yaml))
+    return {"valid": True, "name": policy.name}
+
+
+@router.post("/preview", summary="What a draft would do to every tool")
+async def preview(body: PolicyPreview, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Strict-parses the draft and returns its per-tool verdict matrix; persists nothing."""
+    policy = parse_policy(body.content)
+    if body.name is not None and await svc.store.policy_head(op.tenant_id, body.name) is None:
+        raise NotFound()
+    # Agents' brokered (mcp__) tools join the matrix once connections exist; none can be named yet.
+    return {"content": policy.model_dump(mode="json", exclude_none=True), **overview(policy)}
+
+
+@router.post("/clone", status_code=201, summary="Create a policy from another one, or blank")
+async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """A blank policy is fail-safe: no rules, so every tool asks a human."""
+    check_name(body.name)
+    if body.from_version is not None and body.from_ is None:
+        raise BadRequest("`from_version` needs `from` — a blank policy has no source version")
+    if body.from_ is None:
+        content = {"name": body.name, **BLANK_RULES}
+        summary = "created blank"
+    else:
+        detail = await svc.store.policy_detail(op.tenant_id, body.from_)
+        if detail is None:
+            raise BadRequest(f"unknown source policy '{body.from_}'")
+        wanted = body.from_version or detail["versions"][0]["version"]
+        source = next((v for v in detail["versions"] if v["version"] == wanted), None)
+        if source is None:
+            raise BadRequest(f"source policy '{body.from_}' has no v{wanted}")
+        content = {**source["content"], "name": body.name}
+        summary = f"cloned from '{body.from_}' v{wanted}"
+    parse_policy(content)
+    row = await svc.store.create_policy(op.tenant_id, content, summary, "api")
+    return {"policy": _meta(row)}
+
+
+@router.get("/{name}", summary="A policy: head content, versions, users and its matrix")
 async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """The head version's content."""
-    head = await svc.store.policy_head(op.tenant_id, name)
-    if head is None:
+    """Versions are newest first; the matrix shows what the head does to every tool."""
+    detail = await svc.store.policy_detail(op.tenant_id, name)
+    if detail is None:
+        raise NotFound()
+    head = detail["versions"][0]
+    policy = Policy.model_validate(head["content"])
+    return {
+        "policy": _meta({**detail, "version": head["version"]}),
+        "content": head["content"],
+        "versions": [
+            {
+                "version": v["version"],
+                "author": v["author"],
+                "summary": v["summary"],
+                "created_at": v["created_at"].isoformat(),
+            }
+            for v in detail["versions"]
+        ],
+        "agents_using": detail["agents_using"],
+        **overview(policy),
+    }
+
+
+@router.get("/{name}/versions/{version}", summary="One version, as JSON and as YAML")
+async def get_version(name: str, version: int, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """``yaml`` is the imported source when there is one, otherwise generated from the content."""
+    row = await svc.store.policy_version(op.tenant_id, name, version)
+    if row is None:
         raise NotFound()
     return {
-        "policy": {"id": head["policy_id"], "name": head["name"], "version": head["version"]},
-        "content": head["content"],
+        "policy": {"id": row["policy_id"], "name": row["name"]},
+        "version": {
+            "version": row["version"],
+            "author": row["author"],
+            "summary": row["summary"],
+            "created_at": row["created_at"].isoformat(),
+        },
+        "content": row["content"],
+        "yaml": row["yaml_source"] or yaml.safe_dump(row["content"], sort_keys=False, allow_unicode=True),
     }
+
+
+@router.post("/{name}/publish", summary="Publish a new version (optimistic concurrency)")
+async def publish(name: str, body: PolicyPublish, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """409 when the head moved since ``base_version``: a retried publish can never create two versions."""
+    policy = parse_policy(body.content)
+    if policy.name != name:
+        raise BadRequest("the content's `name` must equal the policy being published")
+    summary = body.summary.strip()
+    if not summary or len(summary) > 500:
+        raise BadRequest("a publish needs a non-empty summary — say what changed and why")
+    row = await svc.store.append_policy_version(
+        op.tenant_id, name, body.content, base_version=body.base_version, summary=summary, author="api"
+    )
+    return {"policy": _meta(row)}
+
+
+@router.post("/{name}/revert", summary="Make an old version the head again")
+async def revert(name: str, body: PolicyRevert, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Moves forward: appends the old version's content as a new head."""
+    old = await svc.store.policy_version(op.tenant_id, name, body.version)
+    if old is None:
+        raise NotFound()
+    row = await svc.store.append_policy_version(
+        op.tenant_id,
+        name,
+        old["content"],
+        base_version=body.base_version,
+        summary=f"revert to v{body.version}",
+        author="api",
+        yaml_source=old["yaml_source"],
+    )
+    return {"policy": _meta(row)}
+
+
+@router.delete("/{name}", summary="Delete a policy no agent revision names")
+async def delete(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """409 while any agent revision, historical ones included, names it."""
+    return {"deleted": await svc.store.delete_policy(op.tenant_id, name)}

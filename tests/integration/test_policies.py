@@ -1,0 +1,173 @@
+"""Policies over HTTP: import, publish under concurrency, revert, clone, delete, validate, preview."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.helpers import make_agent, unique
+
+pytestmark = pytest.mark.stack
+
+RULES: dict[str, Any] = {
+    "defaults": {"tool_action": "approve"},
+    "tools": [{"match": ["Read"], "action": "allow"}, {"match": ["Bash"], "action": "deny", "risk": "no shell"}],
+}
+
+
+async def imported(api: httpx.AsyncClient, doc: dict[str, Any] | None = None) -> str:
+    name = unique("pol")
+    r = await api.post("/v1/policies", json={"name": name, "yaml": yaml.safe_dump({"name": name, **(doc or RULES)})})
+    assert r.status_code == 200 and r.json()["appended"] is True, r.text
+    return name
+
+
+async def test_import_is_idempotent_for_identical_content_and_versions_changes(api: httpx.AsyncClient) -> None:
+    name = unique("pol")
+    text = yaml.safe_dump({"name": name, **RULES})
+    first = (await api.post("/v1/policies", json={"name": name, "yaml": text})).json()
+    again = (await api.post("/v1/policies", json={"name": name, "yaml": text})).json()
+    assert (first["policy"]["version"], first["appended"]) == (1, True)
+    assert (again["policy"]["version"], again["appended"]) == (1, False)
+    changed = yaml.safe_dump({"name": name, **RULES, "approvals": {"default_ttl_secs": 60}})
+    third = (await api.post("/v1/policies", json={"name": name, "yaml": changed})).json()
+    assert (third["policy"]["version"], third["appended"]) == (2, True)
+    version = (await api.get(f"/v1/policies/{name}/versions/1")).json()
+    assert version["yaml"] == text and version["content"]["tools"][1]["risk"] == "no shell"
+    listed = {p["name"]: p for p in (await api.get("/v1/policies")).json()["policies"]}
+    assert listed[name]["version"] == 2 and listed[name]["agents_using"] == 0
+    assert listed[name]["autonomy_summary"] == {
+        "permitted": True,
+        "default_fallback": "deny",
+        "allow_overrides": 0,
+        "deny_overrides": 0,
+    }
+    assert {"default", "demo", "standard", "governed", "unrestricted"} <= set(listed)
+
+
+async def test_policy_detail_shows_versions_users_and_the_matrix(api: httpx.AsyncClient) -> None:
+    name = await imported(api)
+    agent = await make_agent(api, [{"say": "hi"}], policy=name)
+    detail = (await api.get(f"/v1/policies/{name}")).json()
+    assert detail["policy"]["version"] == 1 and [v["version"] for v in detail["versions"]] == [1]
+    assert detail["agents_using"] == [agent]
+    rows = {row["tool"]: row for row in detail["matrix"]}
+    assert rows["Read"] == {"tool": "Read", "group": "files", "server": None, "status": "unconditional",
+                            "action": "allow", "rule": 0}  # fmt: skip
+    assert rows["Bash"]["action"] == "deny" and rows["Bash"]["rule"] == 1
+    assert rows["Write"] == {
+        "tool": "Write",
+        "group": "files",
+        "server": None,
+        "status": "default",
+        "action": "approve",
+    }
+    demo = {r["tool"]: r for r in (await api.get("/v1/policies/demo")).json()["matrix"]}
+    assert demo["Bash"]["status"] == "conditional"
+    assert demo["Bash"]["constraints"]["shell_on_no_match"] == "approve"
+
+
+async def test_publish_is_optimistic_and_a_retry_cannot_create_two_versions(api: httpx.AsyncClient) -> None:
+    name = await imported(api)
+    content = {"name": name, **RULES, "defaults": {"tool_action": "deny"}}
+    body = {"content": content, "summary": "deny by default", "base_version": 1}
+    ok = await api.post(f"/v1/policies/{name}/publish", json=body)
+    assert ok.status_code == 200 and ok.json()["policy"]["version"] == 2
+    retry = await api.post(f"/v1/policies/{name}/publish", json=body)
+    assert retry.status_code == 409
+    assert retry.json()["error"] == (
+        "the policy moved to v2 since this draft loaded v1 — reload, re-apply your edit, and publish again"
+    )
+    detail = (await api.get(f"/v1/policies/{name}")).json()
+    assert [v["version"] for v in detail["versions"]] == [2, 1]
+    assert detail["versions"][0]["summary"] == "deny by default"
+
+
+async def test_concurrent_publishes_from_the_same_base_yield_exactly_one_version(api: httpx.AsyncClient) -> None:
+    name = await imported(api)
+    bodies = [
+        {"content": {"name": name, **RULES, "approvals": {"default_ttl_secs": 60 + i}}, "summary": f"edit {i}",
+         "base_version": 1}
+        for i in range(6)
+    ]  # fmt: skip
+    results = await asyncio.gather(*[api.post(f"/v1/policies/{name}/publish", json=b) for b in bodies])
+    assert sorted(r.status_code for r in results) == [200, 409, 409, 409, 409, 409]
+    assert [v["version"] for v in (await api.get(f"/v1/policies/{name}")).json()["versions"]] == [2, 1]
+
+
+async def test_revert_moves_forward_with_the_old_content(api: httpx.AsyncClient) -> None:
+    name = await imported(api)
+    v2 = {"name": name, "defaults": {"tool_action": "allow"}}
+    await api.post(f"/v1/policies/{name}/publish", json={"content": v2, "summary": "open up", "base_version": 1})
+    r = await api.post(f"/v1/policies/{name}/revert", json={"version": 1, "base_version": 2})
+    assert r.status_code == 200 and r.json()["policy"]["version"] == 3
+    detail = (await api.get(f"/v1/policies/{name}")).json()
+    assert detail["content"] == {"name": name, **RULES}
+    assert detail["versions"][0]["summary"] == "revert to v1"
+    stale = await api.post(f"/v1/policies/{name}/revert", json={"version": 1, "base_version": 2})
+    assert stale.status_code == 409
+    missing = await api.post(f"/v1/policies/{name}/revert", json={"version": 9, "base_version": 3})
+    assert missing.status_code == 404
+
+
+async def test_clone_from_a_policy_or_blank_and_its_refusals(api: httpx.AsyncClient) -> None:
+    source = await imported(api)
+    copy, blank = unique("copy"), unique("blank")
+    r = await api.post("/v1/policies/clone", json={"name": copy, "from": source})
+    assert r.status_code == 201 and r.json()["policy"]["version"] == 1
+    detail = (await api.get(f"/v1/policies/{copy}")).json()
+    assert (
+        detail["content"]["tools"] == RULES["tools"]
+        and detail["versions"][0]["summary"] == f"cloned from '{source}' v1"
+    )
+    r = await api.post("/v1/policies/clone", json={"name": blank})
+    assert r.status_code == 201
+    rows = (await api.get(f"/v1/policies/{blank}")).json()["matrix"]
+    assert {(row["status"], row["action"]) for row in rows} == {("default", "approve")}, "blank is fail-safe"
+    cases = [
+        ({"name": copy, "from": source}, 409, f"a policy named '{copy}' already exists"),
+        ({"name": unique("x"), "from": "nope"}, 400, "unknown source policy 'nope'"),
+        ({"name": unique("x"), "from": source, "from_version": 7}, 400, f"source policy '{source}' has no v7"),
+        ({"name": unique("x"), "from_version": 1}, 400, "`from_version` needs `from`"),
+        ({"name": "clone"}, 400, "reserved"),
+        ({"name": ".hidden"}, 400, "do not start with '.'"),
+    ]
+    for body, status, message in cases:
+        r = await api.post("/v1/policies/clone", json=body)
+        assert r.status_code == status and message in r.json()["error"], (body, r.text)
+
+
+async def test_delete_is_refused_while_any_revision_names_the_policy(api: httpx.AsyncClient) -> None:
+    used, unused = await imported(api), await imported(api)
+    agent = await make_agent(api, [{"say": "hi"}], policy=used)
+    await api.post(f"/v1/agents/{agent}/revisions", json={"policy": "demo"})
+    r = await api.delete(f"/v1/policies/{used}")
+    assert r.status_code == 409 and "still named by 1 agent revision(s)" in r.json()["error"]
+    assert (await api.get(f"/v1/policies/{used}")).status_code == 200
+    r = await api.delete(f"/v1/policies/{unused}")
+    assert r.status_code == 200 and r.json()["deleted"]["name"] == unused
+    assert (await api.delete(f"/v1/policies/{unused}")).status_code == 404
+    assert (await api.get(f"/v1/policies/{unused}")).status_code == 404
+
+
+async def test_validate_and_preview_persist_nothing(api: httpx.AsyncClient) -> None:
+    before = (await api.get("/v1/policies")).json()["policies"]
+    ok = await api.post("/v1/policies/validate", json={"yaml": "name: draft\ndefaults: {tool_action: deny}\n"})
+    assert ok.json() == {"valid": True, "name": "draft"}
+    bad = await api.post("/v1/policies/validate", json={"yaml": "name: draft\ndefaults: {tool_acton: deny}\n"})
+    assert bad.status_code == 422 and "unknown key 'defaults.tool_acton'" in bad.json()["error"]
+    broken = await api.post("/v1/policies/validate", json={"yaml": "name: [unclosed\n"})
+    assert broken.status_code == 422 and "not valid YAML" in broken.json()["error"]
+    draft = {"name": "draft", "tools": [{"match": ["Bash"], "action": "allow", "shell": {"deny_regex": ["rm"]}}]}
+    preview = (await api.post("/v1/policies/preview", json={"content": draft})).json()
+    bash = next(r for r in preview["matrix"] if r["tool"] == "Bash")
+    assert bash["status"] == "conditional" and bash["constraints"]["shell_deny_regex"] == ["rm"]
+    assert preview["budgets"]["max_tool_calls"] == 100 and preview["defaults"] == {"tool_action": "approve"}
+    bad_regex = {"name": "draft", "tools": [{"match": ["Bash"], "action": "allow", "shell": {"deny_regex": ["("]}}]}
+    r = await api.post("/v1/policies/preview", json={"content": bad_regex})
+    assert r.status_code == 422 and "does not compile" in r.json()["error"]
+    assert (await api.get("/v1/policies")).json()["policies"] == before
