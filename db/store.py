@@ -228,9 +228,7 @@ class Store:
             )
             if policy is None:
                 raise NotFound()
-            head = await conn.fetchval(
-                "SELECT max(version) FROM policy_versions WHERE policy_id = $1", policy["id"]
-            )
+            head = await conn.fetchval("SELECT max(version) FROM policy_versions WHERE policy_id = $1", policy["id"])
             if head != base_version:
                 raise Conflict(
                     f"the policy moved to v{head} since this draft loaded v{base_version} — reload, "
@@ -638,12 +636,16 @@ class Store:
         async with self.pool.acquire() as conn, conn.transaction():
             # The session row lock serializes one run's gate calls: budget counts and seq stay exact.
             session = await conn.fetchrow(
-                "SELECT s.status, s.gate_calls, a.id AS approval_id FROM sessions s LEFT JOIN approvals a"
-                " ON a.session_id = s.id AND a.tool_call_id = $2 WHERE s.id = $1 FOR UPDATE OF s",
+                "SELECT s.status, s.gate_calls, a.id AS approval_id, f.session_id IS NOT NULL AS winding_down"
+                " FROM sessions s LEFT JOIN approvals a ON a.session_id = s.id AND a.tool_call_id = $2"
+                " LEFT JOIN session_finalizations f ON f.session_id = s.id WHERE s.id = $1 FOR UPDATE OF s",
                 rid,
                 tool_call_id,
             )
             if session is None or not accepts_work(session["status"]):
+                return GateOutcome("deny", "session is not active")
+            if session["winding_down"] and session["approval_id"] is None:
+                # A result, a cancel or a budget stop is recorded: no new work starts.
                 return GateOutcome("deny", "session is not active")
             if session["approval_id"] is not None:
                 existing = _row(await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", session["approval_id"]))
