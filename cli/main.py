@@ -21,9 +21,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="fluidbox: go
 runs = typer.Typer(no_args_is_help=True, help="Start, list, inspect, watch and cancel runs.")
 approvals = typer.Typer(no_args_is_help=True, help="List and decide pending approvals.")
 agents = typer.Typer(no_args_is_help=True, help="Create and inspect agents.")
+policies = typer.Typer(no_args_is_help=True, help="Import, inspect, publish and revert policies.")
 app.add_typer(runs, name="runs")
 app.add_typer(approvals, name="approvals")
 app.add_typer(agents, name="agents")
+app.add_typer(policies, name="policies")
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}
@@ -273,6 +275,107 @@ def agents_create(
     if script is not None:
         body["harness_config"] = {"script": json.loads(script.read_text())}
     _out(Api().post("/v1/agents", body))
+
+
+@agents.command("revise")
+def agents_revise(
+    ref: str,
+    policy: str | None = typer.Option(None),
+    model: str | None = typer.Option(None),
+    system_prompt: str | None = typer.Option(None, "--system-prompt"),
+    script: Path | None = typer.Option(None, help="A new replay script (JSON array of steps)."),
+) -> None:
+    """Append a revision; omitted fields inherit from the latest one."""
+    body: dict[str, Any] = {}
+    if policy:
+        body["policy"] = policy
+    if model:
+        body["model"] = model
+    if system_prompt is not None:
+        body["system_prompt"] = system_prompt
+    if script is not None:
+        body["harness_config"] = {"script": json.loads(script.read_text())}
+    _out(Api().post(f"/v1/agents/{ref}/revisions", body))
+
+
+# ---- policies ----------------------------------------------------------------------------------
+
+
+def _policy_file(path: Path) -> tuple[str, dict[str, Any]]:
+    import yaml
+
+    try:
+        text = path.read_text()
+        doc = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as exc:
+        raise CliError(f"cannot read {path}: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
+        raise CliError(f"{path} is not a policy document (a mapping with a `name`)")
+    return text, doc
+
+
+@policies.command("list")
+def policies_list() -> None:
+    """Every policy with its head version and how many agents use it."""
+    for row in Api().get("/v1/policies")["policies"]:
+        auto = row["autonomy_summary"]
+        typer.echo(
+            f"{row['name']:<20} v{row['version']:<4} agents {row['agents_using']:<3} "
+            f"autonomy {'permitted' if auto['permitted'] else 'forbidden'} (fallback {auto['default_fallback']})"
+        )
+
+
+@policies.command("show")
+def policies_show(name: str, matrix: bool = typer.Option(False, help="Print the per-tool verdict matrix.")) -> None:
+    """A policy's head, its versions and (optionally) its matrix."""
+    detail = Api().get(f"/v1/policies/{name}")
+    if matrix:
+        for row in detail["matrix"]:
+            rule = f"rule {row['rule']}" if row.get("rule") is not None else "default"
+            typer.echo(f"{row['tool']:<22} {row['action']:<8} {row['status']:<14} {rule}")
+        return
+    detail.pop("matrix")
+    _out(detail)
+
+
+@policies.command("import")
+def policies_import(path: Path) -> None:
+    """Create or update a policy from a YAML file (identical content appends nothing)."""
+    text, doc = _policy_file(path)
+    _out(Api().post("/v1/policies", {"name": doc["name"], "yaml": text}))
+
+
+@policies.command("validate")
+def policies_validate(path: Path) -> None:
+    """Check a YAML policy strictly without storing it."""
+    text, _ = _policy_file(path)
+    _out(Api().post("/v1/policies/validate", {"yaml": text}))
+
+
+@policies.command("publish")
+def policies_publish(
+    name: str,
+    path: Path,
+    base: int = typer.Option(..., "--base", help="The version your edit started from."),
+    summary: str = typer.Option(..., help="What changed and why."),
+) -> None:
+    """Publish a new version; refused if someone published since --base."""
+    _, doc = _policy_file(path)
+    _out(Api().post(f"/v1/policies/{name}/publish", {"content": doc, "summary": summary, "base_version": base}))
+
+
+@policies.command("revert")
+def policies_revert(name: str, version: int, base: int = typer.Option(..., "--base")) -> None:
+    """Make an old version the head again (as a new version)."""
+    _out(Api().post(f"/v1/policies/{name}/revert", {"version": version, "base_version": base}))
+
+
+@policies.command("preview")
+def policies_preview(path: Path) -> None:
+    """What a draft would do to every tool; stores nothing."""
+    _, doc = _policy_file(path)
+    for row in Api().post("/v1/policies/preview", {"content": doc})["matrix"]:
+        typer.echo(f"{row['tool']:<22} {row['action']:<8} {row['status']}")
 
 
 def main() -> None:

@@ -207,3 +207,39 @@ def test_stopping_the_stack_destroys_running_sandboxes(home: Path) -> None:
     assert processes_mentioning(str(home)) == []
     pidfile = home / "runs" / run["id"] / "sandbox.pid"
     assert not pidfile.exists(), "the sandbox was destroyed on stop"
+
+
+def test_policies_are_managed_from_the_cli(home: Path) -> None:
+    env = cli_env(home)
+    up = subprocess.Popen([FLUIDBOX, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            if "Press Ctrl-C to stop." in line:
+                break
+        env["FLUIDBOX_URL"] = f"http://{env['FLUIDBOX_BIND']}"
+
+        def fb(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+            done = subprocess.run([FLUIDBOX, *args], env=env, capture_output=True, text=True, timeout=120)
+            assert (done.returncode == 0) == ok, done.stdout + done.stderr
+            return done
+
+        draft = home / "p.yaml"
+        draft.write_text("name: team\ntools:\n  - match: [Bash]\n    action: deny\n")
+        assert '"valid": true' in fb("policies", "validate", str(draft)).stdout
+        assert '"appended": true' in fb("policies", "import", str(draft)).stdout
+        draft.write_text("name: team\ndefaults: {tool_action: deny}\n")
+        fb("policies", "publish", "team", str(draft), "--base", "1", "--summary", "deny by default")
+        stale = fb("policies", "publish", "team", str(draft), "--base", "1", "--summary", "again", ok=False)
+        assert stale.stderr.strip().startswith("error: POST /v1/policies/team/publish → 409: the policy moved to v2")
+        assert "team" in fb("policies", "list").stdout and "v2" in fb("policies", "list").stdout
+        shown = fb("policies", "show", "team", "--matrix").stdout
+        assert any(line.split()[:2] == ["Bash", "deny"] for line in shown.splitlines())
+        fb("policies", "revert", "team", "1", "--base", "2")
+        assert '"version": 3' in fb("policies", "show", "team").stdout
+        draft.write_text("name: team\ndefaults: {tool_actoin: deny}\n")
+        bad = fb("policies", "validate", str(draft), ok=False)
+        assert "unknown key 'defaults.tool_actoin'" in bad.stderr and "Traceback" not in bad.stderr
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=60)

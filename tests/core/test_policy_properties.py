@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.policy import Budgets, Policy, evaluate, parse_policy
+from core.policy import Budgets, Policy, evaluate, normalize_path, parse_policy
 from core.runspec import intersect_budgets
 
 FAST = settings(max_examples=300, deadline=None, database=None)
@@ -135,7 +135,7 @@ def _first_rule(document: dict[str, Any], tool: str) -> int | None:
 def _paths_of(tool_input: dict[str, Any]) -> list[str]:
     paths = [tool_input[k] for k in PATH_KEYS if k in tool_input]
     paths += [e["file_path"] for e in tool_input.get("edits", [])]
-    return paths
+    return [normalize_path(p) for p in paths]  # the engine judges canonical paths
 
 
 def _command(tool_input: dict[str, Any]) -> str:
