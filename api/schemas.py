@@ -54,6 +54,28 @@ class HarnessConfig(_Body):
         return steps
 
 
+class ConnectorRef(_Body):
+    url: str = Field(min_length=1, max_length=2048, pattern=r"^https?://")
+    slug: str | None = Field(default=None, max_length=64)
+
+
+class ConnectionRequirement(_Body):
+    """What a revision needs from a connection (never whose): bound per run at creation."""
+
+    slot: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")
+    connector: ConnectorRef
+    required_tools: list[str] = Field(min_length=1, max_length=256)
+    binding_mode: Literal["invoking_user", "organization"] = "organization"
+
+
+def _unique_slots(reqs: list[ConnectionRequirement] | None) -> list[ConnectionRequirement] | None:
+    slots = [r.slot for r in reqs or []]
+    dupes = sorted({s for s in slots if slots.count(s) > 1})
+    if dupes:
+        raise ValueError(f"requirement slot(s) declared more than once: {', '.join(dupes)}")
+    return reqs
+
+
 class AgentCreate(_Body):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str | None = Field(default=None, max_length=4096)
@@ -65,6 +87,10 @@ class AgentCreate(_Body):
     budgets: Budgets | None = None
     default_workspace: WorkspaceIn | None = None
     harness_config: HarnessConfig | None = None
+    capability_bundles: list[str] | None = Field(default=None, max_length=64)
+    connection_requirements: list[ConnectionRequirement] | None = Field(default=None, max_length=64)
+
+    _slots = field_validator("connection_requirements")(classmethod(lambda cls, v: _unique_slots(v)))
 
 
 class RevisionCreate(_Body):
@@ -76,6 +102,10 @@ class RevisionCreate(_Body):
     budgets: Budgets | None = None
     default_workspace: WorkspaceIn | None = None
     harness_config: HarnessConfig | None = None
+    capability_bundles: list[str] | None = Field(default=None, max_length=64)
+    connection_requirements: list[ConnectionRequirement] | None = Field(default=None, max_length=64)
+
+    _slots = field_validator("connection_requirements")(classmethod(lambda cls, v: _unique_slots(v)))
 
 
 class SessionCreate(_Body):

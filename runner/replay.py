@@ -35,6 +35,7 @@ from core.contract import (
     ReplayStep,
 )
 from core.events import AGENT_MESSAGE, RUN_ERROR
+from core.tools import canonicalize
 from runner import tools
 from runner.gateway import AudienceMismatch, ControlPlane, GatewayError, log
 from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat
@@ -196,12 +197,13 @@ class ReplayDriver:
         assert step.tool is not None
         self._tool_calls += 1
         tool_call_id = f"rp_{self._tool_calls:03d}"
-        tool_input = dict(step.input or {})
-        decision = self._gateway.permission(tool_call_id, step.tool, tool_input)
+        # The gate judges canonical names and shapes; what runs is exactly what was judged.
+        tool, tool_input = canonicalize(step.tool, dict(step.input or {}))
+        decision = self._gateway.permission(tool_call_id, tool, tool_input)
         if decision.decision == "allow":
             effective = decision.updated_input if decision.updated_input is not None else tool_input
             timeout_s = step.timeout_ms / 1000 if step.timeout_ms else tools.DEFAULT_BASH_TIMEOUT_S
-            narration = execute(step.tool, effective, self._root, timeout_s)
+            narration = execute(tool, effective, self._root, timeout_s)
             self.tally.executed += 1
             self._say(narration)
             return

@@ -7,7 +7,15 @@ from typing import Any
 from fastapi import APIRouter
 
 from api.deps import OperatorDep, ServicesDep
-from api.schemas import AGENT_FIELDS, REVISION_FIELDS, AgentCreate, RevisionCreate, WorkspaceIn, pick
+from api.schemas import (
+    AGENT_FIELDS,
+    REVISION_FIELDS,
+    AgentCreate,
+    ConnectionRequirement,
+    RevisionCreate,
+    WorkspaceIn,
+    pick,
+)
 from core.errors import BadRequest, NotFound
 from core.harnesses import check_harness
 
@@ -21,6 +29,23 @@ def workspace_doc(ws: WorkspaceIn | None) -> dict[str, Any] | None:
     if not ws.path or not ws.path.startswith("/"):
         raise BadRequest("a local_copy workspace needs an absolute `path`")
     return {"kind": "local_copy", "path": ws.path}
+
+
+def capability_pins(pins: list[str] | None) -> list[dict[str, Any]]:
+    """Bundle pins (``name`` or ``name@N``). No capability bundle can be published yet, so any pin is
+    unknown; the check is here so a revision can never carry a pin nothing resolves."""
+    seen: set[str] = set()
+    for pin in pins or []:
+        name = pin.split("@", 1)[0]
+        if name in seen:
+            raise BadRequest(f"bundle '{name}' is attached more than once")
+        seen.add(name)
+        raise BadRequest(f"unknown capability bundle '{pin}'")
+    return []
+
+
+def requirements_doc(reqs: list[ConnectionRequirement] | None) -> list[dict[str, Any]]:
+    return [r.model_dump(exclude_none=True) for r in reqs or []]
 
 
 async def _policy_id(svc: ServicesDep, tenant_id: str, name: str) -> str:
@@ -49,6 +74,8 @@ async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> 
         "budgets": body.budgets.model_dump() if body.budgets else None,
         "harness_config": body.harness_config.model_dump(exclude_none=True) if body.harness_config else {},
         "default_workspace": workspace_doc(body.default_workspace),
+        "capability_bundles": capability_pins(body.capability_bundles),
+        "connection_requirements": requirements_doc(body.connection_requirements),
     }
     agent, revision = await svc.store.create_agent(op.tenant_id, body.name, body.description, fields)
     names = await svc.store.policy_names(op.tenant_id)
@@ -96,6 +123,10 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
         changes["budgets"] = body.budgets.model_dump() if body.budgets else None
     if "default_workspace" in given:
         changes["default_workspace"] = workspace_doc(body.default_workspace)
+    if "capability_bundles" in given:  # [] clears
+        changes["capability_bundles"] = capability_pins(body.capability_bundles)
+    if "connection_requirements" in given:  # [] clears
+        changes["connection_requirements"] = requirements_doc(body.connection_requirements)
     if "harness_config" in given:
         changes["harness_config"] = body.harness_config.model_dump(exclude_none=True) if body.harness_config else {}
     revision = await svc.store.append_revision(op.tenant_id, agent["id"], changes)

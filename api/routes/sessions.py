@@ -83,6 +83,13 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
         if revision is None:
             raise BadRequest("agent has no revisions")
         policy_row = await store.policy_head_by_id(conn, str(revision["policy_id"]))
+    for req in revision["connection_requirements"] or []:
+        # Fail closed before anything provisions or spends: a requirement binds to an authorized,
+        # active connection covering its tools, or the run does not start.
+        raise BadRequest(
+            f"requirement slot '{req['slot']}' cannot be bound: no active connection covers "
+            f"{', '.join(req['required_tools'])} on {req['connector']['url']}"
+        )
     if revision["harness"] not in RUNNABLE:
         raise Unprocessable(
             f"harness '{revision['harness']}' cannot run in this build yet (runnable: {', '.join(sorted(RUNNABLE))})"

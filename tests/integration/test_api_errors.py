@@ -185,3 +185,34 @@ async def test_a_local_copy_workspace_must_exist(api: httpx.AsyncClient) -> None
         "/v1/sessions", json={"agent": name, "task": "t", "workspace": {"kind": "scratch"}, "repo": {"kind": "scratch"}}
     )
     assert both.status_code == 400 and "not both" in both.json()["error"]
+
+
+async def test_revisions_carry_connection_requirements_that_fail_closed_until_bound(api: httpx.AsyncClient) -> None:
+    req = {"slot": "tracker", "connector": {"url": "https://mcp.example.com/mcp"}, "required_tools": ["create_issue"]}
+    name = await make_agent(api, [{"say": "hi"}], connection_requirements=[req])
+    detail = (await api.get(f"/v1/agents/{name}")).json()
+    assert detail["revisions"][0]["connection_requirements"] == [{**req, "binding_mode": "organization"}]
+    before = len((await api.get("/v1/sessions", params={"limit": 500})).json()["sessions"])
+    r = await api.post("/v1/sessions", json={"agent": name, "task": "t"})
+    assert r.status_code == 400
+    assert r.json()["error"] == (
+        "requirement slot 'tracker' cannot be bound: no active connection covers create_issue on "
+        "https://mcp.example.com/mcp"
+    )
+    assert len((await api.get("/v1/sessions", params={"limit": 500})).json()["sessions"]) == before
+    # An omitted field inherits; an explicit [] clears.
+    kept = (await api.post(f"/v1/agents/{name}/revisions", json={"system_prompt": "x"})).json()["revision"]
+    assert kept["connection_requirements"] == detail["revisions"][0]["connection_requirements"]
+    cleared = (await api.post(f"/v1/agents/{name}/revisions", json={"connection_requirements": []})).json()
+    assert cleared["revision"]["connection_requirements"] == [] and cleared["revision"]["rev"] == 3
+    assert (await api.post("/v1/sessions", json={"agent": name, "task": "t"})).status_code == 201
+    for bad, message in [
+        ({"connection_requirements": [req, req]}, "declared more than once"),
+        ({"connection_requirements": [{**req, "slot": "Bad Slot"}]}, "connection_requirements.0.slot"),
+        ({"connection_requirements": [{**req, "binding_mode": "anyone"}]}, "binding_mode"),
+        ({"capability_bundles": ["lint"]}, "unknown capability bundle 'lint'"),
+        ({"capability_bundles": ["lint", "lint@2"]}, "unknown capability bundle 'lint'"),
+    ]:
+        r = await api.post(f"/v1/agents/{name}/revisions", json=bad)
+        assert r.status_code == 400 and message in r.json()["error"], (bad, r.text)
+    assert len((await api.get(f"/v1/agents/{name}")).json()["revisions"]) == 3
