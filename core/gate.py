@@ -11,8 +11,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
+import jsonschema
+
 from pydantic import BaseModel, ConfigDict
 
+from core.digests import canonical_json
 from core.policy import PolicyVerdict, evaluate
 from core.runspec import RunSpec
 
@@ -84,16 +87,70 @@ def _read_only_allows(tool: str, tool_input: dict[str, Any]) -> bool:
     return any(command == p or command.startswith(p + " ") for p in READ_ONLY_PREFIXES)
 
 
-def frozen_tools(spec: RunSpec) -> frozenset[str]:
-    names: set[str] = set()
+def frozen_schemas(spec: RunSpec) -> dict[str, Any]:
+    """``mcp__<server>__<tool>`` → its frozen input schema (``None`` when the snapshot had none)."""
+    out: dict[str, Any] = {}
     for surface in spec.brokered:
         for tool in surface.get("tools", []):
-            names.add(f"mcp__{surface['slot']}__{tool['name']}")
+            out[f"mcp__{surface['slot']}__{tool['name']}"] = tool.get("input_schema")
     for bundle in spec.capabilities:
         for server in bundle.get("servers", []):
             for tool in server.get("tools", []):
-                names.add(f"mcp__{server['name']}__{tool['name']}")
-    return frozenset(names)
+                out[f"mcp__{server['name']}__{tool['name']}"] = tool.get("input_schema")
+    return out
+
+
+def frozen_tools(spec: RunSpec) -> frozenset[str]:
+    return frozenset(frozen_schemas(spec))
+
+
+MAX_SCHEMA_DEPTH = 32
+MAX_SCHEMA_BYTES = 256 * 1024
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_SCHEMA_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level)
+    return level
+
+
+def _local_refs_only(value: Any) -> bool:
+    if isinstance(value, dict):
+        ref = value.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            return False
+        return all(_local_refs_only(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_local_refs_only(v) for v in value)
+    return True
+
+
+def schema_problems(schema: Any, tool_input: dict[str, Any]) -> str | None:
+    """Why ``tool_input`` breaks the frozen schema, or None. Guards size, depth and remote refs."""
+    if schema is None:
+        return None
+    text = canonical_json(schema)
+    if (
+        not isinstance(schema, dict)
+        or len(text) > MAX_SCHEMA_BYTES
+        or _depth(schema) > MAX_SCHEMA_DEPTH
+        or not _local_refs_only(schema)
+    ):
+        return "frozen schema invalid — refresh the snapshot"
+    try:
+        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        validator_cls.check_schema(schema)
+        errors = sorted(validator_cls(schema).iter_errors(tool_input), key=lambda e: list(e.absolute_path))
+    except (jsonschema.SchemaError, jsonschema.exceptions.RefResolutionError, RecursionError):
+        return "frozen schema invalid — refresh the snapshot"
+    if not errors:
+        return None
+    pointers = sorted({"/" + "/".join(str(p) for p in e.absolute_path) for e in errors})
+    return "arguments rejected by frozen schema: " + ", ".join(pointers[:10])
 
 
 def decide(
@@ -108,10 +165,15 @@ def decide(
     cap = spec.budgets.max_tool_calls
     if cap is not None and registered_calls > cap:
         return GateDecision(verdict="deny", source="budget", reason="tool-call budget exceeded", budget_exceeded=True)
-    if tool.startswith("mcp__") and tool not in frozen_tools(spec):
-        return GateDecision(
-            verdict="deny", source="capability", reason=f"tool '{tool}' is not in this run's frozen tool set"
-        )
+    if tool.startswith("mcp__"):
+        schemas = frozen_schemas(spec)
+        if tool not in schemas:
+            return GateDecision(
+                verdict="deny", source="capability", reason=f"tool '{tool}' is not in this run's frozen tool set"
+            )
+        problem = schema_problems(schemas[tool], tool_input)
+        if problem is not None:
+            return GateDecision(verdict="deny", source="schema", reason=problem)
     if spec.trust_tier == "read_only" and not _read_only_allows(tool, tool_input):
         return GateDecision(
             verdict="deny",

@@ -151,3 +151,23 @@ async def test_killing_the_worker_mid_run_loses_nothing(api: httpx.AsyncClient, 
         assert types(evs).count(kind) == 1, kind
     diff = (await api.get(f"/v1/sessions/{run_id}/outputs")).json()["diff"]
     assert diff.count("+deployed") == 1
+
+
+async def test_a_decision_whose_signal_was_lost_still_reaches_the_run(api: httpx.AsyncClient, stack: Stack) -> None:
+    """The decision's CAS commits but the signal never arrives (an API crash between the two)."""
+    from core.redaction import Redactor
+    from db.engine import create_pool
+    from db.store import Store
+
+    run_id = await start_run(api, await make_agent(api, DEPLOY))
+    pending = await wait_pending(api, run_id)
+    pool = await create_pool(stack.database_url or "", min_size=1, max_size=1)
+    try:
+        spec = await Store(pool, Redactor()).run_spec(run_id)
+        await Store(pool, Redactor()).decide_approval(spec.tenant_id, pending["id"], "approved_once", "operator")
+    finally:
+        await pool.close()
+    # FLUIDBOX_APPROVAL_RECHECK_SECS is 1 s in the test stack: the workflow re-reads the row.
+    row = await wait_status(api, run_id, {"completed", "failed"}, timeout=60)
+    assert row["result_summary"] == "Replay complete: 1 executed, 0 denied."
+    assert types(await events(api, run_id)).count("approval.decided") == 1
