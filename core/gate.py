@@ -12,7 +12,6 @@ import re
 from typing import Any, Literal
 
 import jsonschema
-
 from pydantic import BaseModel, ConfigDict
 
 from core.digests import canonical_json
