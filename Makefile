@@ -38,7 +38,7 @@ lint: install
 	$(BIN)/lint-imports
 
 typecheck: install
-	$(BIN)/mypy core db api workflows activities sandbox runner cli config worker.py
+	$(BIN)/mypy core db api workflows activities sandbox runner cli config integrations worker.py
 
 test: install lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

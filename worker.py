@@ -14,16 +14,26 @@ from datetime import timedelta
 
 from temporalio.worker import Worker
 
+from activities.broker import BrokerActivities
 from activities.runs import RunActivities
 from config.settings import Settings, get_settings
 from config.temporal import connect_client
 from core.redaction import Redactor
+from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
+from integrations.sealing import Sealer
+from integrations.urls import UrlPolicy
 from sandbox.registry import make_provider
 from workflows.run import WORKFLOWS
 
 log = logging.getLogger("fluidbox.worker")
+
+
+def make_sealer(settings: Settings) -> Sealer | None:
+    if settings.credential_key is None or not settings.credential_key.get_secret_value():
+        return None
+    return Sealer.from_setting(settings.credential_key.get_secret_value(), previous=settings.credential_previous_keys)
 
 
 def redactor_for(settings: Settings) -> Redactor:
@@ -38,11 +48,14 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await connect_client(settings)
     store = Store(pool, redactor_for(settings))
     acts = RunActivities(store, make_provider(settings.sandbox_provider, bwrap_path=settings.bwrap_path), settings)
+    broker = BrokerActivities(
+        Connections(store), make_sealer(settings), UrlPolicy(allow_loopback=settings.allow_loopback_connectors)
+    )
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
-        activities=acts.all(),
+        activities=[*acts.all(), *broker.all()],
         activity_executor=ThreadPoolExecutor(max_workers=4),
         graceful_shutdown_timeout=timedelta(seconds=5),
         max_concurrent_activities=200,

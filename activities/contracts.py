@@ -19,6 +19,7 @@ OPEN_APPROVAL = "open_approval"
 READ_APPROVAL = "read_approval"
 EXPIRE_APPROVAL = "expire_approval"
 RESUME_AFTER_APPROVAL = "resume_after_approval"
+BROKER_CALL = "broker_call"
 
 ALL_ACTIVITIES = (
     PROVISION,
@@ -31,6 +32,7 @@ ALL_ACTIVITIES = (
     READ_APPROVAL,
     EXPIRE_APPROVAL,
     RESUME_AFTER_APPROVAL,
+    BROKER_CALL,
 )
 
 
@@ -116,3 +118,20 @@ class ApprovalVerdict(BaseModel):
 class ApprovalDecided(BaseModel):
     tool_call_id: str
     status: str  # approved_once | approved_session | denied
+
+
+class BrokerCall(BaseModel):
+    """A brokered call to execute; its input lives in the claim row, never in workflow history."""
+
+    tool_call_id: str
+    input_digest: str
+
+
+class BrokerIn(BaseModel):
+    run_id: str
+    tool_call_id: str
+    input_digest: str
+
+
+class BrokerOut(BaseModel):
+    state: str  # the claim's state after this attempt

@@ -30,6 +30,15 @@ def runner_env(spec: RunSpec, settings: Settings) -> dict[str, str]:
     }
     if spec.system_prompt:
         env[wire.ENV_SYSTEM_PROMPT] = spec.system_prompt
+    if spec.brokered:
+        # What the agent may call through the broker: names and schemas, never URLs or credentials.
+        servers = [
+            {"class": "brokered", "name": b["slot"], "tools": [
+                {k: t.get(k) for k in ("name", "description", "input_schema")} for t in b["tools"]
+            ]}
+            for b in spec.brokered
+        ]  # fmt: skip
+        env[wire.ENV_CAPABILITIES] = json.dumps({"servers": servers})
     if spec.harness == "replay" and spec.harness_config.get("script") is not None:
         env[wire.ENV_REPLAY_SCRIPT] = json.dumps(spec.harness_config["script"])
     return env

@@ -14,13 +14,16 @@ from fastapi.responses import JSONResponse
 from api import errors
 from api.deps import Services
 from api.hub import EventHub
-from api.routes import agents, approvals, health, internal, policies, sessions
+from api.routes import agents, approvals, connections, health, internal, policies, sessions
 from config.settings import Settings
 from core.digests import sha256_hex
 from core.policy import parse_policy
 from core.redaction import Redactor
+from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
+from integrations.sealing import Sealer
+from integrations.urls import UrlPolicy
 
 log = logging.getLogger("fluidbox.api")
 POLICY_DIR = Path(__file__).resolve().parent.parent / "policies"
@@ -30,6 +33,7 @@ TAGS = [
     {"name": "approvals", "description": "Human decisions on tool calls a policy holds for approval."},
     {"name": "agents", "description": "Agents and their append-only revisions."},
     {"name": "policies", "description": "Policy documents (versioned; runs freeze a snapshot)."},
+    {"name": "connections", "description": "Custodied credentials for MCP servers and their tool snapshots."},
     {"name": "internal", "description": "The runner plane, reached from inside sandboxes."},
     {"name": "health", "description": "Liveness and readiness."},
 ]
@@ -44,10 +48,19 @@ async def seed_policies(store: Store, tenant_id: str) -> None:
         await store.seed_policy(tenant_id, doc, text)
 
 
+def make_sealer(settings: Settings) -> Sealer | None:
+    """No key: the server still boots, and connection routes answer 503 saying what to set."""
+    if settings.credential_key is None or not settings.credential_key.get_secret_value():
+        return None
+    return Sealer.from_setting(settings.credential_key.get_secret_value(), previous=settings.credential_previous_keys)
+
+
 def create_app(settings: Settings) -> FastAPI:
     admin = settings.require_admin_token()
     if not settings.database_url:
         raise RuntimeError("FLUIDBOX_DATABASE_URL is not set")
+
+    sealer = make_sealer(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -57,7 +70,16 @@ def create_app(settings: Settings) -> FastAPI:
         await seed_policies(store, tenant_id)
         hub = EventHub(settings.database_url or "")
         await hub.start()
-        svc = Services(settings=settings, store=store, tenant_id=tenant_id, hub=hub, admin_digest=sha256_hex(admin))
+        svc = Services(
+            settings=settings,
+            store=store,
+            tenant_id=tenant_id,
+            hub=hub,
+            admin_digest=sha256_hex(admin),
+            connections=Connections(store),
+            url_policy=UrlPolicy(allow_loopback=settings.allow_loopback_connectors),
+            sealer=sealer,
+        )
         app.state.services = svc
         try:
             yield
@@ -96,6 +118,6 @@ def create_app(settings: Settings) -> FastAPI:
                 return JSONResponse({"error": "expected content-type: application/json"}, status_code=415)
         return await call_next(request)
 
-    for module in (health, agents, policies, sessions, approvals, internal):
+    for module in (health, agents, policies, connections, sessions, approvals, internal):
         app.include_router(module.router)
     return app

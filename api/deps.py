@@ -18,7 +18,10 @@ from core.contract import WRONG_AUDIENCE
 from core.digests import sha256_hex
 from core.errors import DomainError, NotFound, Unauthorized
 from core.tokens import Audience
+from db.connections import Connections
 from db.store import Store
+from integrations.sealing import Sealer
+from integrations.urls import UrlPolicy
 
 
 @dataclass
@@ -28,6 +31,9 @@ class Services:
     tenant_id: str
     hub: EventHub
     admin_digest: str
+    connections: Connections
+    url_policy: UrlPolicy
+    sealer: Sealer | None = None
     _temporal: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

@@ -46,7 +46,7 @@ class HarnessConfig(_Body):
                 if step.input is not None or step.on_deny_say is not None or step.timeout_ms is not None:
                     raise ValueError(f"step {index}: input, on_deny_say and timeout_ms belong to tool steps")
                 continue
-            needed = TOOL_INPUTS[step.tool]
+            needed = TOOL_INPUTS.get(step.tool, ())  # brokered tools are checked by their frozen schema
             given = step.input or {}
             missing = [k for k in needed if not isinstance(given.get(k), str)]
             if missing:
@@ -115,6 +115,7 @@ class SessionCreate(_Body):
     repo: WorkspaceIn | None = None
     autonomous: bool = False
     budgets: Budgets | None = None
+    bindings: dict[str, str] | None = None
 
 
 class DecisionIn(_Body):

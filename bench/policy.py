@@ -54,7 +54,7 @@ if str(ROOT) not in sys.path:
 
 from bench import gate as gb  # noqa: E402
 from bench.gate import say  # noqa: E402
-from cli.stack import Stack, admin_token, free_port  # noqa: E402
+from cli.stack import Stack, StackError, admin_token, free_port  # noqa: E402
 from core.gate import decide  # noqa: E402
 from core.policy import Policy, evaluate, parse_policy  # noqa: E402
 from core.runspec import RunSpec, WorkspaceSpec  # noqa: E402
@@ -664,11 +664,11 @@ def render(args: argparse.Namespace, ip: InProcess, http: OverHttp | None) -> st
         lines.append(f"| {c.label} | {c.rule} | {c.action} | {p_big:.1f} | {per_rule:.2f} | {p_small:.1f} |")
     lines += ["", "</details>"]
     if http is not None:
-        lines += render_http(args, http, ip.calls[1].rule)
+        lines += render_http(args, http, ip.calls[1].rule, d_big.us(50) - d_small.us(50))
     return "\n".join(lines)
 
 
-def render_http(args: argparse.Namespace, http: OverHttp, bash_rule: int | None) -> list[str]:
+def render_http(args: argparse.Namespace, http: OverHttp, bash_rule: int | None, extra_us: float) -> list[str]:
     lines = [
         "",
         "### Over HTTP: the gate with the 500-rule policy",
@@ -691,6 +691,22 @@ def render_http(args: argparse.Namespace, http: OverHttp, bash_rule: int | None)
             f"| {gb.LABEL[res.transport]} | {g['p50']:.1f} | {g['p99']:.1f} | {g['rate']:.0f} | {m['p50']:.1f} "
             f"| {m['p99']:.1f} | {m['rate']:.0f} | {b['p50']:.1f} | {b['p99']:.1f} | {b['rate']:.0f} "
             f"| **{g['p50'] / m['p50']:.1f}x** | **{g['p50'] / b['p50']:.1f}x** | **{g['p99'] / b['p99']:.1f}x** |"
+        )
+    lines += [
+        "",
+        f"In process the 500-rule policy adds {extra_us:.0f} µs to a `decide` (p50, above). Over HTTP:",
+        "",
+    ]
+    for res in http.results:
+        small_p50 = [r.pct(50) for r in res.rounds if r.kind == "small"]
+        spread = (max(small_p50) - min(small_p50)) / statistics.median(small_p50)
+        ratio = res.summary("large")["p50"] / res.summary("small")["p50"]
+        lines.append(
+            f"* {gb.LABEL[res.transport]}: {extra_us / 1000 / res.idle['small']:.0%} of an idle gate request on "
+            f"the small policy ({res.idle['small']:.2f} ms; {res.idle['large']:.2f} ms on the 500-rule "
+            f"policy); under load the 500-rule/small p50 ratio, {ratio:.2f}x, is "
+            f"{'within' if abs(ratio - 1) <= spread else 'outside'} the spread of the small policy's own "
+            f"rounds ({spread:.0%})."
         )
     lines += [
         "",
@@ -741,7 +757,7 @@ def bench(args: argparse.Namespace) -> int:
     try:
         ip = in_process(args)
         http = None if args.in_process else asyncio.run(over_http(args))
-    except gb.BenchError as exc:
+    except (gb.BenchError, StackError) as exc:
         say(f"FAIL: {exc}")
         return 1
     if http is not None and (http.tally.mismatches or http.tally.allow_ok + http.tally.deny_ok != http.tally.sent):

@@ -40,6 +40,12 @@ class Settings(BaseSettings):
 
     max_request_body_bytes: int = 2 * 1024 * 1024
 
+    # Credential custody and outbound admission for connections.
+    credential_key: SecretStr | None = None
+    credential_previous_keys: list[str] = Field(default_factory=list)
+    # Development and tests only: admit MCP/connector URLs on loopback (never private or metadata ranges).
+    allow_loopback_connectors: bool = False
+
     @property
     def runs_dir(self) -> Path:
         return self.home.resolve() / "runs"

@@ -25,6 +25,7 @@ ENV_SYSTEM_PROMPT = "FLUIDBOX_SYSTEM_PROMPT"
 ENV_REPLAY_SCRIPT = "FLUIDBOX_REPLAY_SCRIPT"
 ENV_REPLAY_DELAY_MS = "FLUIDBOX_REPLAY_DELAY_MS"
 ENV_HEARTBEAT_SECS = "FLUIDBOX_HEARTBEAT_SECS"
+ENV_CAPABILITIES = "FLUIDBOX_CAPABILITIES"
 
 ENV_SECRETS_FILE = "FLUIDBOX_SECRETS_FILE"
 SECRETS_FILE = "/tmp/fluidbox-secrets.json"
@@ -85,7 +86,7 @@ class ReplayStep(_Strict):
     """One step of a replay script: exactly one of ``say``, ``tool`` or ``sleep_ms``."""
 
     say: str | None = None
-    tool: Literal["Bash", "Write", "Edit", "Read"] | None = None
+    tool: str | None = Field(default=None, pattern=r"^(Bash|Write|Edit|Read|mcp__[a-z0-9-]+__.+)$")
     input: dict[str, Any] | None = None
     on_deny_say: str | None = None
     timeout_ms: int | None = Field(default=None, ge=1, le=600_000)

@@ -7,6 +7,7 @@ DomainError
 ├── NotFound            (404) missing, or not visible to the caller
 ├── Conflict            (409) lost a race, duplicate, not pending
 ├── Unprocessable       (422) semantically invalid (policy, harness, model)
+├── UpstreamFailed      (502) an upstream (MCP server, authorization server) failed
 ├── Unavailable         (503) a dependency is down; retry
 └── InvalidTransition   (409) a run status edge the state machine forbids
 """
@@ -50,6 +51,10 @@ class Conflict(DomainError):
 
 class Unprocessable(DomainError):
     status = 422
+
+
+class UpstreamFailed(DomainError):
+    status = 502
 
 
 class Unavailable(DomainError):

@@ -95,6 +95,7 @@ def freeze(
     autonomous: bool,
     budget_override: Budgets | None,
     invocation: InvocationContext,
+    brokered: list[dict[str, Any]] | None = None,
 ) -> RunSpec:
     """Build the immutable RunSpec for a new run from the agent revision and policy version."""
     policy = Policy.model_validate(policy_row["content"])
@@ -121,4 +122,5 @@ def freeze(
         policy_version=int(policy_row["version"]),
         policy_snapshot=policy_row["content"],
         invocation=invocation,
+        brokered=brokered or [],
     )

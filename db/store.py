@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import asyncpg
@@ -393,7 +393,10 @@ class Store:
 
     # ---- runs ----------------------------------------------------------------------------------
 
-    async def create_run(self, spec: RunSpec, invoked_by_kind: str) -> Row:
+    async def create_run(
+        self, spec: RunSpec, invoked_by_kind: str, also: Callable[[Conn], Awaitable[None]] | None = None
+    ) -> Row:
+        """Insert the run (and, through ``also``, its frozen bindings) in one transaction."""
         async with self.pool.acquire() as conn, conn.transaction():
             record = await conn.fetchrow(
                 "INSERT INTO sessions (id, tenant_id, agent_id, agent_revision_id, status, autonomy, trust_tier, "
@@ -417,6 +420,8 @@ class Store:
                 data={"task": spec.task, "agent": spec.agent_name, "autonomy": spec.autonomy},
             )
             await self.append(conn, spec.run_id, [created])
+            if also is not None:
+                await also(conn)
         row = _row(record) or {}
         row["event_seq"] = 1
         return row
@@ -636,21 +641,24 @@ class Store:
         async with self.pool.acquire() as conn, conn.transaction():
             # The session row lock serializes one run's gate calls: budget counts and seq stay exact.
             session = await conn.fetchrow(
-                "SELECT s.status, s.gate_calls, a.id AS approval_id, f.session_id IS NOT NULL AS winding_down"
-                " FROM sessions s LEFT JOIN approvals a ON a.session_id = s.id AND a.tool_call_id = $2"
+                "SELECT s.status, s.gate_calls, f.session_id IS NOT NULL AS winding_down FROM sessions s"
                 " LEFT JOIN session_finalizations f ON f.session_id = s.id WHERE s.id = $1 FOR UPDATE OF s",
                 rid,
-                tool_call_id,
             )
             if session is None or not accepts_work(session["status"]):
                 return GateOutcome("deny", "session is not active")
-            if session["winding_down"] and session["approval_id"] is None:
+            # A separate statement after the lock: under READ COMMITTED it sees every intent committed
+            # by a concurrent call we waited for (a join inside the locking query would not).
+            existing = _row(
+                await conn.fetchrow(
+                    "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2", rid, tool_call_id
+                )
+            )
+            if existing is not None:
+                return await self._replay(conn, run_id, existing, tool, digest)
+            if session["winding_down"]:
                 # A result, a cancel or a budget stop is recorded: no new work starts.
                 return GateOutcome("deny", "session is not active")
-            if session["approval_id"] is not None:
-                existing = _row(await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", session["approval_id"]))
-                assert existing is not None
-                return await self._replay(conn, run_id, existing, tool, digest)
             count = session["gate_calls"] + 1
             decision = decide(spec, tool, tool_input, registered_calls=count)
             if decision.verdict == "require_approval" and decision.policy and decision.policy.scope_key:

@@ -91,6 +91,8 @@ class ControlPlane(Protocol):
 
     def permission(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> PermissionResponse: ...
 
+    def tools_call(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> dict[str, Any]: ...
+
     def result(self, outcome: str, summary: str) -> None: ...
 
 
@@ -252,6 +254,42 @@ class Gateway:
             log(f"permission {tool_call_id}: {failure}; retrying in {delay:g}s")
             self._sleep(delay)
             attempt += 1
+
+    def tools_call(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> dict[str, Any]:
+        """Have the control plane execute a brokered ``mcp__<slot>__<tool>`` call (gate included).
+
+        Up to 3 transport attempts with the same ``tool_call_id`` when no usable answer arrived; the
+        server's execution claim makes the upstream call at-most-once whatever happens here.
+        """
+        payload = PermissionRequest(tool_call_id=tool_call_id, tool=tool, input=input).model_dump()
+        for attempt in range(3):
+            try:
+                response = self._post("tools/call", payload, self._tool, PERMISSION_TIMEOUT_S + 30)
+            except httpx.TransportError as exc:
+                failure = f"{type_name(exc)}: {exc}"
+            else:
+                if response.is_success:
+                    try:
+                        body = response.json()
+                    except ValueError:
+                        body = None
+                    if isinstance(body, dict):
+                        return body
+                    failure = "unreadable answer"
+                elif response.status_code in (401, 403) and "wrong_audience" in response.text:
+                    raise AudienceMismatch("the tool token was refused with wrong_audience")
+                elif not is_transient(response.status_code):
+                    return {"ok": False, "error": f"fluidbox broker returned HTTP {response.status_code}: "
+                            f"{error_text(response)}"}  # fmt: skip
+                else:
+                    failure = f"HTTP {response.status_code}"
+            log(f"tools/call {tool_call_id}: {failure}; attempt {attempt + 1} of 3")
+            self._sleep((0.5, 1.5, 0.0)[attempt])
+        return {
+            "ok": False,
+            "error": "the brokered call's outcome is UNKNOWN (the control plane could not be reached); "
+            "do not blindly repeat it",
+        }
 
     def result(self, outcome: str, summary: str) -> None:
         """Post the run's outcome (once per run). The summary is cut to 4000 characters.

@@ -93,7 +93,7 @@ def _parse_step(number: int, item: Any) -> ReplayStep:
         return step
     assert step.tool is not None
     tool_input = step.input or {}
-    for field in TOOL_INPUT_FIELDS[step.tool]:
+    for field in TOOL_INPUT_FIELDS.get(step.tool, ()):  # brokered tools: their frozen schema decides
         if not isinstance(tool_input.get(field), str):
             raise ScriptError(f"{where}: {step.tool} needs a string input.{field}")
     return step
@@ -190,6 +190,16 @@ class ReplayDriver:
                 self._tool(step)
         return self.tally
 
+    def _brokered(self, step: ReplayStep, tool_call_id: str, tool: str, tool_input: dict[str, Any]) -> None:
+        answer = self._gateway.tools_call(tool_call_id, tool, tool_input)
+        if answer.get("ok"):
+            self.tally.executed += 1
+            self._say(narrate_brokered(tool, answer))
+            return
+        self.tally.denied += 1
+        reason = answer.get("message") or answer.get("error") or "no reason given"
+        self._say(step.on_deny_say or f"{tool} {'denied' if answer.get('denied') else 'failed'}: {reason}")
+
     def _say(self, text: str) -> None:
         self._gateway.emit("agent", AGENT_MESSAGE, {"role": "assistant", "text": text})
 
@@ -199,6 +209,9 @@ class ReplayDriver:
         tool_call_id = f"rp_{self._tool_calls:03d}"
         # The gate judges canonical names and shapes; what runs is exactly what was judged.
         tool, tool_input = canonicalize(step.tool, dict(step.input or {}))
+        if tool.startswith("mcp__"):
+            self._brokered(step, tool_call_id, tool, tool_input)
+            return
         decision = self._gateway.permission(tool_call_id, tool, tool_input)
         if decision.decision == "allow":
             effective = decision.updated_input if decision.updated_input is not None else tool_input
@@ -211,6 +224,14 @@ class ReplayDriver:
         if step.tool == "Bash" and "deploy" in str(tool_input.get("command", "")):
             self.tally.deploy_denied = True
         self._say(step.on_deny_say or f"{step.tool} denied: {decision.message or 'no reason given'}")
+
+
+def narrate_brokered(tool: str, answer: dict[str, Any]) -> str:
+    """What the agent sees of a brokered result: its text content, or why there is none."""
+    result = answer.get("result") or {}
+    texts = [c.get("text", "") for c in result.get("content", []) if isinstance(c, dict) and c.get("type") == "text"]
+    body = "\n".join(t for t in texts if t) or "(no text content)"
+    return f"{tool} → {'error: ' if result.get('is_error') else ''}{body}"
 
 
 def env_number(environ: Mapping[str, str], name: str, default: float) -> float:

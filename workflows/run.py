@@ -48,6 +48,23 @@ class RunWorkflow:
     def approval_decided(self, decided: c.ApprovalDecided) -> None:
         self._decisions[decided.tool_call_id] = decided.status
 
+    @workflow.update
+    async def broker_call(self, call: c.BrokerCall) -> c.BrokerOut:
+        """Execute one allowed brokered call in the control plane. Update id carries the attempt."""
+        return await self._act(
+            c.BROKER_CALL,
+            c.BrokerIn(run_id=self._inp.run_id, tool_call_id=call.tool_call_id, input_digest=call.input_digest),
+            c.BrokerOut,
+            timeout=timedelta(minutes=15),
+            # Never retried by Temporal: after the claim is taken, a retry could send twice.
+            retry=RetryPolicy(maximum_attempts=1),
+        )
+
+    @broker_call.validator
+    def _validate_broker_call(self, call: c.BrokerCall) -> None:
+        if self._closing:
+            raise ApplicationError("session is not active", type="SessionNotActive")
+
     @workflow.query
     def status(self) -> str:
         return self._status

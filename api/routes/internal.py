@@ -17,9 +17,12 @@ from api.deps import ServicesDep, run_token
 from api.routes.sessions import run_handle
 from core import events as ev
 from core.contract import EventPost, HeartbeatResponse, PermissionRequest, PermissionResponse, ResultPost
+from core.digests import input_digest
 from core.errors import BadRequest, Unavailable
 from core.states import RunStatus, accepts_work, is_terminal
 from core.tokens import Audience
+from core.tools import split_mcp
+from db.connections import MAX_ATTEMPTS
 from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.api.internal")
@@ -29,10 +32,8 @@ RUNNER_ACTORS = frozenset({"agent", "harness"})
 INACTIVE = PermissionResponse(decision="deny", message="session is not active")
 
 
-@router.post("/sessions/{run_id}/permission", summary="Gate one tool call", response_model_exclude_none=True)
-async def permission(run_id: str, req: PermissionRequest, request: Request, svc: ServicesDep) -> PermissionResponse:
-    """Allow or deny now; or hold the request while a human decides (re-attaching on retry)."""
-    await run_token(request, svc, run_id, Audience.TOOL)
+async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> PermissionResponse:
+    """The one gate: answered from PostgreSQL, or held on the run's approval update."""
     outcome = await svc.store.gate(run_id, req.tool_call_id, req.tool, req.input)
     if outcome.verdict == "allow":
         return PermissionResponse(decision="allow")
@@ -57,6 +58,77 @@ async def permission(run_id: str, req: PermissionRequest, request: Request, svc:
     if verdict.decision == "allow":
         return PermissionResponse(decision="allow")
     return PermissionResponse(decision="deny", message=verdict.message or "denied")
+
+
+@router.post("/sessions/{run_id}/permission", summary="Gate one tool call", response_model_exclude_none=True)
+async def permission(run_id: str, req: PermissionRequest, request: Request, svc: ServicesDep) -> PermissionResponse:
+    """Allow or deny now; or hold the request while a human decides (re-attaching on retry)."""
+    await run_token(request, svc, run_id, Audience.TOOL)
+    return await gate(svc, run_id, req)
+
+
+def _envelope(claim: dict[str, Any]) -> dict[str, Any]:
+    state = claim["state"]
+    if state in ("succeeded", "failed_upstream"):
+        # Definitive outcomes: upstream failure travels as result.is_error (MCP convention).
+        return {"ok": True, "result": claim["result"]}
+    if state == "refused":
+        return {"ok": False, "denied": True, "message": claim["error"]}
+    if state == "ambiguous":
+        return {"ok": False, "error": "brokered call outcome ambiguous — not retried"}
+    if state == "failed_before_send":
+        if claim["attempts"] >= MAX_ATTEMPTS:
+            return {
+                "ok": False,
+                "error": f"brokered dispatch failed before send on {claim['attempts']} attempts — not retried "
+                "(execution attempts exhausted)",
+            }
+        return {"ok": False, "error": claim["error"]}
+    return {"ok": False, "error": "execution in flight; retry later"}
+
+
+@router.post("/sessions/{run_id}/tools/call", summary="Execute a brokered MCP tool in the control plane")
+async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc: ServicesDep) -> dict[str, Any]:
+    """The same gate as /permission, then the execution claim and the call with the sealed credential."""
+    principal = await run_token(request, svc, run_id, Audience.TOOL)
+    if not accepts_work(principal.status):
+        raise BadRequest("session is not active")
+    spec = await svc.store.run_spec(run_id)
+    split = split_mcp(req.tool)
+    surface = next((b for b in spec.brokered if split and b["slot"] == split[0]), None)
+    if (
+        split
+        and surface is None
+        and any(s.get("name") == split[0] for bundle in spec.capabilities for s in bundle.get("servers", []))
+    ):
+        raise BadRequest(f"tool '{req.tool}' is sandbox-class — it executes inside the sandbox, not through the broker")
+    decision = await gate(svc, run_id, req)
+    if decision.decision == "deny":
+        return {"ok": False, "denied": True, "message": decision.message}
+    assert surface is not None  # the gate denies tools outside the frozen brokered surfaces
+    digest = input_digest(req.tool, req.input)
+    claim = await svc.connections.register_claim(
+        run_id, req.tool_call_id, digest, surface["binding_id"], req.tool, req.input
+    )
+    if claim["state"] in ("registered", "failed_before_send", "claimed") and claim["attempts"] < MAX_ATTEMPTS:
+        # The attempt number is in the update id: a duplicate re-attaches to the same execution,
+        # and only a proven pre-send failure ever gets a fresh one.
+        attempt = claim["attempts"] + (0 if claim["state"] == "claimed" else 1)
+        try:
+            handle = run_handle(await svc.temporal(), run_id)
+            await handle.execute_update(
+                RunWorkflow.broker_call,
+                c.BrokerCall(tool_call_id=req.tool_call_id, input_digest=digest),
+                id=f"broker:{req.tool_call_id}:{digest}:{attempt}",
+            )
+        except WorkflowUpdateFailedError as exc:
+            log.warning("brokered call %s/%s did not complete: %s", run_id, req.tool_call_id, exc)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise BadRequest("session is not active") from exc
+            raise Unavailable("the workflow engine is unavailable; retry with the same tool_call_id") from exc
+        claim = await svc.connections.claim(run_id, req.tool_call_id, digest) or claim
+    return _envelope(claim)
 
 
 @router.post("/sessions/{run_id}/events", summary="Runner narration")

@@ -8,6 +8,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -31,6 +32,7 @@ from api.schemas import (
     SessionCreate,
     pick,
 )
+from core.digests import document_digest
 from core.errors import BadRequest, NotFound, Unavailable, Unprocessable
 from core.harnesses import RUNNABLE
 from core.runspec import InvocationContext, WorkspaceSpec, freeze
@@ -69,6 +71,65 @@ def timing(svc: Services) -> c.Timing:
     )
 
 
+def same_url(a: str, b: str) -> bool:
+    pa, pb = urlsplit(a), urlsplit(b)
+    return (pa.scheme.lower(), pa.netloc.lower(), pa.path.rstrip("/")) == (
+        pb.scheme.lower(),
+        pb.netloc.lower(),
+        pb.path.rstrip("/"),
+    )
+
+
+async def resolve_bindings(
+    svc: Services, tenant_id: str, requirements: list[dict[str, Any]], explicit: dict[str, str] | None
+) -> list[dict[str, Any]]:
+    """Bind every requirement to one active organization connection whose latest snapshot covers
+    the required tools, fail closed: an unresolvable requirement refuses the run before anything
+    provisions or spends. The effective surface is exactly the required tools."""
+    explicit = explicit or {}
+    unknown = sorted(set(explicit) - {r["slot"] for r in requirements})
+    if unknown:
+        raise BadRequest(f"unknown requirement slot(s) in bindings: {', '.join(unknown)}")
+    frozen = []
+    for req in requirements:
+        slot, url, needed = req["slot"], req["connector"]["url"], list(req["required_tools"])
+        candidates = [c for c in await svc.connections.candidates(tenant_id) if same_url(c["base_url"], url)]
+        if slot in explicit:
+            candidates = [c for c in candidates if str(c["id"]) == explicit[slot]]
+            if not candidates:
+                raise BadRequest(
+                    f"binding for slot '{slot}': connection {explicit[slot]} is not an active organization "
+                    f"connection to {url}"
+                )
+        chosen = None
+        for cand in candidates:
+            names = {t["name"] for t in cand["tools_json"]}
+            if set(needed) <= names:
+                chosen = cand
+                break
+        if chosen is None:
+            raise BadRequest(
+                f"requirement slot '{slot}' cannot be bound: no active connection covers {', '.join(needed)} on {url}"
+            )
+        tools = sorted((t for t in chosen["tools_json"] if t["name"] in needed), key=lambda t: t["name"])
+        frozen.append(
+            {
+                "slot": slot,
+                "url": url,
+                "binding_id": new_id(),
+                "connection_id": str(chosen["id"]),
+                "authorization_generation": chosen["authorization_generation"],
+                "owner_type": chosen["owner_type"],
+                "binding_mode": req.get("binding_mode", "organization"),
+                "snapshot_version": chosen["snapshot_version"],
+                "protocol_version": chosen["protocol_version"],
+                "tools": tools,
+                "tools_digest": document_digest(tools),
+            }
+        )
+    return frozen
+
+
 @router.post("", status_code=201, summary="Start a run")
 async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Freeze the RunSpec, record the run as ``created`` and start its workflow; returns at once."""
@@ -83,13 +144,7 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
         if revision is None:
             raise BadRequest("agent has no revisions")
         policy_row = await store.policy_head_by_id(conn, str(revision["policy_id"]))
-    for req in revision["connection_requirements"] or []:
-        # Fail closed before anything provisions or spends: a requirement binds to an authorized,
-        # active connection covering its tools, or the run does not start.
-        raise BadRequest(
-            f"requirement slot '{req['slot']}' cannot be bound: no active connection covers "
-            f"{', '.join(req['required_tools'])} on {req['connector']['url']}"
-        )
+    brokered = await resolve_bindings(svc, op.tenant_id, revision["connection_requirements"] or [], body.bindings)
     if revision["harness"] not in RUNNABLE:
         raise Unprocessable(
             f"harness '{revision['harness']}' cannot run in this build yet (runnable: {', '.join(sorted(RUNNABLE))})"
@@ -107,6 +162,7 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
         autonomous=body.autonomous,
         budget_override=body.budgets,
         invocation=InvocationContext(kind="manual", actor=op.name),
+        brokered=brokered,
     )
     size = sum(len(k) + len(v) + 2 for k, v in runner_env(spec, svc.settings).items())
     if size > MAX_RUNNER_ENV_BYTES:
@@ -114,7 +170,11 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
             f"runner environment is {size} bytes, over the {MAX_RUNNER_ENV_BYTES} byte ceiling — "
             "shorten the task/system prompt or the replay script"
         )
-    row = await store.create_run(spec, invoked_by_kind="operator")
+    row = await store.create_run(
+        spec,
+        invoked_by_kind="operator",
+        also=lambda conn: svc.connections.insert_bindings(conn, op.tenant_id, run_id, brokered),
+    )
     try:
         client = await svc.temporal()
         await client.start_workflow(

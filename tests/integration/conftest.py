@@ -6,6 +6,7 @@ so faults surface in seconds; nothing is mocked.
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -24,6 +25,9 @@ FAST = {
     "FLUIDBOX_QUIESCE_SECS": "5",
     "FLUIDBOX_APPROVAL_RECHECK_SECS": "1",
     "FLUIDBOX_LOG_LEVEL": "WARNING",
+    # A fresh credential key per test session; MCP servers started by the tests live on loopback.
+    "FLUIDBOX_CREDENTIAL_KEY": secrets.token_hex(32),
+    "FLUIDBOX_ALLOW_LOOPBACK_CONNECTORS": "true",
 }
 
 

@@ -171,3 +171,21 @@ async def test_a_decision_whose_signal_was_lost_still_reaches_the_run(api: httpx
     row = await wait_status(api, run_id, {"completed", "failed"}, timeout=60)
     assert row["result_summary"] == "Replay complete: 1 executed, 0 denied."
     assert types(await events(api, run_id)).count("approval.decided") == 1
+
+
+async def test_concurrent_duplicates_of_a_new_tool_call_register_one_intent(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    run_id = await start_run(api, await make_agent(api, IDLE))
+    await wait_status(api, run_id, {"running"})
+    tool = await issue_token(stack.database_url or "", run_id, "tool")
+    async with runner_client(stack, tool) as runner:
+        body = {"tool_call_id": "same-1", "tool": "Read", "input": {"file_path": "/workspace/app.py"}}
+        answers = await asyncio.gather(
+            *[runner.post(f"/internal/sessions/{run_id}/permission", json=body) for _ in range(8)]
+        )
+    assert {(a.status_code, a.text) for a in answers} == {(200, '{"decision":"allow"}')}
+    evs = await events(api, run_id)
+    assert types(evs).count("tool.requested") == 1 and types(evs).count("tool.decision") == 1
+    await api.post(f"/v1/sessions/{run_id}/cancel")
+    await wait_status(api, run_id, {"cancelled"})

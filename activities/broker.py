@@ -1,0 +1,128 @@
+"""Brokered MCP calls, executed in the control plane with the sealed credential.
+
+Order for every call: binding re-check against live state → claim CAS → unseal → one MCP call →
+settle the claim and write the single ``tool.brokered`` event. The agent never sees the credential.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import activity
+
+from activities import contracts as c
+from core import events as ev
+from core.digests import document_digest
+from core.tools import split_mcp
+from db.connections import Connections
+from integrations import mcp_client
+from integrations.headers import auth_headers
+from integrations.sealing import Sealer, SealingError
+from integrations.urls import UrlPolicy, UrlRefused
+
+
+def credential_context(tenant_id: str) -> str:
+    return f"{tenant_id}:integration_connections.credential"
+
+
+class BrokerActivities:
+    def __init__(self, connections: Connections, sealer: Sealer | None, url_policy: UrlPolicy) -> None:
+        self.connections = connections
+        self.store = connections.store
+        self.sealer = sealer
+        self.url_policy = url_policy
+
+    async def _refuse(self, inp: c.BrokerIn, claim: dict[str, Any], reason: str) -> c.BrokerOut:
+        """A binding that no longer holds denies the call: no credential is touched, nothing is sent."""
+        taken = await self.connections.take(inp.run_id, inp.tool_call_id, inp.input_digest)
+        if taken is None:
+            current = await self.connections.claim(inp.run_id, inp.tool_call_id, inp.input_digest)
+            return c.BrokerOut(state=current["state"] if current else "missing")
+        decision = ev.NewEvent(
+            type=ev.TOOL_DECISION,
+            data={
+                "tool_call_id": inp.tool_call_id,
+                "tool": claim["tool"],
+                "verdict": "deny",
+                "source": "binding",
+                "reason": reason,
+            },
+        )
+        row = await self.connections.settle(
+            inp.run_id, inp.tool_call_id, inp.input_digest, "refused", None, reason, decision
+        )
+        return c.BrokerOut(state=row["state"])
+
+    @activity.defn(name=c.BROKER_CALL)
+    async def broker_call(self, inp: c.BrokerIn) -> c.BrokerOut:
+        claim = await self.connections.claim(inp.run_id, inp.tool_call_id, inp.input_digest)
+        if claim is None:
+            return c.BrokerOut(state="missing")
+        binding = await self.connections.live_binding(claim["binding_id"])
+        if binding is None or binding["connection_status"] != "active":
+            status = binding["connection_status"] if binding else "gone"
+            return await self._refuse(inp, claim, f"the bound connection is {status}")
+        if binding["live_generation"] != binding["authority_generation"]:
+            return await self._refuse(inp, claim, "the bound connection was reauthorized since this run started")
+        if binding["live_owner_type"] != binding["connection_owner_type"]:
+            return await self._refuse(inp, claim, "the bound connection changed owner since this run started")
+        if self.sealer is None:
+            return await self._refuse(inp, claim, "credential storage is disabled on this worker")
+        taken = await self.connections.take(inp.run_id, inp.tool_call_id, inp.input_digest)
+        if taken is None:  # someone else holds it, or its outcome is final
+            current = await self.connections.claim(inp.run_id, inp.tool_call_id, inp.input_digest)
+            return c.BrokerOut(state=current["state"] if current else "missing")
+        spec = await self.store.run_spec(inp.run_id)
+        surface = next(b for b in spec.brokered if b["binding_id"] == claim["binding_id"])
+        split = split_mcp(claim["tool"])
+        assert split is not None
+        started = time.monotonic()
+        try:
+            # Admitted again right before connecting: a name that now resolves somewhere forbidden
+            # (DNS rebinding) is refused with nothing sent.
+            await self.url_policy.admit(binding["base_url"])
+            blob, _ = await self.connections.credential(str(binding["connection_id"]))
+            token = self.sealer.open(blob, context=credential_context(spec.tenant_id)).decode()
+        except UrlRefused as err:
+            outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
+        except (SealingError, LookupError) as err:
+            outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=f"credential: {err}")
+        else:
+            headers = auth_headers(token, header_name=binding["header_name"], scheme=binding["scheme"])
+            outcome = await mcp_client.call_tool(
+                binding["base_url"],
+                headers,
+                split[1],
+                claim["input"],
+                expected_protocol=surface.get("protocol_version"),
+            )
+        latency_ms = int((time.monotonic() - started) * 1000)
+        error = outcome.error.replace("{id}", str(binding["connection_id"])) if outcome.error else None
+        data: dict[str, Any] = {
+            "tool_call_id": inp.tool_call_id,
+            "tool": claim["tool"],
+            "server": surface["slot"],
+            "binding_id": claim["binding_id"],
+            "ok": outcome.outcome == "succeeded",
+            "latency_ms": latency_ms,
+            "outcome": outcome.outcome,
+        }
+        if outcome.result is not None:
+            data["result_digest"] = document_digest(outcome.result)
+        if error:
+            data["error"] = error
+        row = await self.connections.settle(
+            inp.run_id,
+            inp.tool_call_id,
+            inp.input_digest,
+            outcome.outcome,
+            outcome.result,
+            error,
+            ev.NewEvent(type="tool.brokered", data=data),
+        )
+        return c.BrokerOut(state=row["state"])
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.broker_call]

@@ -1,0 +1,160 @@
+"""Connections: one custodied credential for an MCP server, and photographs of its tools.
+
+The credential is sealed at rest and never returned; it is unsealed only by the control plane, at
+the moment it photographs the server or executes a brokered call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from api.deps import OperatorDep, Services, ServicesDep
+from core.errors import BadRequest, NotFound, Unavailable, UpstreamFailed
+from integrations import mcp_client
+from integrations.headers import auth_headers
+from integrations.urls import UrlRefused
+
+router = APIRouter(prefix="/v1/connections", tags=["connections"])
+
+
+class ConnectionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    provider: str
+    base_url: str = Field(min_length=1, max_length=2048)
+    display_name: str | None = Field(default=None, max_length=200)
+    auth_kind: Literal["static", "oauth"] = "static"
+    token: SecretStr | None = None
+    header_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
+    scheme: Literal["Bearer", "Basic", ""] = "Bearer"
+    owner: Literal["organization", "personal"] = "organization"
+
+
+def credential_context(tenant_id: str) -> str:
+    return f"{tenant_id}:integration_connections.credential"
+
+
+def sealer_of(svc: Services) -> Any:
+    if svc.sealer is None:
+        raise Unavailable(
+            "credential storage is disabled: set FLUIDBOX_CREDENTIAL_KEY (64 hex characters, e.g. from "
+            "`python -c 'import secrets; print(secrets.token_hex(32))'`) and restart the server"
+        )
+    return svc.sealer
+
+
+def public(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: (v.isoformat() if hasattr(v, "isoformat") else v)
+        for k, v in row.items()
+        if k not in ("credential_sealed", "credential_key_id")
+    }
+
+
+def snapshot_public(row: dict[str, Any], *, with_schemas: bool = False) -> dict[str, Any]:
+    tools = row["tools_json"]
+    return {
+        "version": row["snapshot_version"],
+        "protocol_version": row["protocol_version"],
+        "tools_digest": row["tools_digest"],
+        "discovered_at": row["discovered_at"].isoformat(),
+        "authorization_generation": row["authorization_generation"],
+        "tools": tools if with_schemas else [{"name": t["name"], "description": t.get("description")} for t in tools],
+    }
+
+
+async def take_photograph(url: str, headers: dict[str, str], *, rolled_back: bool) -> dict[str, Any]:
+    try:
+        photo = await mcp_client.photograph(url, headers)
+    except mcp_client.AuthRejected as err:
+        suffix = " (connection rolled back)" if rolled_back else ""
+        raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
+    except mcp_client.McpClientError as err:
+        raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
+    return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
+
+
+@router.post("", summary="Connect an MCP server (the credential is sealed, then the tools photographed)")
+async def create_connection(body: ConnectionCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """A rejected credential or a refused photograph stores nothing."""
+    sealer = sealer_of(svc)
+    if body.provider != "mcp_http":
+        raise BadRequest(f"unsupported provider '{body.provider}' (supported: mcp_http)")
+    if body.owner == "personal":
+        raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
+    if body.auth_kind == "oauth":
+        raise BadRequest("oauth connections are not available yet: use auth_kind static with a token")
+    if body.token is None or not body.token.get_secret_value():
+        raise BadRequest("a static connection needs a `token`")
+    token = body.token.get_secret_value()
+    if body.scheme == "Basic" and ":" not in token:
+        raise BadRequest("a Basic credential must be `email:api_token`")
+    try:
+        admitted = await svc.url_policy.admit(body.base_url)
+    except UrlRefused as err:
+        raise BadRequest(str(err)) from None
+    headers = auth_headers(token, header_name=body.header_name, scheme=body.scheme)
+    photo = await take_photograph(admitted.url, headers, rolled_back=True)
+    sealed = sealer.seal(token, context=credential_context(op.tenant_id))
+    fields = {
+        "provider": body.provider,
+        "display_name": body.display_name or admitted.url,
+        "base_url": admitted.url,
+        "header_name": body.header_name,
+        "scheme": body.scheme,
+    }
+    row, snapshot = await svc.connections.create(op.tenant_id, fields, sealed, sealer.key_id, photo)
+    return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
+
+
+@router.get("", summary="List connections")
+async def list_connections(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Never includes a secret."""
+    return {"connections": [public(r) for r in await svc.connections.all(op.tenant_id)]}
+
+
+@router.get("/{connection_id}", summary="A connection")
+async def get_connection(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """404 when unknown or not visible."""
+    row = await svc.connections.get(op.tenant_id, connection_id)
+    if row is None:
+        raise NotFound()
+    return {"connection": public(row)}
+
+
+@router.post("/{connection_id}/revoke", summary="Revoke a connection")
+async def revoke(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """The sealed credential is destroyed; in-flight runs fail closed on their next brokered call."""
+    if await svc.connections.get(op.tenant_id, connection_id) is None:
+        raise NotFound()
+    return {"connection": public(await svc.connections.revoke(op.tenant_id, connection_id))}
+
+
+@router.get("/{connection_id}/tools", summary="The latest tool snapshot")
+async def tools(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Names and descriptions of the photographed tools, with the snapshot's version and digest."""
+    if await svc.connections.get(op.tenant_id, connection_id) is None:
+        raise NotFound()
+    snapshot = await svc.connections.latest_snapshot(connection_id)
+    if snapshot is None:
+        raise NotFound()
+    return {"snapshot": snapshot_public(snapshot)}
+
+
+@router.post("/{connection_id}/tools/refresh", summary="Re-photograph the server's tools")
+async def refresh(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Appends snapshot v+1 for future runs; runs in flight keep the snapshot they froze."""
+    sealer = sealer_of(svc)
+    row = await svc.connections.get(op.tenant_id, connection_id)
+    if row is None:
+        raise NotFound()
+    if row["status"] != "active":
+        raise BadRequest(f"connection is {row['status']}")
+    blob, _ = await svc.connections.credential(connection_id)
+    token = sealer.open(blob, context=credential_context(op.tenant_id)).decode()
+    headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
+    photo = await take_photograph(row["base_url"], headers, rolled_back=False)
+    snapshot = await svc.connections.refresh(connection_id, row["authorization_generation"], photo)
+    return {"snapshot": snapshot_public(snapshot)}

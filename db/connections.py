@@ -1,0 +1,293 @@
+"""Connections, their tool snapshots, per-run bindings and brokered execution claims.
+
+A connection holds one sealed credential and append-only "photographs" of the server's tools. A run
+binds each requirement slot to one connection and snapshot at creation (frozen); the broker re-checks
+that binding and claims ``(session, tool_call_id, input_digest)`` before any credential is touched.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from core import events as ev
+from core.errors import Conflict, NotFound
+from db.ids import new_id
+from db.store import Conn, Row, Store, _row, _rows
+
+CONNECTION_FIELDS = (
+    "id, tenant_id, provider, display_name, base_url, auth_kind, header_name, scheme, status, owner_type, "
+    "owner_user_id, authorization_generation, metadata, created_at, updated_at"
+)
+TERMINAL_CLAIMS = frozenset({"succeeded", "failed_upstream", "ambiguous"})
+MAX_ATTEMPTS = 3
+
+
+class Connections:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.pool = store.pool
+
+    # ---- connections ---------------------------------------------------------------------------
+
+    async def create(
+        self, tenant_id: str, fields: Row, sealed: bytes, key_id: str, photo: dict[str, Any]
+    ) -> tuple[Row, Row]:
+        """Insert the connection and its first snapshot together: a connection never exists unphotographed."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = _row(
+                await conn.fetchrow(
+                    "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
+                    "auth_kind, header_name, scheme, credential_sealed, credential_key_id, status, owner_type) "
+                    "VALUES ($1,$2,$3,$4,$5,'static',$6,$7,$8,$9,'active','organization') "
+                    f"RETURNING {CONNECTION_FIELDS}",
+                    uuid.UUID(new_id()),
+                    uuid.UUID(tenant_id),
+                    fields["provider"],
+                    fields["display_name"],
+                    fields["base_url"],
+                    fields.get("header_name"),
+                    fields["scheme"],
+                    sealed,
+                    key_id,
+                )
+            )
+            assert row is not None
+            snapshot = await self._append_snapshot(conn, row["id"], 1, photo)
+            return row, snapshot
+
+    async def all(self, tenant_id: str) -> list[Row]:
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch(
+                    f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 "
+                    "ORDER BY created_at DESC",
+                    uuid.UUID(tenant_id),
+                )
+            )
+
+    async def get(self, tenant_id: str, connection_id: str) -> Row | None:
+        try:
+            cid = uuid.UUID(connection_id)
+        except ValueError:
+            return None
+        async with self.pool.acquire() as conn:
+            return _row(
+                await conn.fetchrow(
+                    f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 AND id = $2",
+                    uuid.UUID(tenant_id),
+                    cid,
+                )
+            )
+
+    async def credential(self, connection_id: str) -> tuple[bytes, str]:
+        """The sealed blob and key id; only the broker and refresh paths read it, and only to unseal."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT credential_sealed, credential_key_id FROM integration_connections WHERE id = $1",
+                uuid.UUID(connection_id),
+            )
+        if row is None or row["credential_sealed"] is None:
+            raise NotFound()
+        return bytes(row["credential_sealed"]), str(row["credential_key_id"])
+
+    async def revoke(self, tenant_id: str, connection_id: str) -> Row:
+        async with self.pool.acquire() as conn:
+            row = _row(
+                await conn.fetchrow(
+                    "UPDATE integration_connections SET status = 'revoked', updated_at = now(), "
+                    "credential_sealed = NULL WHERE tenant_id = $1 AND id = $2 AND status <> 'revoked' "
+                    f"RETURNING {CONNECTION_FIELDS}",
+                    uuid.UUID(tenant_id),
+                    uuid.UUID(connection_id),
+                )
+            )
+        if row is None:
+            if await self.get(tenant_id, connection_id) is None:
+                raise NotFound()
+            raise Conflict("connection is already revoked")
+        return row
+
+    # ---- snapshots -----------------------------------------------------------------------------
+
+    async def _append_snapshot(self, conn: Conn, connection_id: str, version: int, photo: dict[str, Any]) -> Row:
+        row = _row(
+            await conn.fetchrow(
+                "INSERT INTO connection_tool_snapshots (id, connection_id, snapshot_version, "
+                "authorization_generation, protocol_version, tools_json, tools_digest) "
+                "SELECT $1, $2, $3, authorization_generation, $4, $5, $6 FROM integration_connections "
+                "WHERE id = $2 RETURNING *",
+                uuid.UUID(new_id()),
+                uuid.UUID(connection_id),
+                version,
+                photo["protocol_version"],
+                photo["tools"],
+                photo["digest"],
+            )
+        )
+        assert row is not None
+        return row
+
+    async def refresh(self, connection_id: str, generation: int, photo: dict[str, Any]) -> Row:
+        """Append snapshot v+1 unless the connection was reauthorized while it was being photographed."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            current = await conn.fetchrow(
+                "SELECT status, authorization_generation FROM integration_connections WHERE id = $1 FOR UPDATE",
+                uuid.UUID(connection_id),
+            )
+            if current is None:
+                raise NotFound()
+            if current["status"] != "active":
+                raise Conflict(f"connection is {current['status']}")
+            if current["authorization_generation"] != generation:
+                raise Conflict("the connection was reauthorized during discovery — refresh again")
+            version = await conn.fetchval(
+                "SELECT coalesce(max(snapshot_version), 0) + 1 FROM connection_tool_snapshots WHERE connection_id = $1",
+                uuid.UUID(connection_id),
+            )
+            return await self._append_snapshot(conn, connection_id, version, photo)
+
+    async def latest_snapshot(self, connection_id: str) -> Row | None:
+        async with self.pool.acquire() as conn:
+            return _row(
+                await conn.fetchrow(
+                    "SELECT * FROM connection_tool_snapshots WHERE connection_id = $1 "
+                    "ORDER BY snapshot_version DESC LIMIT 1",
+                    uuid.UUID(connection_id),
+                )
+            )
+
+    # ---- bindings ------------------------------------------------------------------------------
+
+    async def candidates(self, tenant_id: str) -> list[Row]:
+        """Active organization connections with their latest snapshot, newest first."""
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch(
+                    "SELECT c.id, c.base_url, c.display_name, c.authorization_generation, c.owner_type, "
+                    "s.snapshot_version, "
+                    "s.protocol_version, s.tools_json FROM integration_connections c JOIN LATERAL ("
+                    " SELECT * FROM connection_tool_snapshots t WHERE t.connection_id = c.id"
+                    " ORDER BY snapshot_version DESC LIMIT 1) s ON true "
+                    "WHERE c.tenant_id = $1 AND c.status = 'active' "
+                    "AND c.owner_type = 'organization' ORDER BY c.created_at DESC",
+                    uuid.UUID(tenant_id),
+                )
+            )
+
+    async def insert_bindings(self, conn: Conn, tenant_id: str, run_id: str, bindings: list[Row]) -> None:
+        for b in bindings:
+            await conn.execute(
+                "INSERT INTO run_resource_bindings (id, tenant_id, session_id, requirement_slot, connection_id, "
+                "authority_generation, connection_owner_type, snapshot_version, effective_tools_json, "
+                "effective_tools_digest, binding_mode) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)",
+                uuid.UUID(b["binding_id"]),
+                uuid.UUID(tenant_id),
+                uuid.UUID(run_id),
+                b["slot"],
+                uuid.UUID(b["connection_id"]),
+                b["authorization_generation"],
+                b["owner_type"],
+                b["snapshot_version"],
+                b["tools"],
+                b["tools_digest"],
+                b["binding_mode"],
+            )
+
+    async def live_binding(self, binding_id: str) -> Row | None:
+        """The binding joined with the connection's live state, for the re-check before each call."""
+        async with self.pool.acquire() as conn:
+            return _row(
+                await conn.fetchrow(
+                    "SELECT b.*, c.status AS connection_status, c.authorization_generation AS live_generation, "
+                    "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme "
+                    "FROM run_resource_bindings b JOIN integration_connections c ON c.id = b.connection_id "
+                    "WHERE b.id = $1",
+                    uuid.UUID(binding_id),
+                )
+            )
+
+    # ---- execution claims ----------------------------------------------------------------------
+
+    async def register_claim(
+        self, run_id: str, tool_call_id: str, digest: str, binding_id: str, tool: str, tool_input: dict[str, Any]
+    ) -> Row:
+        """The call's durable record (input kept here, never in the ledger or workflow history)."""
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, tool, input, "
+                "state) VALUES ($1,$2,$3,$4,$5,$6,'registered') ON CONFLICT DO NOTHING",
+                uuid.UUID(run_id),
+                tool_call_id,
+                digest,
+                uuid.UUID(binding_id),
+                tool,
+                tool_input,
+            )
+            return await self._claim(conn, run_id, tool_call_id, digest)
+
+    async def _claim(self, conn: Conn, run_id: str, tool_call_id: str, digest: str) -> Row:
+        row = _row(
+            await conn.fetchrow(
+                "SELECT * FROM tool_execution_claims WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3",
+                uuid.UUID(run_id),
+                tool_call_id,
+                digest,
+            )
+        )
+        if row is None:
+            raise NotFound()
+        return row
+
+    async def claim(self, run_id: str, tool_call_id: str, digest: str) -> Row | None:
+        async with self.pool.acquire() as conn:
+            try:
+                return await self._claim(conn, run_id, tool_call_id, digest)
+            except NotFound:
+                return None
+
+    async def take(self, run_id: str, tool_call_id: str, digest: str) -> Row | None:
+        """CAS registered|failed_before_send → claimed (attempt + 1); None when someone else holds it
+        or its outcome is final. Only the taker may touch the credential."""
+        async with self.pool.acquire() as conn:
+            return _row(
+                await conn.fetchrow(
+                    "UPDATE tool_execution_claims SET state = 'claimed', attempts = attempts + 1, claimed_at = now() "
+                    "WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3 "
+                    "AND (state = 'registered' OR (state = 'failed_before_send' AND attempts < $4)) RETURNING *",
+                    uuid.UUID(run_id),
+                    tool_call_id,
+                    digest,
+                    MAX_ATTEMPTS,
+                )
+            )
+
+    async def settle(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        digest: str,
+        state: str,
+        result: dict[str, Any] | None,
+        error: str | None,
+        event: ev.NewEvent,
+    ) -> Row:
+        """claimed → outcome, and the single ``tool.brokered`` event, in one transaction."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = _row(
+                await conn.fetchrow(
+                    "UPDATE tool_execution_claims SET state = $4, result = $5, error = $6, settled_at = now() "
+                    "WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3 AND state = 'claimed' "
+                    "RETURNING *",
+                    uuid.UUID(run_id),
+                    tool_call_id,
+                    digest,
+                    state,
+                    result,
+                    error,
+                )
+            )
+            if row is None:
+                return await self._claim(conn, run_id, tool_call_id, digest)
+            await self.store.append(conn, run_id, [event])
+            return row

@@ -1,0 +1,223 @@
+"""Connections and brokered MCP tools end to end, against real MCP servers started by the tests.
+
+The canary is the upstream credential: it must never appear in a response, the ledger, a RunSpec,
+a log line or a sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cli.stack import Stack
+from tests.integration.helpers import (
+    events,
+    issue_token,
+    make_agent,
+    make_policy,
+    start_run,
+    types,
+    wait_pending,
+    wait_status,
+)
+from tests.mcp_servers import basic, bearer, changing, serve
+
+pytestmark = pytest.mark.stack
+
+BROKER_POLICY: dict[str, Any] = {
+    "defaults": {"tool_action": "deny"},
+    "tools": [
+        {"match": ["mcp__calc__fail"], "action": "deny", "risk": "never fail on purpose"},
+        {"match": ["mcp__*"], "action": "allow"},
+        {"match": ["Bash"], "action": "approve"},
+    ],
+}
+
+
+def requirement(url: str, tools: list[str], slot: str = "calc") -> dict[str, Any]:
+    return {"slot": slot, "connector": {"url": url}, "required_tools": tools}
+
+
+async def connect(api: httpx.AsyncClient, url: str, token: str) -> dict[str, Any]:
+    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": url, "token": token})
+    assert r.status_code == 200, r.text
+    assert token not in r.text
+    return dict(r.json())
+
+
+def assert_no_canary(canary: str, *texts: str) -> None:
+    for text in texts:
+        assert canary not in text
+
+
+async def test_a_brokered_call_runs_in_the_control_plane_and_the_credential_never_leaks(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    canary = "canary-" + secrets.token_hex(16)
+    async with serve(bearer(canary)) as srv:
+        created = await connect(api, srv.url, canary)
+        assert created["connection"]["status"] == "active" and created["snapshot"]["version"] == 1
+        assert {t["name"] for t in created["snapshot"]["tools"]} >= {"add", "echo", "fail"}
+        script = [
+            {"tool": "mcp__calc__add", "input": {"a": 2, "b": 3}},
+            {"tool": "mcp__calc__fail", "input": {"text": "x"}},
+        ]
+        agent = await make_agent(
+            api, script, policy=await make_policy(api, BROKER_POLICY),
+            connection_requirements=[requirement(srv.url, ["add", "fail"])],
+        )  # fmt: skip
+        run_id = await start_run(api, agent)
+        row = await wait_status(api, run_id, {"completed", "failed"})
+        assert row["result_summary"] == "Replay complete: 1 executed, 1 denied."
+        assert srv.call_count("add") == 1 and srv.call_count("fail") == 0, "a policy deny sends nothing upstream"
+        evs = await events(api, run_id)
+        said = [e["payload"]["data"]["text"] for e in evs if e["type"] == "agent.message"]
+        assert "mcp__calc__add → 5" in said
+        brokered = [e["payload"]["data"] for e in evs if e["type"] == "tool.brokered"]
+        assert len(brokered) == 1 and brokered[0]["outcome"] == "succeeded" and brokered[0]["ok"] is True
+        assert brokered[0]["result_digest"].startswith("sha256:") and "result" not in brokered[0]
+        surface = row["run_spec"]["brokered"][0]
+        assert [t["name"] for t in surface["tools"]] == ["add", "fail"], "only the required tools are frozen"
+        listed = (await api.get("/v1/connections")).text
+        detail = (await api.get(f"/v1/connections/{created['connection']['id']}")).text
+        logs = "".join(p.read_text(errors="replace") for p in Path(stack.logs).glob("*.log"))
+        sandbox_logs = "".join(p.read_text(errors="replace") for p in (stack.home / "runs").glob("*/sandbox.log"))
+        assert_no_canary(canary, listed, detail, json.dumps(evs), json.dumps(row), logs, sandbox_logs)
+
+
+async def test_a_rejected_credential_rolls_everything_back(api: httpx.AsyncClient) -> None:
+    async with serve(bearer("right-token")) as srv:
+        before = (await api.get("/v1/connections")).json()["connections"]
+        r = await api.post(
+            "/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "wrong-token"}
+        )
+        assert r.status_code == 400 and r.json()["error"].startswith(
+            "the server rejected this credential (connection rolled back)"
+        )
+        assert "wrong-token" not in r.text
+        assert (await api.get("/v1/connections")).json()["connections"] == before
+    for url, message in [
+        ("http://10.1.2.3/mcp", "private"),
+        ("http://169.254.169.254/latest", "169.254.169.254"),
+        ("ftp://example.com/x", "ftp"),
+    ]:
+        r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": url, "token": "t"})
+        assert r.status_code == 400 and message in r.json()["error"], r.text
+    r = await api.post("/v1/connections", json={"provider": "slack", "base_url": "https://x", "token": "t"})
+    assert (r.status_code, r.json()["error"]) == (400, "unsupported provider 'slack' (supported: mcp_http)")
+
+
+async def test_an_unbindable_requirement_refuses_the_run_before_anything_starts(api: httpx.AsyncClient) -> None:
+    async with serve(basic()) as srv:
+        await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+        agent = await make_agent(
+            api, [{"say": "hi"}], connection_requirements=[requirement(srv.url, ["add", "no_such_tool"])]
+        )
+        r = await api.post("/v1/sessions", json={"agent": agent, "task": "t"})
+        assert r.status_code == 400 and "cannot be bound" in r.json()["error"]
+
+
+async def test_duplicate_and_concurrent_brokered_calls_execute_upstream_exactly_once(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    async with serve(basic()) as srv:
+        await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+        agent = await make_agent(
+            api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
+            connection_requirements=[requirement(srv.url, ["add", "drop_connection"])],
+        )  # fmt: skip
+        run_id = await start_run(api, agent)
+        await wait_status(api, run_id, {"running"})
+        token = await issue_token(stack.database_url or "", run_id, "tool")
+        async with httpx.AsyncClient(
+            base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
+        ) as runner:
+            body = {"tool_call_id": "dup-1", "tool": "mcp__calc__add", "input": {"a": 20, "b": 22}}
+            answers = await asyncio.gather(
+                *[runner.post(f"/internal/sessions/{run_id}/tools/call", json=body) for _ in range(5)]
+            )
+            texts = {a.text for a in answers}
+            assert len(texts) == 1, "duplicates get byte-identical answers"
+            assert answers[0].json()["ok"] is True and srv.call_count("add") == 1
+            again = await runner.post(f"/internal/sessions/{run_id}/tools/call", json=body)
+            assert again.text == answers[0].text and srv.call_count("add") == 1
+            # An ambiguous outcome (the connection died after the request was sent) is never re-sent.
+            drop = {"tool_call_id": "amb-1", "tool": "mcp__calc__drop_connection", "input": {}}
+            first = (await runner.post(f"/internal/sessions/{run_id}/tools/call", json=drop)).json()
+            second = (await runner.post(f"/internal/sessions/{run_id}/tools/call", json=drop)).json()
+            assert first == second == {"ok": False, "error": "brokered call outcome ambiguous — not retried"}
+            assert srv.executions.count("drop_connection") == 1
+            # Arguments that break the frozen schema are denied before anything is sent.
+            bad = {"tool_call_id": "bad-1", "tool": "mcp__calc__add", "input": {"a": "two"}}
+            denied = (await runner.post(f"/internal/sessions/{run_id}/tools/call", json=bad)).json()
+            assert denied["ok"] is False and denied["denied"] is True
+            assert denied["message"].startswith("arguments rejected by frozen schema")
+            assert srv.call_count("add") == 1
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_revoking_a_connection_mid_run_fails_the_next_call_closed(api: httpx.AsyncClient) -> None:
+    async with serve(basic()) as srv:
+        created = await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+        script = [
+            {"tool": "mcp__calc__echo", "input": {"text": "one"}},
+            {"tool": "Bash", "input": {"command": "./deploy.sh"}},
+            {"tool": "mcp__calc__echo", "input": {"text": "two"}},
+        ]
+        agent = await make_agent(
+            api, script, policy=await make_policy(api, BROKER_POLICY),
+            connection_requirements=[requirement(srv.url, ["echo"])],
+        )  # fmt: skip
+        run_id = await start_run(api, agent)
+        pending = await wait_pending(api, run_id)
+        r = await api.post(f"/v1/connections/{created['connection']['id']}/revoke")
+        assert r.status_code == 200 and r.json()["connection"]["status"] == "revoked"
+        again = await api.post(f"/v1/connections/{created['connection']['id']}/revoke")
+        assert (again.status_code, again.json()) == (409, {"error": "connection is already revoked"})
+        await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
+        row = await wait_status(api, run_id, {"completed", "failed"})
+        assert row["result_summary"].startswith("Replay complete: 1 executed, 2 denied.")
+        assert srv.call_count("echo") == 1
+        refused = [
+            e["payload"]["data"] for e in await events(api, run_id)
+            if e["type"] == "tool.decision" and e["payload"]["data"]["source"] == "binding"
+        ]  # fmt: skip
+        assert refused and refused[0]["reason"] == "the bound connection is revoked"
+
+
+async def test_refresh_gives_new_runs_the_new_snapshot_while_a_running_one_keeps_its_own(
+    api: httpx.AsyncClient,
+) -> None:
+    async with serve(changing()) as srv:
+        created = await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+        cid = created["connection"]["id"]
+        first_tools = {t["name"] for t in created["snapshot"]["tools"]}
+        assert srv.registry is not None
+        srv.registry.add("brand_new", "a new tool")
+        r = await api.post(f"/v1/connections/{cid}/tools/refresh")
+        assert r.status_code == 200, r.text
+        refreshed = r.json()["snapshot"]
+        assert refreshed["version"] == 2 and {t["name"] for t in refreshed["tools"]} == first_tools | {"brand_new"}
+        assert (await api.get(f"/v1/connections/{cid}/tools")).json()["snapshot"]["version"] == 2
+        tool = sorted(first_tools)[0]
+        agent = await make_agent(
+            api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
+            connection_requirements=[requirement(srv.url, [tool])],
+        )  # fmt: skip
+        run_id = await start_run(api, agent)
+        spec = (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["run_spec"]
+        assert spec["brokered"][0]["snapshot_version"] == 2
+        srv.registry.add("later", "added later")
+        await api.post(f"/v1/connections/{cid}/tools/refresh")
+        spec_after = (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["run_spec"]
+        assert spec_after["brokered"][0]["snapshot_version"] == 2, "an in-flight run keeps its frozen snapshot"
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})
+        assert "tool.brokered" not in types(await events(api, run_id))
