@@ -184,8 +184,11 @@ def _safe_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         host = parts.hostname or "?"
+        host = f"[{host}]" if ":" in host else host
         port = f":{parts.port}" if parts.port else ""
     except ValueError:
+        return "<invalid url>"
+    if not parts.scheme or not parts.hostname:
         return "<invalid url>"
     return f"{parts.scheme}://{host}{port}{parts.path}"
 

@@ -12,6 +12,8 @@ Usage::
         assert srv.call_count("add") == 1      # tools/call requests that reached the HTTP endpoint
         await srv.stop()                       # abrupt stop: the port now refuses connections
 
+``blackhole()`` yields the URL of a port that accepts connections and never answers.
+
 Factories: ``basic()``, ``bearer(token)``, ``header(name, value)``, ``paginating(n_tools=7, page_size=3)``,
 ``endless()``, ``repeating_cursor()``, ``changing()`` (mutable ``ToolRegistry`` at ``.registry``) and
 ``pinned_version(version)`` (``basic`` whose ``initialize`` offer is rewritten so the SDK server negotiates an older
@@ -52,6 +54,7 @@ __all__ = [
     "ToolRegistry",
     "basic",
     "bearer",
+    "blackhole",
     "changing",
     "endless",
     "header",
@@ -594,3 +597,15 @@ async def serve(spec: McpTestServer) -> AsyncIterator[RunningServer]:
     finally:
         if not running.stopped:
             await running.stop(abrupt=False)
+
+
+@contextlib.asynccontextmanager
+async def blackhole() -> AsyncIterator[str]:
+    """A loopback port that accepts TCP connections and never answers; yields its ``/mcp`` URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    finally:
+        sock.close()

@@ -172,6 +172,14 @@ async def test_unresolvable_host_is_unreachable() -> None:
         await photograph("http://fluidbox-no-such-host.invalid/mcp", {}, timeout=5)
 
 
+async def test_silent_server_is_unreachable_within_the_timeout() -> None:
+    async with servers.blackhole() as url:
+        started = time.monotonic()
+        with pytest.raises(Unreachable, match="did not complete initialize"):
+            await photograph(url, {}, timeout=0.5)
+    assert time.monotonic() - started < 5
+
+
 async def test_url_secrets_stay_out_of_errors() -> None:
     async with servers.serve(servers.basic()) as srv:
         await srv.stop()
@@ -260,6 +268,15 @@ async def test_unresolvable_host_is_failed_before_send() -> None:
         "http://fluidbox-no-such-host.invalid/mcp", {}, "add", {}, expected_protocol="2025-11-25", timeout=5
     )
     assert out.outcome == "failed_before_send"
+
+
+async def test_silent_server_is_failed_before_send_within_the_timeout() -> None:
+    async with servers.blackhole() as url:
+        started = time.monotonic()
+        out = await call_tool(url, {}, "add", {"a": 1, "b": 2}, expected_protocol="2025-11-25", timeout=0.5)
+    assert out.outcome == "failed_before_send"
+    assert out.error is not None and "did not complete initialize" in out.error
+    assert time.monotonic() - started < 5
 
 
 async def test_protocol_drift_is_failed_before_send() -> None:
