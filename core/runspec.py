@@ -96,6 +96,7 @@ def freeze(
     budget_override: Budgets | None,
     invocation: InvocationContext,
     brokered: list[dict[str, Any]] | None = None,
+    capabilities: list[dict[str, Any]] | None = None,
 ) -> RunSpec:
     """Build the immutable RunSpec for a new run from the agent revision and policy version."""
     policy = Policy.model_validate(policy_row["content"])
@@ -123,4 +124,5 @@ def freeze(
         policy_snapshot=policy_row["content"],
         invocation=invocation,
         brokered=brokered or [],
+        capabilities=capabilities or [],
     )

@@ -419,11 +419,22 @@ class Store:
                 type=ev.SESSION_CREATED,
                 data={"task": spec.task, "agent": spec.agent_name, "autonomy": spec.autonomy},
             )
-            await self.append(conn, spec.run_id, [created])
+            new = [created]
+            if spec.capabilities:
+                new.append(
+                    ev.NewEvent(
+                        type="capability.frozen",
+                        data={
+                            "bundles": [f"{b['name']}@{b['version']}" for b in spec.capabilities],
+                            "tools": sum(len(s.get("tools", [])) for b in spec.capabilities for s in b["servers"]),
+                        },
+                    )
+                )
+            await self.append(conn, spec.run_id, new)
             if also is not None:
                 await also(conn)
         row = _row(record) or {}
-        row["event_seq"] = 1
+        row["event_seq"] = 2 if spec.capabilities else 1
         return row
 
     async def get_run(self, tenant_id: str | None, run_id: str) -> Row | None:

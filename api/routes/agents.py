@@ -31,17 +31,22 @@ def workspace_doc(ws: WorkspaceIn | None) -> dict[str, Any] | None:
     return {"kind": "local_copy", "path": ws.path}
 
 
-def capability_pins(pins: list[str] | None) -> list[dict[str, Any]]:
-    """Bundle pins (``name`` or ``name@N``). No capability bundle can be published yet, so any pin is
-    unknown; the check is here so a revision can never carry a pin nothing resolves."""
+async def capability_pins(svc: ServicesDep, tenant_id: str, pins: list[str] | None) -> list[dict[str, Any]]:
+    """Bundle pins: ``name`` pins the newest version now, ``name@N`` exactly N."""
     seen: set[str] = set()
+    out = []
     for pin in pins or []:
-        name = pin.split("@", 1)[0]
+        name, _, version = pin.partition("@")
         if name in seen:
             raise BadRequest(f"bundle '{name}' is attached more than once")
         seen.add(name)
-        raise BadRequest(f"unknown capability bundle '{pin}'")
-    return []
+        if version and not version.isdigit():
+            raise BadRequest(f"unknown capability bundle '{pin}'")
+        row = await svc.capabilities.resolve(tenant_id, name, int(version) if version else None)
+        if row is None:
+            raise BadRequest(f"unknown capability bundle '{pin}'")
+        out.append({"id": row["id"], "name": row["name"], "version": row["version"]})
+    return out
 
 
 def requirements_doc(reqs: list[ConnectionRequirement] | None) -> list[dict[str, Any]]:
@@ -74,7 +79,7 @@ async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> 
         "budgets": body.budgets.model_dump() if body.budgets else None,
         "harness_config": body.harness_config.model_dump(exclude_none=True) if body.harness_config else {},
         "default_workspace": workspace_doc(body.default_workspace),
-        "capability_bundles": capability_pins(body.capability_bundles),
+        "capability_bundles": await capability_pins(svc, op.tenant_id, body.capability_bundles),
         "connection_requirements": requirements_doc(body.connection_requirements),
     }
     agent, revision = await svc.store.create_agent(op.tenant_id, body.name, body.description, fields)
@@ -124,7 +129,7 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
     if "default_workspace" in given:
         changes["default_workspace"] = workspace_doc(body.default_workspace)
     if "capability_bundles" in given:  # [] clears
-        changes["capability_bundles"] = capability_pins(body.capability_bundles)
+        changes["capability_bundles"] = await capability_pins(svc, op.tenant_id, body.capability_bundles)
     if "connection_requirements" in given:  # [] clears
         changes["connection_requirements"] = requirements_doc(body.connection_requirements)
     if "harness_config" in given:

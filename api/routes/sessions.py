@@ -32,6 +32,7 @@ from api.schemas import (
     SessionCreate,
     pick,
 )
+from core.capabilities import frozen_entry
 from core.digests import document_digest
 from core.errors import BadRequest, NotFound, Unavailable, Unprocessable
 from core.harnesses import RUNNABLE
@@ -69,6 +70,25 @@ def timing(svc: Services) -> c.Timing:
         quiesce_secs=s.quiesce_secs,
         approval_recheck_secs=s.approval_recheck_secs,
     )
+
+
+async def freeze_capabilities(
+    svc: Services, pins: list[dict[str, Any]], keep: list[str] | None
+) -> list[dict[str, Any]]:
+    """The revision's pinned bundles, narrowed (remove-only) by the run's keep-list; ``[]`` strips all."""
+    if keep is not None:
+        pinned = {p["name"] for p in pins}
+        extra = sorted(set(keep) - pinned)
+        if extra:
+            raise BadRequest(f"capabilities can only narrow: {', '.join(extra)} not attached to this agent's revision")
+        pins = [p for p in pins if p["name"] in keep]
+    rows = await svc.capabilities.by_ids([p["id"] for p in pins])
+    frozen = [frozen_entry(rows[p["id"]]) for p in pins]
+    aliases = [s["name"] for b in frozen for s in b["servers"]]
+    clash = sorted({a for a in aliases if aliases.count(a) > 1})
+    if clash:
+        raise BadRequest(f"capability-server alias collision: {', '.join(clash)} is defined by more than one bundle")
+    return frozen
 
 
 def same_url(a: str, b: str) -> bool:
@@ -144,7 +164,15 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
         if revision is None:
             raise BadRequest("agent has no revisions")
         policy_row = await store.policy_head_by_id(conn, str(revision["policy_id"]))
+    capabilities = await freeze_capabilities(svc, revision["capability_bundles"] or [], body.capabilities)
     brokered = await resolve_bindings(svc, op.tenant_id, revision["connection_requirements"] or [], body.bindings)
+    sandbox_aliases = {s["name"] for b in capabilities for s in b["servers"]}
+    for surface in brokered:
+        if surface["slot"] in sandbox_aliases:
+            raise BadRequest(
+                f"requirement slot '{surface['slot']}' collides with a sandbox capability server of the same "
+                "alias — rename the slot"
+            )
     if revision["harness"] not in RUNNABLE:
         raise Unprocessable(
             f"harness '{revision['harness']}' cannot run in this build yet (runnable: {', '.join(sorted(RUNNABLE))})"
@@ -163,6 +191,7 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
         budget_override=body.budgets,
         invocation=InvocationContext(kind="manual", actor=op.name),
         brokered=brokered,
+        capabilities=capabilities,
     )
     size = sum(len(k) + len(v) + 2 for k, v in runner_env(spec, svc.settings).items())
     if size > MAX_RUNNER_ENV_BYTES:

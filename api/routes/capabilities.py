@@ -1,0 +1,65 @@
+"""Capability bundles: sandbox-class MCP servers, published as append-only versions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from api.deps import OperatorDep, ServicesDep
+from core.capabilities import parse_bundle
+from core.digests import document_digest
+from core.errors import NotFound
+
+router = APIRouter(prefix="/v1/capabilities", tags=["capabilities"])
+
+
+def summary(row: dict[str, Any]) -> dict[str, Any]:
+    servers = row["definition"]["servers"]
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "version": row["version"],
+        "description": row["description"],
+        "definition_digest": row["definition_digest"],
+        "server_count": len(servers),
+        "tool_count": sum(len(s.get("tools", [])) for s in servers),
+        "classes": sorted({s["class"] for s in servers}),
+        "created_at": row["created_at"].isoformat(),
+    }
+
+
+@router.post("", summary="Publish a capability bundle (a new version when the name exists)")
+async def publish(body: dict[str, Any], op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Sandbox-class servers only; brokered tools are connection requirements now."""
+    bundle = parse_bundle(body)
+    definition = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
+    row = await svc.capabilities.publish(
+        op.tenant_id, bundle.name, bundle.description, definition, document_digest(definition)
+    )
+    return {"bundle": summary(row)}
+
+
+@router.get("", summary="List capability bundles")
+async def list_bundles(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Every version, newest first within a name."""
+    return {"bundles": [summary(r) for r in await svc.capabilities.all(op.tenant_id)]}
+
+
+@router.get("/{bundle_id}", summary="One bundle version with its servers and tools")
+async def get_bundle(bundle_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Tools are listed by name and description; schemas are in the frozen RunSpec of each run."""
+    row = await svc.capabilities.get(op.tenant_id, bundle_id)
+    if row is None:
+        raise NotFound()
+    servers = [
+        {
+            "name": s["name"],
+            "class": s["class"],
+            "tool_count": len(s.get("tools", [])),
+            "tools_digest": document_digest(s.get("tools", [])),
+            "tools": [{"name": t["name"], "description": t.get("description", "")} for t in s.get("tools", [])],
+        }
+        for s in row["definition"]["servers"]
+    ]
+    return {"bundle": summary(row), "servers": servers}

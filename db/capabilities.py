@@ -1,0 +1,89 @@
+"""Capability bundles: versioned definitions of sandbox-class MCP servers (append-only)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from db.ids import new_id
+from db.store import Row, Store, _row, _rows
+
+
+class Capabilities:
+    def __init__(self, store: Store) -> None:
+        self.pool = store.pool
+
+    async def publish(self, tenant_id: str, name: str, description: str | None, definition: Any, digest: str) -> Row:
+        """Append version max+1 of ``name`` (v1 for a new name), under a per-name advisory lock."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1 || ':' || $2))", tenant_id, name)
+            version = await conn.fetchval(
+                "SELECT coalesce(max(version), 0) + 1 FROM capability_bundles WHERE tenant_id = $1 AND name = $2",
+                uuid.UUID(tenant_id),
+                name,
+            )
+            row = _row(
+                await conn.fetchrow(
+                    "INSERT INTO capability_bundles (id, tenant_id, name, version, description, definition, "
+                    "definition_digest) VALUES ($1,$2,$3,$4,$5,$6,$7) RETURNING *",
+                    uuid.UUID(new_id()),
+                    uuid.UUID(tenant_id),
+                    name,
+                    version,
+                    description,
+                    definition,
+                    digest,
+                )
+            )
+            assert row is not None
+            return row
+
+    async def all(self, tenant_id: str) -> list[Row]:
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch(
+                    "SELECT * FROM capability_bundles WHERE tenant_id = $1 ORDER BY name, version DESC",
+                    uuid.UUID(tenant_id),
+                )
+            )
+
+    async def get(self, tenant_id: str, bundle_id: str) -> Row | None:
+        try:
+            bid = uuid.UUID(bundle_id)
+        except ValueError:
+            return None
+        async with self.pool.acquire() as conn:
+            return _row(
+                await conn.fetchrow(
+                    "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND id = $2", uuid.UUID(tenant_id), bid
+                )
+            )
+
+    async def resolve(self, tenant_id: str, name: str, version: int | None) -> Row | None:
+        """``name`` → its newest version now; ``name@N`` → exactly N."""
+        async with self.pool.acquire() as conn:
+            if version is None:
+                record = await conn.fetchrow(
+                    "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND name = $2 ORDER BY version DESC LIMIT 1",
+                    uuid.UUID(tenant_id),
+                    name,
+                )
+            else:
+                record = await conn.fetchrow(
+                    "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND name = $2 AND version = $3",
+                    uuid.UUID(tenant_id),
+                    name,
+                    version,
+                )
+            return _row(record)
+
+    async def by_ids(self, ids: list[str]) -> dict[str, Row]:
+        if not ids:
+            return {}
+        async with self.pool.acquire() as conn:
+            rows = _rows(
+                await conn.fetch(
+                    "SELECT * FROM capability_bundles WHERE id = ANY($1::uuid[])", [uuid.UUID(i) for i in ids]
+                )
+            )
+        return {r["id"]: r for r in rows}
