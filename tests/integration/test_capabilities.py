@@ -55,16 +55,43 @@ async def test_bundles_are_versioned_and_listed(api: httpx.AsyncClient) -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"name": "x", "servers": [{"class": "brokered", "name": "gh"}]}, "brokered server 'gh' can no longer be published"),
-        ({"name": "x", "servers": [{"class": "sandbox", "name": "a", "command": "c", "tools": [{"name": "t", "description": "a\u202eb"}]}]},
-         "invisible or control characters"),
-        ({"name": "x", "servers": [{"class": "sandbox", "name": "a", "command": "c", "tools": [{"name": "t", "input_schema": {"type": 5}}]}]},
-         "not a valid JSON Schema"),
+        (
+            {"name": "x", "servers": [{"class": "brokered", "name": "gh"}]},
+            "brokered server 'gh' can no longer be published",
+        ),
+        (
+            {
+                "name": "x",
+                "servers": [
+                    {
+                        "class": "sandbox",
+                        "name": "a",
+                        "command": "c",
+                        "tools": [{"name": "t", "description": "a\u202eb"}],
+                    }
+                ],
+            },
+            "invisible or control characters",
+        ),
+        (
+            {
+                "name": "x",
+                "servers": [
+                    {
+                        "class": "sandbox",
+                        "name": "a",
+                        "command": "c",
+                        "tools": [{"name": "t", "input_schema": {"type": 5}}],
+                    }
+                ],
+            },
+            "not a valid JSON Schema",
+        ),
         ({"name": "x", "servers": [{"class": "sandbox", "name": "A b", "command": "c"}]}, "servers.0.name"),
         ({"name": "x", "servers": [], "extra": 1}, "unknown field 'extra'"),
         ({"name": "x", "servers": [{"class": "sandbox", "name": "a"}]}, "needs a `command`"),
     ],
-)  # fmt: skip
+)
 async def test_bad_bundles_are_refused_and_change_nothing(
     api: httpx.AsyncClient, body: dict[str, Any], message: str
 ) -> None:
