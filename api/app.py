@@ -14,12 +14,23 @@ from fastapi.responses import JSONResponse
 from api import errors
 from api.deps import Services
 from api.hub import EventHub
-from api.routes import agents, approvals, capabilities, connections, health, internal, policies, sessions
+from api.routes import (
+    agents,
+    approvals,
+    capabilities,
+    catalog,
+    connections,
+    health,
+    internal,
+    policies,
+    sessions,
+)
 from config.settings import Settings
 from core.digests import sha256_hex
 from core.policy import parse_policy
 from core.redaction import Redactor
 from db.capabilities import Capabilities
+from db.catalog import Catalog
 from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
@@ -28,6 +39,7 @@ from integrations.urls import UrlPolicy
 
 log = logging.getLogger("fluidbox.api")
 POLICY_DIR = Path(__file__).resolve().parent.parent / "policies"
+CATALOG_FILE = Path(__file__).resolve().parent.parent / "catalog" / "connectors.yaml"
 
 TAGS = [
     {"name": "sessions", "description": "Runs: create, inspect, cancel, outputs, the ledger and its stream."},
@@ -35,6 +47,7 @@ TAGS = [
     {"name": "agents", "description": "Agents and their append-only revisions."},
     {"name": "policies", "description": "Policy documents (versioned; runs freeze a snapshot)."},
     {"name": "connections", "description": "Custodied credentials for MCP servers and their tool snapshots."},
+    {"name": "catalog", "description": "Curated and custom MCP connectors, probing and one-call connect."},
     {"name": "capabilities", "description": "Versioned bundles of sandbox-class MCP servers agents can pin."},
     {"name": "internal", "description": "The runner plane, reached from inside sandboxes."},
     {"name": "health", "description": "Liveness and readiness."},
@@ -70,6 +83,8 @@ def create_app(settings: Settings) -> FastAPI:
         store = Store(pool, Redactor((admin,)))
         tenant_id = await store.boot_tenant()
         await seed_policies(store, tenant_id)
+        catalog = Catalog(store)
+        await catalog.seed(yaml.safe_load(CATALOG_FILE.read_text()))
         hub = EventHub(settings.database_url or "")
         await hub.start()
         svc = Services(
@@ -80,6 +95,7 @@ def create_app(settings: Settings) -> FastAPI:
             admin_digest=sha256_hex(admin),
             connections=Connections(store),
             capabilities=Capabilities(store),
+            catalog=catalog,
             url_policy=UrlPolicy(allow_loopback=settings.allow_loopback_connectors),
             sealer=sealer,
         )
@@ -121,6 +137,6 @@ def create_app(settings: Settings) -> FastAPI:
                 return JSONResponse({"error": "expected content-type: application/json"}, status_code=415)
         return await call_next(request)
 
-    for module in (health, agents, policies, connections, capabilities, sessions, approvals, internal):
+    for module in (health, agents, policies, connections, catalog, capabilities, sessions, approvals, internal):
         app.include_router(module.router)
     return app

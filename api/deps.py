@@ -19,6 +19,7 @@ from core.digests import sha256_hex
 from core.errors import DomainError, NotFound, Unauthorized
 from core.tokens import Audience
 from db.capabilities import Capabilities
+from db.catalog import Catalog
 from db.connections import Connections
 from db.store import Store
 from integrations.sealing import Sealer
@@ -34,6 +35,7 @@ class Services:
     admin_digest: str
     connections: Connections
     capabilities: Capabilities
+    catalog: Catalog
     url_policy: UrlPolicy
     sealer: Sealer | None = None
     _temporal: Client | None = None

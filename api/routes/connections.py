@@ -79,7 +79,7 @@ async def take_photograph(url: str, headers: dict[str, str], *, rolled_back: boo
 @router.post("", summary="Connect an MCP server (the credential is sealed, then the tools photographed)")
 async def create_connection(body: ConnectionCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """A rejected credential or a refused photograph stores nothing."""
-    sealer = sealer_of(svc)
+    sealer_of(svc)
     if body.provider != "mcp_http":
         raise BadRequest(f"unsupported provider '{body.provider}' (supported: mcp_http)")
     if body.owner == "personal":
@@ -88,24 +88,47 @@ async def create_connection(body: ConnectionCreate, op: OperatorDep, svc: Servic
         raise BadRequest("oauth connections are not available yet: use auth_kind static with a token")
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a static connection needs a `token`")
-    token = body.token.get_secret_value()
-    if body.scheme == "Basic" and ":" not in token:
+    return await connect_static(
+        svc,
+        op.tenant_id,
+        base_url=body.base_url,
+        token=body.token.get_secret_value(),
+        header_name=body.header_name,
+        scheme=body.scheme,
+        display_name=body.display_name,
+    )
+
+
+async def connect_static(
+    svc: Services,
+    tenant_id: str,
+    *,
+    base_url: str,
+    token: str,
+    header_name: str | None,
+    scheme: str,
+    display_name: str | None,
+) -> dict[str, Any]:
+    """Admit the URL, photograph with the credential, then seal and store both in one transaction.
+    Any refusal before the insert stores nothing."""
+    sealer = sealer_of(svc)
+    if scheme == "Basic" and ":" not in token:
         raise BadRequest("a Basic credential must be `email:api_token`")
     try:
-        admitted = await svc.url_policy.admit(body.base_url)
+        admitted = await svc.url_policy.admit(base_url)
     except UrlRefused as err:
         raise BadRequest(str(err)) from None
-    headers = auth_headers(token, header_name=body.header_name, scheme=body.scheme)
+    headers = auth_headers(token, header_name=header_name, scheme=scheme)
     photo = await take_photograph(admitted.url, headers, rolled_back=True)
-    sealed = sealer.seal(token, context=credential_context(op.tenant_id))
+    sealed = sealer.seal(token, context=credential_context(tenant_id))
     fields = {
-        "provider": body.provider,
-        "display_name": body.display_name or admitted.url,
+        "provider": "mcp_http",
+        "display_name": display_name or admitted.url,
         "base_url": admitted.url,
-        "header_name": body.header_name,
-        "scheme": body.scheme,
+        "header_name": header_name,
+        "scheme": scheme,
     }
-    row, snapshot = await svc.connections.create(op.tenant_id, fields, sealed, sealer.key_id, photo)
+    row, snapshot = await svc.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
 

@@ -1,7 +1,8 @@
 """A server nobody here wrote: the npm reference server @modelcontextprotocol/server-everything, brokered end to end.
 
 `make install` puts the pinned package under ``.node/``. The server runs with an environment of only PATH and
-PORT, because its ``get-env`` tool returns its whole environment to any caller.
+PORT, because its ``get-env`` tool returns its whole environment to any caller. It has no host setting and listens on
+every interface, so it lives only for this module.
 """
 
 from __future__ import annotations
@@ -43,12 +44,12 @@ def _listening(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def everything(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The URL of a freshly started server-everything (Streamable HTTP) on a free loopback port."""
+    """The loopback URL of a freshly started server-everything (Streamable HTTP) on a free port."""
     node = shutil.which("node")
     if node is None or not ENTRY.is_file():
+        missing = "node is not on PATH" if node is None else f"no {ENTRY}"
         pytest.fail(
-            f"@modelcontextprotocol/server-everything is not installed ({'node is missing' if node is None else f'no {ENTRY}'}):"
-            " install Node.js 20+ and run `make install`",
+            f"server-everything cannot run ({missing}): install Node.js 20+ and run `make install`",
             pytrace=False,
         )
     port = free_port()
@@ -70,7 +71,9 @@ def everything(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             if proc.poll() is not None:
                 pytest.fail(f"server-everything exited ({proc.returncode}): {log_path.read_text()}", pytrace=False)
             if time.monotonic() > deadline:
-                pytest.fail(f"server-everything not listening after {READY_TIMEOUT_S}s: {log_path.read_text()}")
+                pytest.fail(
+                    f"server-everything not listening after {READY_TIMEOUT_S}s: {log_path.read_text()}", pytrace=False
+                )
             time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
@@ -116,9 +119,7 @@ async def test_a_run_calls_the_reference_server_through_the_broker(api: httpx.As
         {"tool": "mcp__everything__get-sum", "input": {"a": "two", "b": 3}},
     ]
     requirement = {"slot": "everything", "connector": {"url": everything}, "required_tools": ["echo", "get-sum"]}
-    agent = await make_agent(
-        api, script, policy=await make_policy(api, POLICY), connection_requirements=[requirement]
-    )
+    agent = await make_agent(api, script, policy=await make_policy(api, POLICY), connection_requirements=[requirement])
     run_id = await start_run(api, agent)
     row = await wait_status(api, run_id, {"completed", "failed"})
     assert row["status"] == "completed", row

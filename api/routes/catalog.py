@@ -1,0 +1,246 @@
+"""The connector catalog, the non-committing probe, and one-call custom server connect."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import httpx
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from api.deps import OperatorDep, Services, ServicesDep
+from api.routes.connections import connect_static, public
+from core.capabilities import parse_bundle
+from core.digests import document_digest
+from core.errors import BadRequest, NotFound
+from integrations import mcp_client
+from integrations.urls import UrlRefused, same_origin_path
+
+router = APIRouter(tags=["catalog"])
+SLUG = r"^[a-z0-9][a-z0-9-]{0,63}$"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CatalogEntryIn(_Body):
+    slug: str = Field(pattern=SLUG)
+    name: str = Field(min_length=1, max_length=200)
+    icon: str | None = Field(default=None, max_length=2048)
+    description: str | None = Field(default=None, max_length=4096)
+    categories: list[str] = Field(default_factory=list, max_length=16)
+    url: str | None = Field(default=None, max_length=2048)
+    transport: Literal["streamable_http", "stdio"] = "streamable_http"
+    auth_mode: Literal["none", "api_key", "oauth"] = "api_key"
+    auth_hints: dict[str, Any] = Field(default_factory=dict)
+    scopes: list[str] = Field(default_factory=list, max_length=64)
+    egress: list[str] = Field(default_factory=list, max_length=64)
+    tool_hints: list[dict[str, Any]] = Field(default_factory=list, max_length=256)
+    sandbox_launch: dict[str, Any] | None = None
+
+
+class ConnectIn(_Body):
+    display_name: str | None = Field(default=None, max_length=200)
+    token: SecretStr | None = None
+    bundle_name: str | None = Field(default=None, pattern=r"^[a-z0-9_-]{1,64}$")
+    owner: Literal["organization", "personal"] = "organization"
+
+
+class ProbeIn(_Body):
+    url: str = Field(min_length=1, max_length=2048)
+
+
+class ServerIn(_Body):
+    url: str = Field(min_length=1, max_length=2048)
+    name: str = Field(min_length=1, max_length=200)
+    auth_mode: Literal["api_key", "oauth", "none"] = "api_key"
+    token: SecretStr | None = None
+    display_name: str | None = Field(default=None, max_length=200)
+    icon: str | None = None
+    description: str | None = Field(default=None, max_length=4096)
+    header_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
+    scheme: Literal["Bearer", "Basic", ""] = "Bearer"
+    owner: Literal["organization", "personal"] = "organization"
+
+
+def entry_public(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in row.items() if k not in ("disabled_at",)}
+    out["created_at"] = row["created_at"].isoformat()
+    return out
+
+
+async def _covering(svc: Services, tenant_id: str, url: str | None) -> dict[str, Any] | None:
+    if not url:
+        return None
+    for conn in await svc.connections.all(tenant_id):
+        if conn["status"] != "revoked" and same_origin_path(conn["base_url"], url):
+            return public(conn)
+    return None
+
+
+@router.get("/v1/catalog", summary="Curated and custom connectors")
+async def catalog(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Each entry with the connection that covers it (if any) and whether it can be connected now."""
+    out = []
+    for row in await svc.catalog.visible(op.tenant_id):
+        connectable = row["auth_mode"] == "api_key" or bool(row["sandbox_launch"])
+        out.append({**entry_public(row), "connection": await _covering(svc, op.tenant_id, row["url"]),
+                    "connectable": connectable})  # fmt: skip
+    return {"connectors": out}
+
+
+@router.get("/v1/catalog/{slug}", summary="One catalog entry")
+async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """404 when unknown or another tenant's custom entry."""
+    row = await svc.catalog.get(op.tenant_id, slug)
+    if row is None:
+        raise NotFound()
+    return {"connector": entry_public(row)}
+
+
+@router.post("/v1/catalog", status_code=201, summary="Add a custom catalog entry (tier custom)")
+async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Tenant-scoped; a slug already used (globally or by this tenant) is a 409."""
+    if body.url is not None:
+        try:
+            await svc.url_policy.admit(body.url)
+        except UrlRefused as err:
+            raise BadRequest(str(err)) from None
+    row = await svc.catalog.create_custom(op.tenant_id, body.model_dump(exclude={"egress"}))
+    return {"connector": entry_public(row)}
+
+
+@router.post("/v1/catalog/{slug}/connect", summary="Connect a catalog entry")
+async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """api_key → a sealed, photographed connection; an in-image server → a sandbox capability bundle."""
+    row = await svc.catalog.get(op.tenant_id, slug)
+    if row is None:
+        raise NotFound()
+    if body.owner == "personal":
+        raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
+    if row["sandbox_launch"]:
+        launch = row["sandbox_launch"]
+        definition = {
+            "name": body.bundle_name or slug.replace("-", "_"),
+            "description": row["description"],
+            "servers": [{"class": "sandbox", "name": slug, "command": launch.get("command"),
+                         "args": launch.get("args", []), "tools": launch.get("tools", [])}],
+        }  # fmt: skip
+        bundle = parse_bundle(definition)
+        doc = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
+        made = await svc.capabilities.publish(op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc))
+        return {"bundle": {"id": made["id"], "name": made["name"], "version": made["version"]}}
+    if row["auth_mode"] == "oauth":
+        raise BadRequest(f"'{slug}' connects with OAuth, which is not available yet; use an api_key connector")
+    if not row["url"]:
+        raise BadRequest(f"'{slug}' has no URL to connect to")
+    if body.token is None or not body.token.get_secret_value():
+        raise BadRequest(f"'{slug}' needs a `token`")
+    hints = row["auth_hints"] or {}
+    return await connect_static(
+        svc,
+        op.tenant_id,
+        base_url=row["url"],
+        token=body.token.get_secret_value(),
+        header_name=hints.get("header_name"),
+        scheme=hints.get("scheme", "Bearer"),
+        display_name=body.display_name or row["name"],
+    )
+
+
+async def _oauth_metadata(url: str) -> dict[str, Any] | None:
+    """RFC 9728 protected-resource metadata, if the server publishes it (no redirects, no env proxies)."""
+    origin, _, rest = url.partition("://")
+    host, _, path = rest.partition("/")
+    candidates = [f"{origin}://{host}/.well-known/oauth-protected-resource/{path}".rstrip("/"),
+                  f"{origin}://{host}/.well-known/oauth-protected-resource"]  # fmt: skip
+    async with httpx.AsyncClient(timeout=5, follow_redirects=False, trust_env=False) as client:
+        for candidate in candidates:
+            try:
+                r = await client.get(candidate)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                try:
+                    doc = r.json()
+                except ValueError:
+                    continue
+                if isinstance(doc, dict) and doc.get("authorization_servers"):
+                    return doc
+    return None
+
+
+@router.post("/v1/mcp/probe", summary="Detect a URL's auth mode and preview its tools (stores nothing)")
+async def probe(body: ProbeIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Unreachable servers answer ``reachable: false``; nothing is ever stored."""
+    try:
+        admitted = await svc.url_policy.admit(body.url)
+    except UrlRefused as err:
+        raise BadRequest(str(err)) from None
+    out: dict[str, Any] = {"url": admitted.url, "transport": "streamable_http", "reachable": True,
+                           "tools_preview": [], "tools_truncated": False, "oauth": None, "notes": []}  # fmt: skip
+    try:
+        photo = await mcp_client.photograph(admitted.url, {}, timeout=10)
+    except mcp_client.AuthRejected:
+        meta = await _oauth_metadata(admitted.url)
+        out |= {"auth_mode": "oauth" if meta else "api_key", "oauth_available": bool(meta), "static_possible": True}
+        if meta:
+            out["oauth"] = {
+                "issuer": meta["authorization_servers"][0],
+                "scopes_supported": meta.get("scopes_supported"),
+            }
+        out["notes"].append("the server requires credentials; tools are listed once connected")
+        return out
+    except mcp_client.McpClientError as err:
+        out |= {"reachable": False, "auth_mode": None, "oauth_available": False, "static_possible": False}
+        out["notes"].append(str(err))
+        return out
+    preview = [{"name": t["name"], "description": t.get("description", "")} for t in photo.tools]
+    out |= {"auth_mode": "none", "oauth_available": False, "static_possible": True,
+            "tools_preview": preview[:50], "tools_truncated": len(preview) > 50}  # fmt: skip
+    out["notes"].append(f"negotiated MCP {photo.protocol_version}")
+    return out
+
+
+def slugify(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:64].strip("-")
+    if not slug:
+        raise BadRequest("`name` must contain letters or digits")
+    return slug
+
+
+@router.post("/v1/mcp/servers", summary="Add a custom MCP server and connect it in one call")
+async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Creates a custom catalog entry and a connection; a failed connect leaves no orphan entry."""
+    if body.owner == "personal":
+        raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
+    if body.auth_mode != "api_key":
+        raise BadRequest("only api_key servers can be connected in one call today")
+    if body.token is None or not body.token.get_secret_value():
+        raise BadRequest("an api_key server needs a `token`")
+    try:
+        await svc.url_policy.admit(body.url)
+    except UrlRefused as err:
+        raise BadRequest(str(err)) from None
+    hints = {"header_name": body.header_name, "scheme": body.scheme}
+    entry = await svc.catalog.create_custom(
+        op.tenant_id,
+        {"slug": slugify(body.name), "name": body.name, "icon": body.icon, "description": body.description,
+         "url": body.url, "transport": "streamable_http", "auth_mode": "api_key", "auth_hints": hints},
+    )  # fmt: skip
+    try:
+        connected = await connect_static(
+            svc,
+            op.tenant_id,
+            base_url=body.url,
+            token=body.token.get_secret_value(),
+            header_name=body.header_name,
+            scheme=body.scheme,
+            display_name=body.display_name or body.name,
+        )
+    except Exception:
+        await svc.catalog.delete(entry["id"])
+        raise
+    return {"connector": entry_public(entry), **connected}
