@@ -209,6 +209,7 @@ class RunActivities:
             return c.StatusOut(status=row["status"])
         intent = await self.store.finalization(run_id) or {"outcome": "failed", "summary": None, "reason": None}
         await self.store.deny_open_approvals(run_id, "session is not active")
+        await self.store.settle_inflight_claims(run_id)
         handle = self._handle(row)
         if handle is not None:
             await self.provider.destroy(handle)

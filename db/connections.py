@@ -21,6 +21,7 @@ CONNECTION_FIELDS = (
 )
 TERMINAL_CLAIMS = frozenset({"succeeded", "failed_upstream", "ambiguous"})
 MAX_ATTEMPTS = 3
+CLAIM_TTL_SECS = 600.0
 
 
 class Connections:
@@ -245,6 +246,23 @@ class Connections:
                 return await self._claim(conn, run_id, tool_call_id, digest)
             except NotFound:
                 return None
+
+    async def expire_stale(self, run_id: str, ttl_secs: float, event_for: Any) -> list[Row]:
+        """``claimed`` for longer than ``ttl_secs`` (a dispatcher died mid-call): the outcome is
+        unknown, so the claim becomes ``ambiguous`` and is never dispatched again."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = _rows(
+                await conn.fetch(
+                    "UPDATE tool_execution_claims SET state = 'ambiguous', settled_at = now(), "
+                    "error = 'dispatcher lost while the call was in flight' WHERE session_id = $1 "
+                    "AND state = 'claimed' AND claimed_at < now() - make_interval(secs => $2) RETURNING *",
+                    uuid.UUID(run_id),
+                    float(ttl_secs),
+                )
+            )
+            if rows:
+                await self.store.append(conn, run_id, [event_for(r) for r in rows])
+            return rows
 
     async def take(self, run_id: str, tool_call_id: str, digest: str) -> Row | None:
         """CAS registered|failed_before_send → claimed (attempt + 1); None when someone else holds it

@@ -892,6 +892,31 @@ class Store:
             for row in rows:
                 await self._settle(conn, row, "denied", "system", "session_terminal", reason)
 
+    async def settle_inflight_claims(self, run_id: str) -> None:
+        """A run that ends with a brokered call still ``claimed`` cannot learn its outcome: ambiguous."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                "UPDATE tool_execution_claims SET state = 'ambiguous', settled_at = now(), "
+                "error = 'the run ended while the call was in flight' WHERE session_id = $1 AND state = 'claimed' "
+                "RETURNING tool_call_id, tool, binding_id",
+                uuid.UUID(run_id),
+            )
+            new = [
+                ev.NewEvent(
+                    type="tool.brokered",
+                    data={
+                        "tool_call_id": r["tool_call_id"],
+                        "tool": r["tool"],
+                        "binding_id": str(r["binding_id"]),
+                        "ok": False,
+                        "outcome": "ambiguous",
+                        "error": "the run ended while the call was in flight",
+                    },
+                )
+                for r in rows
+            ]
+            await self.append(conn, run_id, new)
+
     async def get_approval(self, approval_id: str) -> Row | None:
         async with self.pool.acquire() as conn:
             return _row(await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id)))

@@ -22,7 +22,7 @@ from core.errors import BadRequest, Unavailable
 from core.states import RunStatus, accepts_work, is_terminal
 from core.tokens import Audience
 from core.tools import split_mcp
-from db.connections import MAX_ATTEMPTS
+from db.connections import CLAIM_TTL_SECS, MAX_ATTEMPTS
 from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.api.internal")
@@ -67,6 +67,20 @@ async def permission(run_id: str, req: PermissionRequest, request: Request, svc:
     return await gate(svc, run_id, req)
 
 
+def stale_claim_event(claim: dict[str, Any]) -> ev.NewEvent:
+    return ev.NewEvent(
+        type="tool.brokered",
+        data={
+            "tool_call_id": claim["tool_call_id"],
+            "tool": claim["tool"],
+            "binding_id": str(claim["binding_id"]),
+            "ok": False,
+            "outcome": "ambiguous",
+            "error": "dispatcher lost while the call was in flight",
+        },
+    )
+
+
 def _envelope(claim: dict[str, Any]) -> dict[str, Any]:
     state = claim["state"]
     if state in ("succeeded", "failed_upstream"):
@@ -107,6 +121,7 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
         return {"ok": False, "denied": True, "message": decision.message}
     assert surface is not None  # the gate denies tools outside the frozen brokered surfaces
     digest = input_digest(req.tool, req.input)
+    await svc.connections.expire_stale(run_id, CLAIM_TTL_SECS, stale_claim_event)
     claim = await svc.connections.register_claim(
         run_id, req.tool_call_id, digest, surface["binding_id"], req.tool, req.input
     )

@@ -113,6 +113,12 @@ async def resolve_bindings(
     frozen = []
     for req in requirements:
         slot, url, needed = req["slot"], req["connector"]["url"], list(req["required_tools"])
+        if req.get("binding_mode") == "invoking_user":
+            # Personal connections belong to signed-in users; an operator-started run has no user.
+            raise BadRequest(
+                f"requirement slot '{slot}' binds to the invoking user's personal connection, and a run "
+                "started with the operator token has no user"
+            )
         candidates = [c for c in await svc.connections.candidates(tenant_id) if same_url(c["base_url"], url)]
         if slot in explicit:
             candidates = [c for c in candidates if str(c["id"]) == explicit[slot]]

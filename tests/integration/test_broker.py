@@ -221,3 +221,86 @@ async def test_refresh_gives_new_runs_the_new_snapshot_while_a_running_one_keeps
         await api.post(f"/v1/sessions/{run_id}/cancel")
         await wait_status(api, run_id, {"cancelled"})
         assert "tool.brokered" not in types(await events(api, run_id))
+
+
+async def test_custom_header_auth_and_endless_pagination(api: httpx.AsyncClient) -> None:
+    from tests.mcp_servers import endless, header
+
+    value = "hv-" + secrets.token_hex(8)
+    async with serve(header("X-Api-Key", value)) as srv:
+        r = await api.post(
+            "/v1/connections",
+            json={
+                "provider": "mcp_http",
+                "base_url": srv.url,
+                "token": value,
+                "header_name": "X-Api-Key",
+                "scheme": "",
+            },
+        )
+        assert r.status_code == 200 and value not in r.text, r.text
+        wrong = await api.post(
+            "/v1/connections",
+            json={"provider": "mcp_http", "base_url": srv.url, "token": value, "scheme": "Bearer"},
+        )
+        assert wrong.status_code == 400 and "rolled back" in wrong.json()["error"]
+    async with serve(endless()) as srv:
+        before = (await api.get("/v1/connections")).json()["connections"]
+        r = await api.post(
+            "/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "x-" + secrets.token_hex(4)}
+        )
+        assert r.status_code == 502 and "could not photograph" in r.json()["error"]
+        assert (await api.get("/v1/connections")).json()["connections"] == before, "a partial listing stores nothing"
+
+
+async def test_an_invoking_user_requirement_fails_closed_for_operator_runs(api: httpx.AsyncClient) -> None:
+    async with serve(basic()) as srv:
+        await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+        req = {**requirement(srv.url, ["add"]), "binding_mode": "invoking_user"}
+        agent = await make_agent(api, [{"say": "hi"}], connection_requirements=[req])
+        r = await api.post("/v1/sessions", json={"agent": agent, "task": "t"})
+        assert r.status_code == 400 and "invoking user's personal connection" in r.json()["error"]
+
+
+async def test_a_claim_whose_dispatcher_died_becomes_ambiguous_and_is_never_resent(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    """A claim stuck in ``claimed`` past its TTL (the broker died mid-call) is settled ambiguous."""
+    import uuid
+
+    from core.digests import input_digest
+    from db.engine import create_pool
+
+    async with serve(basic()) as srv:
+        await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+        agent = await make_agent(
+            api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
+            connection_requirements=[requirement(srv.url, ["add"])],
+        )  # fmt: skip
+        run_id = await start_run(api, agent)
+        await wait_status(api, run_id, {"running"})
+        binding_id = (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["run_spec"]["brokered"][0][
+            "binding_id"
+        ]
+        body = {"tool_call_id": "lost-1", "tool": "mcp__calc__add", "input": {"a": 1, "b": 1}}
+        pool = await create_pool(stack.database_url or "", min_size=1, max_size=1)
+        try:
+            async with pool.acquire() as conn:  # what a dispatcher that died after claiming leaves behind
+                await conn.execute(
+                    "INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, tool,"
+                    " input, state, attempts, claimed_at) VALUES ($1, $2, $3, $4, $5, $6, 'claimed', 1,"
+                    " now() - interval '11 minutes')",
+                    uuid.UUID(run_id), "lost-1", input_digest(body["tool"], body["input"]), uuid.UUID(binding_id),
+                    body["tool"], body["input"],
+                )  # fmt: skip
+        finally:
+            await pool.close()
+        token = await issue_token(stack.database_url or "", run_id, "tool")
+        async with httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}) as runner:
+            answer = (await runner.post(f"/internal/sessions/{run_id}/tools/call", json=body)).json()
+        assert answer == {"ok": False, "error": "brokered call outcome ambiguous — not retried"}
+        assert srv.call_count("add") == 0
+        lost = [e["payload"]["data"] for e in await events(api, run_id) if e["type"] == "tool.brokered"]
+        assert [(d["tool_call_id"], d["outcome"]) for d in lost] == [("lost-1", "ambiguous")]
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})
