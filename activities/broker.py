@@ -15,16 +15,15 @@ from temporalio import activity
 from activities import contracts as c
 from core import events as ev
 from core.digests import document_digest
+from core.errors import NotFound
+from core.redaction import MARK
+from core.states import accepts_work
 from core.tools import split_mcp
-from db.connections import Connections
+from db.connections import Connections, credential_context
 from integrations import mcp_client
 from integrations.headers import auth_headers
 from integrations.sealing import Sealer, SealingError
 from integrations.urls import UrlPolicy, UrlRefused
-
-
-def credential_context(tenant_id: str) -> str:
-    return f"{tenant_id}:integration_connections.credential"
 
 
 class BrokerActivities:
@@ -70,25 +69,31 @@ class BrokerActivities:
             return await self._refuse(inp, claim, "the bound connection changed owner since this run started")
         if self.sealer is None:
             return await self._refuse(inp, claim, "credential storage is disabled on this worker")
+        run = await self.store.get_run(None, inp.run_id)
+        if run is None or not accepts_work(run["status"]):
+            return await self._refuse(inp, claim, "session is not active")
+        spec = await self.store.run_spec(inp.run_id)
+        try:
+            # Read right before use, and only while the binding still holds: a revoke or a
+            # reauthorization that lands after the check above still refuses, with nothing sent.
+            blob, _ = await self.connections.credential(str(binding["connection_id"]), binding["authority_generation"])
+            token = self.sealer.open(blob, context=credential_context(spec.tenant_id)).decode()
+        except (NotFound, SealingError):
+            return await self._refuse(inp, claim, "the bound connection's credential is no longer usable")
         taken = await self.connections.take(inp.run_id, inp.tool_call_id, inp.input_digest)
         if taken is None:  # someone else holds it, or its outcome is final
             current = await self.connections.claim(inp.run_id, inp.tool_call_id, inp.input_digest)
             return c.BrokerOut(state=current["state"] if current else "missing")
-        spec = await self.store.run_spec(inp.run_id)
         surface = next(b for b in spec.brokered if b["binding_id"] == claim["binding_id"])
         split = split_mcp(claim["tool"])
         assert split is not None
         started = time.monotonic()
         try:
             # Admitted again right before connecting: a name that now resolves somewhere forbidden
-            # (DNS rebinding) is refused with nothing sent.
+            # is refused with nothing sent (the resolve-then-connect window remains; see urls.py).
             await self.url_policy.admit(binding["base_url"])
-            blob, _ = await self.connections.credential(str(binding["connection_id"]))
-            token = self.sealer.open(blob, context=credential_context(spec.tenant_id)).decode()
         except UrlRefused as err:
             outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
-        except (SealingError, LookupError) as err:
-            outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=f"credential: {err}")
         else:
             headers = auth_headers(token, header_name=binding["header_name"], scheme=binding["scheme"])
             outcome = await mcp_client.call_tool(
@@ -99,7 +104,10 @@ class BrokerActivities:
                 expected_protocol=surface.get("protocol_version"),
             )
         latency_ms = int((time.monotonic() - started) * 1000)
-        error = outcome.error.replace("{id}", str(binding["connection_id"])) if outcome.error else None
+        # An upstream that echoes the credential back must not carry it into the ledger or the sandbox.
+        result = _without(outcome.result, token)
+        error = _without(outcome.error, token)
+        error = error.replace("{id}", str(binding["connection_id"])) if error else None
         data: dict[str, Any] = {
             "tool_call_id": inp.tool_call_id,
             "tool": claim["tool"],
@@ -109,8 +117,8 @@ class BrokerActivities:
             "latency_ms": latency_ms,
             "outcome": outcome.outcome,
         }
-        if outcome.result is not None:
-            data["result_digest"] = document_digest(outcome.result)
+        if result is not None:
+            data["result_digest"] = document_digest(result)
         if error:
             data["error"] = error
         row = await self.connections.settle(
@@ -118,7 +126,7 @@ class BrokerActivities:
             inp.tool_call_id,
             inp.input_digest,
             outcome.outcome,
-            outcome.result,
+            result,
             error,
             ev.NewEvent(type="tool.brokered", data=data),
         )
@@ -126,3 +134,16 @@ class BrokerActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.broker_call]
+
+
+def _without(value: Any, secret: str) -> Any:
+    """``value`` with every occurrence of ``secret`` replaced, at any depth of a JSON value."""
+    if value is None or len(secret) < 4:
+        return value
+    if isinstance(value, str):
+        return value.replace(secret, MARK)
+    if isinstance(value, dict):
+        return {k: _without(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without(v, secret) for v in value]
+    return value

@@ -120,9 +120,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.middleware("http")
     async def planes(request: Request, call_next):  # type: ignore[no-untyped-def]
-        # A Unix-socket connection has no server address: that is the sandboxes' gateway, which
-        # serves the runner plane only. The public API is not even routable from a sandbox.
-        if request.scope.get("server") is None and not request.url.path.startswith("/internal/"):
+        # A Unix-socket connection has no TCP port (uvicorn reports (path, None)): that is the
+        # sandboxes' gateway, which serves the runner plane only. /v1 is not routable from a sandbox.
+        server = request.scope.get("server")
+        on_gateway = server is None or server[1] is None
+        if on_gateway and not request.url.path.startswith("/internal/"):
             return JSONResponse({"error": "not found"}, status_code=404)
         return await call_next(request)
 

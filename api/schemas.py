@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.contract import ReplayStep
 from core.policy import Budgets
+from core.redaction import scrub_text
 
 
 class _Body(BaseModel):
@@ -195,3 +196,13 @@ EVENT_FIELDS = ("event_id", "session_id", "seq", "actor", "type", "payload", "oc
 
 def pick(row: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     return {f: _jsonable(row.get(f)) for f in fields}
+
+
+def approval_public(row: dict[str, Any]) -> dict[str, Any]:
+    """An approval as the API shows it. The stored scope key stays exact (redacting it would make two
+    different secrets compare equal and widen a session approval); the response is scrubbed."""
+    out = pick(row, APPROVAL_FIELDS)
+    for key in ("summary", "scope_key"):
+        if isinstance(out[key], str):
+            out[key] = scrub_text(out[key])
+    return out

@@ -19,9 +19,13 @@ CONNECTION_FIELDS = (
     "id, tenant_id, provider, display_name, base_url, auth_kind, header_name, scheme, status, owner_type, "
     "owner_user_id, authorization_generation, metadata, created_at, updated_at"
 )
-TERMINAL_CLAIMS = frozenset({"succeeded", "failed_upstream", "ambiguous"})
 MAX_ATTEMPTS = 3
 CLAIM_TTL_SECS = 600.0
+
+
+def credential_context(tenant_id: str) -> str:
+    """The AAD context of a connection credential: a blob moved to another tenant or column fails."""
+    return f"{tenant_id}:integration_connections.credential"
 
 
 class Connections:
@@ -81,12 +85,15 @@ class Connections:
                 )
             )
 
-    async def credential(self, connection_id: str) -> tuple[bytes, str]:
-        """The sealed blob and key id; only the broker and refresh paths read it, and only to unseal."""
+    async def credential(self, connection_id: str, generation: int | None = None) -> tuple[bytes, str]:
+        """The sealed blob and key id, only while the connection is active (and, for the broker, still
+        at the bound authorization generation). Only the broker and refresh paths read it."""
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
-                "SELECT credential_sealed, credential_key_id FROM integration_connections WHERE id = $1",
+                "SELECT credential_sealed, credential_key_id FROM integration_connections WHERE id = $1 "
+                "AND status = 'active' AND ($2::int IS NULL OR authorization_generation = $2)",
                 uuid.UUID(connection_id),
+                generation,
             )
         if row is None or row["credential_sealed"] is None:
             raise NotFound()

@@ -651,23 +651,25 @@ class Store:
         rid = uuid.UUID(run_id)
         async with self.pool.acquire() as conn, conn.transaction():
             # The session row lock serializes one run's gate calls: budget counts and seq stay exact.
-            session = await conn.fetchrow(
-                "SELECT s.status, s.gate_calls, f.session_id IS NOT NULL AS winding_down FROM sessions s"
-                " LEFT JOIN session_finalizations f ON f.session_id = s.id WHERE s.id = $1 FOR UPDATE OF s",
-                rid,
-            )
+            session = await conn.fetchrow("SELECT status, gate_calls FROM sessions WHERE id = $1 FOR UPDATE", rid)
             if session is None or not accepts_work(session["status"]):
                 return GateOutcome("deny", "session is not active")
-            # A separate statement after the lock: under READ COMMITTED it sees every intent committed
-            # by a concurrent call we waited for (a join inside the locking query would not).
+            # Separate statements after the lock: under READ COMMITTED they see what a concurrent
+            # transaction we waited for committed (an intent, a cancel); a join inside the locking
+            # query would keep the pre-wait snapshot of the joined tables.
             existing = _row(
                 await conn.fetchrow(
-                    "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2", rid, tool_call_id
+                    "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2",
+                    rid,
+                    tool_call_id,
                 )
+            )
+            winding_down = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM session_finalizations WHERE session_id = $1)", rid
             )
             if existing is not None:
                 return await self._replay(conn, run_id, existing, tool, digest)
-            if session["winding_down"]:
+            if winding_down:
                 # A result, a cancel or a budget stop is recorded: no new work starts.
                 return GateOutcome("deny", "session is not active")
             count = session["gate_calls"] + 1
@@ -688,7 +690,7 @@ class Store:
                     )
             status = {"allow": "auto_allowed", "deny": "auto_denied"}.get(decision.verdict, "intent")
             policy = decision.policy
-            summary = ev.summarize(tool, tool_input)
+            summary = str(self.redactor.redact(ev.summarize(tool, tool_input)).value)
             row = _row(
                 await conn.fetchrow(
                     "INSERT INTO approvals (id, tenant_id, session_id, tool_call_id, tool, summary, input_digest,"
@@ -865,7 +867,12 @@ class Store:
             if row["status"] != "pending":
                 raise Conflict("approval is not pending")
             # Lock order (session, then approval) matches the gate's, so concurrent deciders queue here.
-            await conn.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(row["session_id"]))
+            status = await conn.fetchval(
+                "SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(row["session_id"])
+            )
+            if not accepts_work(status):
+                # The runner has already been told no; a late approval must not record an allow.
+                raise Conflict("approval is not pending")
             return await self._settle(conn, row, decision, decided_by, "human", f"human:{decided_by}")
 
     async def expire_approval(self, approval_id: str) -> Row:

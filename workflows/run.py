@@ -6,7 +6,6 @@ is an activity called by name; the workflow only decides what happens next.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timedelta
 from typing import TypeVar, cast
 
@@ -31,6 +30,7 @@ class RunWorkflow:
         self._closing = False
         self._decisions: dict[str, str] = {}
         self._status = "created"
+        self._brokering = 0  # brokered calls executing right now
 
     # ---- messages ------------------------------------------------------------------------------
 
@@ -51,14 +51,18 @@ class RunWorkflow:
     @workflow.update
     async def broker_call(self, call: c.BrokerCall) -> c.BrokerOut:
         """Execute one allowed brokered call in the control plane. Update id carries the attempt."""
-        return await self._act(
-            c.BROKER_CALL,
-            c.BrokerIn(run_id=self._inp.run_id, tool_call_id=call.tool_call_id, input_digest=call.input_digest),
-            c.BrokerOut,
-            timeout=timedelta(minutes=15),
-            # Never retried by Temporal: after the claim is taken, a retry could send twice.
-            retry=RetryPolicy(maximum_attempts=1),
-        )
+        self._brokering += 1
+        try:
+            return await self._act(
+                c.BROKER_CALL,
+                c.BrokerIn(run_id=self._inp.run_id, tool_call_id=call.tool_call_id, input_digest=call.input_digest),
+                c.BrokerOut,
+                timeout=timedelta(minutes=15),
+                # Never retried by Temporal: after the claim is taken, a retry could send twice.
+                retry=RetryPolicy(maximum_attempts=1),
+            )
+        finally:
+            self._brokering -= 1
 
     @broker_call.validator
     def _validate_broker_call(self, call: c.BrokerCall) -> None:
@@ -77,9 +81,9 @@ class RunWorkflow:
         if row.status == "pending":
             self._set_status("awaiting_approval")
             row = await self._wait_for_decision(ref, row)
-            await self._act(c.RESUME_AFTER_APPROVAL, c.RunRef(run_id=self._inp.run_id), c.StatusOut)
+            resumed = await self._act(c.RESUME_AFTER_APPROVAL, c.RunRef(run_id=self._inp.run_id), c.StatusOut)
             if not self._closing:
-                self._set_status("running")
+                self._set_status(resumed.status)  # still awaiting_approval while another call waits
         if row.status in ALLOWED:
             return c.ApprovalVerdict(decision="allow")
         return c.ApprovalVerdict(decision="deny", message=row.reason or "denied by a human")
@@ -179,7 +183,9 @@ class RunWorkflow:
         ref = c.RunRef(run_id=self._inp.run_id)
         begun = await self._act(c.BEGIN_FINALIZE, ref, c.BeginFinalizeOut)
         self._set_status(begun.status)
-        self._closing = True  # pending approval waits now answer deny
+        self._closing = True  # pending approval waits now answer deny; new brokered calls are refused
+        # A brokered call already executing finishes and records its real outcome before teardown.
+        await workflow.wait_condition(lambda: self._brokering == 0)
         if begun.needs_quiesce:
             await self._act(
                 c.AWAIT_SANDBOX_EXIT,
@@ -229,4 +235,4 @@ def _cause(err: ActivityError) -> str:
 
 WORKFLOWS = [RunWorkflow]
 
-__all__ = ["WORKFLOWS", "RunWorkflow", "asyncio"]
+__all__ = ["WORKFLOWS", "RunWorkflow"]

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from activities import contracts as c
 from api.deps import OperatorDep, ServicesDep
 from api.routes.sessions import run_handle
-from api.schemas import APPROVAL_FIELDS, DecisionIn, pick
+from api.schemas import DecisionIn, approval_public
 from core.errors import BadRequest
 from workflows.run import RunWorkflow
 
@@ -31,7 +31,7 @@ DECISIONS = {
 async def inbox(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Every pending approval of the tenant, oldest first."""
     rows = await svc.store.list_approvals(op.tenant_id)
-    return {"approvals": [pick(r, APPROVAL_FIELDS) for r in rows]}
+    return {"approvals": [approval_public(r) for r in rows]}
 
 
 @router.post("/{approval_id}/decision", summary="Approve or deny")
@@ -48,4 +48,4 @@ async def decide(approval_id: str, body: DecisionIn, op: OperatorDep, svc: Servi
     except Exception:
         # Settled in PostgreSQL already; the workflow's slow re-read picks it up.
         log.warning("approval signal for run %s not delivered", row["session_id"], exc_info=True)
-    return {"approval": pick(row, APPROVAL_FIELDS)}
+    return {"approval": approval_public(row)}

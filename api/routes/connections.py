@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from api.deps import OperatorDep, Services, ServicesDep
 from core.errors import BadRequest, NotFound, Unavailable, UpstreamFailed
+from db.connections import credential_context
 from integrations import mcp_client
 from integrations.headers import auth_headers
 from integrations.urls import UrlRefused
@@ -30,10 +31,6 @@ class ConnectionCreate(BaseModel):
     header_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
     scheme: Literal["Bearer", "Basic", ""] = "Bearer"
     owner: Literal["organization", "personal"] = "organization"
-
-
-def credential_context(tenant_id: str) -> str:
-    return f"{tenant_id}:integration_connections.credential"
 
 
 def sealer_of(svc: Services) -> Any:
@@ -175,9 +172,13 @@ async def refresh(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict
         raise NotFound()
     if row["status"] != "active":
         raise BadRequest(f"connection is {row['status']}")
+    try:
+        admitted = await svc.url_policy.admit(row["base_url"])  # it may resolve elsewhere by now
+    except UrlRefused as err:
+        raise BadRequest(str(err)) from None
     blob, _ = await svc.connections.credential(connection_id)
     token = sealer.open(blob, context=credential_context(op.tenant_id)).decode()
     headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
-    photo = await take_photograph(row["base_url"], headers, rolled_back=False)
+    photo = await take_photograph(admitted.url, headers, rolled_back=False)
     snapshot = await svc.connections.refresh(connection_id, row["authorization_generation"], photo)
     return {"snapshot": snapshot_public(snapshot)}

@@ -116,10 +116,14 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
         and any(s.get("name") == split[0] for bundle in spec.capabilities for s in bundle.get("servers", []))
     ):
         raise BadRequest(f"tool '{req.tool}' is sandbox-class — it executes inside the sandbox, not through the broker")
+    if surface is None:
+        # Refused before the gate: nothing is registered and no budget is spent.
+        raise BadRequest(
+            f"tool '{req.tool}' is not a brokered tool of this run (brokered tools are mcp__<slot>__<tool>)"
+        )
     decision = await gate(svc, run_id, req)
     if decision.decision == "deny":
         return {"ok": False, "denied": True, "message": decision.message}
-    assert surface is not None  # the gate denies tools outside the frozen brokered surfaces
     digest = input_digest(req.tool, req.input)
     await svc.connections.expire_stale(run_id, CLAIM_TTL_SECS, stale_claim_event)
     claim = await svc.connections.register_claim(

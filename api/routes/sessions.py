@@ -25,17 +25,18 @@ from activities.env import runner_env
 from api.deps import OperatorDep, Services, ServicesDep
 from api.routes.agents import workspace_doc
 from api.schemas import (
-    APPROVAL_FIELDS,
     ARTIFACT_FIELDS,
     EVENT_FIELDS,
     SESSION_FIELDS,
     SessionCreate,
+    approval_public,
     pick,
 )
 from core.capabilities import frozen_entry
 from core.digests import document_digest
 from core.errors import BadRequest, NotFound, Unavailable, Unprocessable
 from core.harnesses import RUNNABLE
+from core.redaction import scrub_text
 from core.runspec import InvocationContext, WorkspaceSpec, freeze
 from core.states import RunStatus
 from db.ids import new_id
@@ -227,7 +228,7 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
             search_attributes=TypedSearchAttributes(
                 [SearchAttributePair(c.RUN_STATUS, "created"), SearchAttributePair(c.AGENT_NAME, spec.agent_name)]
             ),
-            static_summary=f"{spec.agent_name}: {spec.task[:120]}",
+            static_summary=scrub_text(f"{spec.agent_name}: {spec.task[:120]}"),
         )
     except Exception as exc:
         log.exception("could not start the workflow of run %s", run_id)
@@ -298,7 +299,7 @@ async def session_approvals(run_id: str, op: OperatorDep, svc: ServicesDep) -> d
     """Includes auto-decided intents, not only human approvals."""
     await _run(svc, op.tenant_id, run_id)
     rows = await svc.store.list_approvals(op.tenant_id, run_id=run_id)
-    return {"approvals": [pick(r, APPROVAL_FIELDS) for r in rows]}
+    return {"approvals": [approval_public(r) for r in rows]}
 
 
 @router.get("/{run_id}/events", summary="The ledger, after a sequence number")

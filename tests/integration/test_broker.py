@@ -304,3 +304,33 @@ async def test_a_claim_whose_dispatcher_died_becomes_ambiguous_and_is_never_rese
         assert [(d["tool_call_id"], d["outcome"]) for d in lost] == [("lost-1", "ambiguous")]
         await api.post(f"/v1/sessions/{run_id}/cancel")
         await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_tools_call_refuses_a_non_brokered_tool_before_the_gate(api: httpx.AsyncClient, stack: Stack) -> None:
+    async with serve(basic()) as srv:
+        await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+        agent = await make_agent(
+            api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
+            connection_requirements=[requirement(srv.url, ["add"])],
+        )  # fmt: skip
+        run_id = await start_run(api, agent)
+        await wait_status(api, run_id, {"running"})
+        token = await issue_token(stack.database_url or "", run_id, "tool")
+        async with httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}) as runner:
+            for tool in ("Read", "mcp__other__add"):
+                r = await runner.post(
+                    f"/internal/sessions/{run_id}/tools/call", json={"tool_call_id": tool, "tool": tool, "input": {}}
+                )
+                assert r.status_code == 400 and "is not a brokered tool of this run" in r.json()["error"]
+            drift = await runner.post(
+                f"/internal/sessions/{run_id}/tools/call",
+                json={"tool_call_id": "d1", "tool": "mcp__calc__echo", "input": {"text": "x"}},
+            )
+            assert drift.json()["denied"] is True and "not in this run's frozen tool set" in drift.json()["message"]
+        assert srv.call_count() == 0
+        requested = [
+            e["payload"]["data"]["tool_call_id"] for e in await events(api, run_id) if e["type"] == "tool.requested"
+        ]
+        assert requested == ["d1"]
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})

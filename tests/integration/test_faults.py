@@ -189,3 +189,54 @@ async def test_concurrent_duplicates_of_a_new_tool_call_register_one_intent(
     assert types(evs).count("tool.requested") == 1 and types(evs).count("tool.decision") == 1
     await api.post(f"/v1/sessions/{run_id}/cancel")
     await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_the_gateway_socket_serves_only_the_runner_plane_and_tokens_stay_with_their_run(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    socket_path = stack.home / "gateway" / "api.sock"
+    async with httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(socket_path)), base_url="http://fluidbox"
+    ) as gw:
+        for path in ("/v1/health", "/v1/sessions", "/docs", "/openapi.json"):
+            r = await gw.get(path, headers={"authorization": api.headers["authorization"]})
+            assert (r.status_code, r.json()) == (404, {"error": "not found"}), path
+    one = await start_run(api, await make_agent(api, IDLE))
+    two = await start_run(api, await make_agent(api, IDLE))
+    await wait_status(api, one, {"running"})
+    await wait_status(api, two, {"running"})
+    token_one = await issue_token(stack.database_url or "", one, "tool")
+    async with runner_client(stack, token_one) as runner:
+        body = {"tool_call_id": "x", "tool": "Read", "input": {"file_path": "/workspace/a"}}
+        other = await runner.post(f"/internal/sessions/{two}/permission", json=body)
+        assert (other.status_code, other.json()) == (404, {"error": "not found"})
+    assert "tool.requested" not in types(await events(api, two))
+    for run_id in (one, two):
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_a_cancelled_run_accepts_no_new_tool_call(api: httpx.AsyncClient, stack: Stack) -> None:
+    run_id = await start_run(api, await make_agent(api, IDLE))
+    await wait_status(api, run_id, {"running"})
+    tool = await issue_token(stack.database_url or "", run_id, "tool")
+    assert (await api.post(f"/v1/sessions/{run_id}/cancel")).json() == {"cancelled": True}
+    async with runner_client(stack, tool) as runner:
+        body = {"tool_call_id": "after-cancel", "tool": "Read", "input": {"file_path": "/workspace/a"}}
+        r = await runner.post(f"/internal/sessions/{run_id}/permission", json=body)
+        assert r.json() == {"decision": "deny", "message": "session is not active"}
+    await wait_status(api, run_id, {"cancelled"})
+    assert "tool.requested" not in types(await events(api, run_id))
+
+
+async def test_approval_summaries_are_redacted_like_the_ledger(api: httpx.AsyncClient) -> None:
+    secret = "ghp_" + "s" * 36
+    run_id = await start_run(
+        api, await make_agent(api, [{"tool": "Bash", "input": {"command": f"./deploy.sh --token {secret}"}}])
+    )
+    pending = await wait_pending(api, run_id)
+    assert secret not in pending["summary"] and "‹redacted›" in pending["summary"]
+    inbox = (await api.get("/v1/approvals")).text
+    assert secret not in inbox
+    await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
+    await wait_status(api, run_id, {"completed"})
