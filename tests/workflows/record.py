@@ -20,6 +20,7 @@ from config.settings import Settings
 from config.temporal import connect_client
 from tests.integration.conftest import FAST
 from tests.integration.helpers import make_agent, make_policy, start_run, wait_pending, wait_status
+from tests.mcp_servers import basic, serve
 
 OUT = Path(__file__).resolve().parent / "histories"
 
@@ -59,6 +60,19 @@ async def record() -> None:
             await api.post(f"/v1/sessions/{cancelled}/cancel")
             await wait_status(api, cancelled, {"cancelled"})
             runs["cancelled"] = cancelled
+            async with serve(basic()) as srv:
+                r = await api.post(
+                    "/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "t0k"}
+                )
+                assert r.status_code == 200, r.text
+                policy = await make_policy(api, {"tools": [{"match": ["mcp__*"], "action": "allow"}]})
+                agent = await make_agent(
+                    api, [{"tool": "mcp__calc__add", "input": {"a": 2, "b": 3}}], policy=policy,
+                    connection_requirements=[{"slot": "calc", "connector": {"url": srv.url}, "required_tools": ["add"]}],
+                )  # fmt: skip
+                brokered = await start_run(api, agent)
+                await wait_status(api, brokered, {"completed"})
+            runs["brokered"] = brokered
         for name, run_id in runs.items():
             handle = client.get_workflow_handle(c.workflow_id(run_id))
             await handle.result()

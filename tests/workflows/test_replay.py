@@ -19,7 +19,7 @@ HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"
 
 
 def test_histories_were_recorded() -> None:
-    assert {p.stem for p in HISTORIES} >= {"run_approved", "run_expired", "run_cancelled"}
+    assert {p.stem for p in HISTORIES} >= {"run_approved", "run_expired", "run_cancelled", "run_brokered"}
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
