@@ -22,18 +22,12 @@ from core.redaction import Redactor
 from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
-from integrations.sealing import Sealer
+from integrations.sealing import sealer_from_settings
 from integrations.urls import UrlPolicy
 from sandbox.registry import make_provider
 from workflows.run import WORKFLOWS
 
 log = logging.getLogger("fluidbox.worker")
-
-
-def make_sealer(settings: Settings) -> Sealer | None:
-    if settings.credential_key is None or not settings.credential_key.get_secret_value():
-        return None
-    return Sealer.from_setting(settings.credential_key.get_secret_value(), previous=settings.credential_previous_keys)
 
 
 def redactor_for(settings: Settings) -> Redactor:
@@ -47,9 +41,12 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     pool = await create_pool(settings.database_url, min_size=1, max_size=10)
     client = await connect_client(settings)
     store = Store(pool, redactor_for(settings))
-    acts = RunActivities(store, make_provider(settings.sandbox_provider, bwrap_path=settings.bwrap_path), settings)
+    provider = make_provider(settings.sandbox_provider, bwrap_path=settings.bwrap_path)
+    acts = RunActivities(store, provider, settings)
     broker = BrokerActivities(
-        Connections(store), make_sealer(settings), UrlPolicy(allow_loopback=settings.allow_loopback_connectors)
+        Connections(store),
+        sealer_from_settings(*settings.credential_keys()),
+        UrlPolicy(allow_loopback=settings.allow_loopback_connectors),
     )
     worker = Worker(
         client,

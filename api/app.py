@@ -34,7 +34,7 @@ from db.catalog import Catalog
 from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
-from integrations.sealing import Sealer
+from integrations.sealing import sealer_from_settings
 from integrations.urls import UrlPolicy
 
 log = logging.getLogger("fluidbox.api")
@@ -63,19 +63,12 @@ async def seed_policies(store: Store, tenant_id: str) -> None:
         await store.seed_policy(tenant_id, doc, text)
 
 
-def make_sealer(settings: Settings) -> Sealer | None:
-    """No key: the server still boots, and connection routes answer 503 saying what to set."""
-    if settings.credential_key is None or not settings.credential_key.get_secret_value():
-        return None
-    return Sealer.from_setting(settings.credential_key.get_secret_value(), previous=settings.credential_previous_keys)
-
-
 def create_app(settings: Settings) -> FastAPI:
     admin = settings.require_admin_token()
     if not settings.database_url:
         raise RuntimeError("FLUIDBOX_DATABASE_URL is not set")
 
-    sealer = make_sealer(settings)
+    sealer = sealer_from_settings(*settings.credential_keys())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

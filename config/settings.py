@@ -42,7 +42,7 @@ class Settings(BaseSettings):
 
     # Credential custody and outbound admission for connections.
     credential_key: SecretStr | None = None
-    credential_previous_keys: list[str] = Field(default_factory=list)
+    credential_previous_keys: list[SecretStr] = Field(default_factory=list)
     # Development and tests only: admit MCP/connector URLs on loopback (never private or metadata ranges).
     allow_loopback_connectors: bool = False
 
@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     @property
     def temporal_target(self) -> str:
         return self.temporal_address or f"127.0.0.1:{self.temporal_port}"
+
+    def credential_keys(self) -> tuple[str | None, list[str]]:
+        """The current sealing key and the previous ones still accepted for opening."""
+        current = self.credential_key.get_secret_value() if self.credential_key else None
+        return current or None, [k.get_secret_value() for k in self.credential_previous_keys]
 
     def require_admin_token(self) -> str:
         if self.admin_token is None or not self.admin_token.get_secret_value():

@@ -80,6 +80,13 @@ class SealingKeyError(SealingError):
     """The configured key is missing, malformed or obviously not random."""
 
 
+def sealer_from_settings(key: str | None, previous: Sequence[str] = ()) -> Sealer | None:
+    """The process's sealer, or None when no key is configured (credential routes then answer 503)."""
+    if not key:
+        return None
+    return Sealer.from_setting(key, previous=list(previous))
+
+
 def generate_key() -> str:
     """A fresh random key in the hex form :meth:`Sealer.from_setting` accepts."""
     return secrets.token_hex(_KEY_LEN)

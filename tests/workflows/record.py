@@ -67,9 +67,13 @@ async def record() -> None:
                 assert r.status_code == 200, r.text
                 policy = await make_policy(api, {"tools": [{"match": ["mcp__*"], "action": "allow"}]})
                 agent = await make_agent(
-                    api, [{"tool": "mcp__calc__add", "input": {"a": 2, "b": 3}}], policy=policy,
-                    connection_requirements=[{"slot": "calc", "connector": {"url": srv.url}, "required_tools": ["add"]}],
-                )  # fmt: skip
+                    api,
+                    [{"tool": "mcp__calc__add", "input": {"a": 2, "b": 3}}],
+                    policy=policy,
+                    connection_requirements=[
+                        {"slot": "calc", "connector": {"url": srv.url}, "required_tools": ["add"]}
+                    ],
+                )
                 brokered = await start_run(api, agent)
                 await wait_status(api, brokered, {"completed"})
             runs["brokered"] = brokered
