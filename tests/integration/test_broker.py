@@ -334,3 +334,98 @@ async def test_tools_call_refuses_a_non_brokered_tool_before_the_gate(api: httpx
         assert requested == ["d1"]
         await api.post(f"/v1/sessions/{run_id}/cancel")
         await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_basic_auth_pagination_and_explicit_bindings(api: httpx.AsyncClient) -> None:
+    import base64
+
+    from tests.mcp_servers import header, paginating
+
+    secret = "me@example.com:" + secrets.token_hex(8)
+    encoded = "Basic " + base64.b64encode(secret.encode()).decode()
+    async with serve(header("Authorization", encoded)) as srv:
+        r = await api.post(
+            "/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": secret, "scheme": "Basic"}
+        )
+        assert r.status_code == 200 and secret not in r.text and encoded not in r.text, r.text
+    async with serve(paginating(n_tools=7, page_size=3)) as srv:
+        first = await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+        assert len(first["snapshot"]["tools"]) == 7, "every page of tools/list is photographed"
+        second = await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+        tool = first["snapshot"]["tools"][0]["name"]
+        agent = await make_agent(api, [{"say": "hi"}], connection_requirements=[requirement(srv.url, [tool])])
+        pinned = await api.post(
+            "/v1/sessions", json={"agent": agent, "task": "t", "bindings": {"calc": first["connection"]["id"]}}
+        )
+        assert pinned.status_code == 201
+        assert pinned.json()["session"]["run_spec"]["brokered"][0]["connection_id"] == first["connection"]["id"]
+        default = (await api.post("/v1/sessions", json={"agent": agent, "task": "t"})).json()["session"]
+        assert default["run_spec"]["brokered"][0]["connection_id"] == second["connection"]["id"], "newest wins"
+        for bindings, message in [
+            ({"nope": first["connection"]["id"]}, "unknown requirement slot(s) in bindings: nope"),
+            ({"calc": "00000000-0000-0000-0000-000000000000"}, "is not an active organization connection"),
+        ]:
+            r = await api.post("/v1/sessions", json={"agent": agent, "task": "t", "bindings": bindings})
+            assert r.status_code == 400 and message in r.json()["error"], r.text
+
+
+async def test_a_call_that_was_never_sent_is_retried_at_most_three_times(api: httpx.AsyncClient, stack: Stack) -> None:
+    async with serve(basic()) as srv:
+        await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+        agent = await make_agent(
+            api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
+            connection_requirements=[requirement(srv.url, ["add"])],
+        )  # fmt: skip
+        run_id = await start_run(api, agent)
+        await wait_status(api, run_id, {"running"})
+        await srv.stop()  # the server is gone: connect refused, provably nothing sent
+        token = await issue_token(stack.database_url or "", run_id, "tool")
+        async with httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}) as runner:
+            body = {"tool_call_id": "down-1", "tool": "mcp__calc__add", "input": {"a": 1, "b": 2}}
+            answers = [
+                (await runner.post(f"/internal/sessions/{run_id}/tools/call", json=body)).json() for _ in range(4)
+            ]
+        assert all(a["ok"] is False and "denied" not in a for a in answers)
+        assert "execution attempts exhausted" not in answers[0]["error"]
+        assert answers[3]["error"] == (
+            "brokered dispatch failed before send on 3 attempts — not retried (execution attempts exhausted)"
+        )
+        outcomes = [e["payload"]["data"]["outcome"] for e in await events(api, run_id) if e["type"] == "tool.brokered"]
+        assert outcomes == ["failed_before_send"] * 3
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_without_a_credential_key_the_server_boots_and_connection_routes_answer_503(stack: Stack) -> None:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from cli.stack import free_port
+
+    port = free_port()
+    env = {k: v for k, v in stack.env.items() if k != "FLUIDBOX_CREDENTIAL_KEY"}
+    env |= {
+        "FLUIDBOX_BIND": f"127.0.0.1:{port}",
+        "FLUIDBOX_GATEWAY_SOCKET": tempfile.mkdtemp(prefix="fbxg-") + "/api.sock",
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "api.serve"], env=env, cwd=str(Path(__file__).resolve().parents[2]),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        headers = {"authorization": f"Bearer {env['FLUIDBOX_ADMIN_TOKEN']}"}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=10) as keyless:
+            for _ in range(200):
+                try:
+                    if (await keyless.get("/v1/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+            r = await keyless.post(
+                "/v1/connections", json={"provider": "mcp_http", "base_url": "https://1.1.1.1/", "token": "x"}
+            )
+            assert r.status_code == 503 and "FLUIDBOX_CREDENTIAL_KEY" in r.json()["error"]
+            assert (await keyless.get("/v1/connections")).status_code == 200, "reading needs no key"
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
