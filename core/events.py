@@ -49,6 +49,17 @@ def system_message(text: str) -> NewEvent:
     return NewEvent(type=AGENT_MESSAGE, data={"role": "system", "text": text})
 
 
+def capability_frozen(bundles: list[dict[str, Any]]) -> NewEvent:
+    """Which bundle versions a run froze, and how many sandbox-class tools that gives it."""
+    return NewEvent(
+        type="capability.frozen",
+        data={
+            "bundles": [f"{b['name']}@{b['version']}" for b in bundles],
+            "tools": sum(len(s.get("tools", [])) for b in bundles for s in b["servers"]),
+        },
+    )
+
+
 def normalize_actor(actor: str | None) -> str:
     return actor if actor in ACTORS else "system"
 

@@ -421,15 +421,7 @@ class Store:
             )
             new = [created]
             if spec.capabilities:
-                new.append(
-                    ev.NewEvent(
-                        type="capability.frozen",
-                        data={
-                            "bundles": [f"{b['name']}@{b['version']}" for b in spec.capabilities],
-                            "tools": sum(len(s.get("tools", [])) for b in spec.capabilities for s in b["servers"]),
-                        },
-                    )
-                )
+                new.append(ev.capability_frozen(spec.capabilities))
             await self.append(conn, spec.run_id, new)
             if also is not None:
                 await also(conn)
