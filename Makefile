@@ -57,6 +57,8 @@ test: install lint typecheck
 
 bench: install
 	$(BIN)/python bench/gate.py
+	$(BIN)/python bench/policy.py
+	$(BIN)/python bench/broker.py
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR) .fluidbox .pytest_cache .mypy_cache .ruff_cache

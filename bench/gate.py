@@ -6,7 +6,7 @@ run from the store (a runner's own tokens never leave its sandbox).
 
 Then N concurrent clients (one keep-alive ``httpx.AsyncClient`` per run) each send a fixed number
 of gate requests (allows and denies interleaved, a unique ``tool_call_id`` each) and, with the same
-clients, the same number of ``GET /v1/health`` requests (no dependencies): the baseline. Rounds
+clients, the same number of ``GET /internal/health`` requests (no dependencies): the baseline. Rounds
 alternate (baseline, gate, baseline, gate, ...) and the medians are reported, because the machine is
 noisy. This is done over TCP to the API's bind address and over the gateway Unix socket that
 sandboxes use (``--transport``). Every decision is checked; any mismatch exits 1.
@@ -86,7 +86,7 @@ dev server, the worker and the API, all on one machine).
   (replay harness, one `sleep_ms` step) each send allowed (`ls -la`) and denied (`curl x`) Bash
   calls with the run's own TOOL token, over keep-alive HTTP connections, both over TCP to the API's
   bind address and over the gateway Unix socket that sandboxes use. The baseline is
-  `GET /v1/health`, a route that touches nothing, sent by the same clients at the same concurrency.
+  `GET /internal/health`, a route that touches nothing, sent by the same clients at the same concurrency.
   Every decision is checked; a wrong one fails the benchmark.
 
 The absolute figures depend on the machine; the ones below come from a noisy 2-core machine on
@@ -203,7 +203,7 @@ async def health_client(cl: Client, n: int, tally: Tally, lat: list[float]) -> N
     for _ in range(n):
         t0 = time.perf_counter()
         try:
-            r = await cl.http.get("/v1/health")
+            r = await cl.http.get("/internal/health")
         except httpx.HTTPError as exc:
             tally.bad(f"health: {type(exc).__name__}: {exc}")
             continue
@@ -360,7 +360,7 @@ def render(args: argparse.Namespace, results: list[Result], tally: Tally) -> str
         f"{args.runs} concurrent runs, one keep-alive `httpx.AsyncClient` each; {args.requests} requests per "
         "client per round (gate: allows and denies interleaved, a unique `tool_call_id` each); "
         f"{args.rounds} baseline and {args.rounds} gate rounds, interleaved, after a warm-up; medians of "
-        "the rounds. Gate: `POST /internal/sessions/{id}/permission`; baseline: `GET /v1/health`.",
+        "the rounds. Gate: `POST /internal/sessions/{id}/permission`; baseline: `GET /internal/health`.",
         "",
         "| transport | gate p50 (ms) | gate p99 (ms) | decisions/s | baseline p50 (ms) | baseline p99 (ms) "
         "| baseline req/s | p50 gate/baseline | p99 gate/baseline |",
@@ -397,7 +397,7 @@ def render(args: argparse.Namespace, results: list[Result], tally: Tally) -> str
     if tcp is not None and tcp.idle["baseline"] >= NAGLE_FLOOR_MS:
         lines += [
             "",
-            f"**Note:** over TCP even an idle `GET /v1/health` takes {tcp.idle['baseline']:.0f} ms: "
+            f"**Note:** over TCP even an idle `GET /internal/health` takes {tcp.idle['baseline']:.0f} ms: "
             "a Nagle / delayed-ACK stall, not work. `api/serve.py` creates its TCP listening socket "
             "with protocol 0, so asyncio does not set `TCP_NODELAY` on accepted connections, and "
             "uvicorn writes a response's headers and body separately; the body waits for the "
@@ -506,7 +506,7 @@ async def bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Benchmark the tool gate against GET /v1/health.")
+    p = argparse.ArgumentParser(description="Benchmark the tool gate against GET /internal/health.")
     p.add_argument("--runs", type=int, default=64, help="concurrent runs, one client each (default 64)")
     p.add_argument(
         "--requests",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import posixpath
 import re
 from fnmatch import fnmatchcase
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -38,6 +39,10 @@ class ShellConstraint(_Strict):
     allow_prefixes: list[str] = Field(default_factory=list)
     deny_regex: list[str] = Field(default_factory=list)
     on_no_match: Action = "approve"
+
+    @cached_property
+    def compiled(self) -> list[re.Pattern[str]]:
+        return [re.compile(p) for p in self.deny_regex]
 
     @field_validator("allow_prefixes")
     @classmethod
@@ -128,6 +133,35 @@ class Policy(_Strict):
             raise ValueError(f"a policy has at most {MAX_RULES} tool rules")
         return self
 
+    def first_rule(self, tool: str) -> int | None:
+        """Index of the first rule whose ``match`` hits ``tool``, from an index built once per policy
+        (a scan of 500 rules per call would cost far more than the evaluation itself)."""
+        exact, prefixes, star = self._index
+        best = exact.get(tool)
+        if star is not None and (best is None or star < best):
+            best = star
+        for index, prefix in prefixes:  # sorted by rule index: the first hit is the earliest
+            if best is not None and index >= best:
+                break
+            if tool.startswith(prefix):
+                return index
+        return best
+
+    @cached_property
+    def _index(self) -> tuple[dict[str, int], list[tuple[int, str]], int | None]:
+        exact: dict[str, int] = {}
+        prefixes: list[tuple[int, str]] = []
+        star: int | None = None
+        for index, rule in enumerate(self.tools):
+            for pattern in rule.match:
+                if pattern == "*":
+                    star = index if star is None else star
+                elif pattern.endswith("*"):
+                    prefixes.append((index, pattern[:-1]))
+                else:
+                    exact.setdefault(pattern, index)
+        return exact, sorted(prefixes), star
+
 
 def parse_policy(document: Any) -> Policy:
     """Strictly parse an authored policy document; errors name the offending key."""
@@ -196,15 +230,15 @@ class PolicyVerdict(BaseModel):
 
 
 def _raw_verdict(policy: Policy, tool: str, tool_input: dict[str, Any]) -> tuple[PolicyVerdict, ToolRule | None]:
-    for index, rule in enumerate(policy.tools):
-        if not rule.matches(tool):
-            continue
+    index = policy.first_rule(tool)
+    if index is not None:
+        rule = policy.tools[index]
         action: Action = rule.action
         scope_key = tool
         if rule.shell is not None:
             command = str(tool_input.get("command", "")).strip()
-            for pattern in rule.shell.deny_regex:
-                if re.search(pattern, command):
+            for pattern, compiled in zip(rule.shell.deny_regex, rule.shell.compiled, strict=True):
+                if compiled.search(command):
                     return PolicyVerdict(
                         action="deny", rule=index, reason=f'shell command matches deny pattern "{pattern}"'
                     ), rule

@@ -60,6 +60,12 @@ async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> Permiss
     return PermissionResponse(decision="deny", message=verdict.message or "denied")
 
 
+@router.get("/health", summary="Runner-plane liveness (no token, touches nothing)")
+async def health() -> dict[str, str]:
+    """What a runner (or a benchmark baseline) can reach on the gateway socket without a token."""
+    return {"status": "ok"}
+
+
 @router.post("/sessions/{run_id}/permission", summary="Gate one tool call", response_model_exclude_none=True)
 async def permission(run_id: str, req: PermissionRequest, request: Request, svc: ServicesDep) -> PermissionResponse:
     """Allow or deny now; or hold the request while a human decides (re-attaching on retry)."""

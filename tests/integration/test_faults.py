@@ -240,3 +240,12 @@ async def test_approval_summaries_are_redacted_like_the_ledger(api: httpx.AsyncC
     assert secret not in inbox
     await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
     await wait_status(api, run_id, {"completed"})
+
+
+async def test_the_runner_plane_answers_liveness_on_the_gateway_socket(stack: Stack) -> None:
+    socket_path = stack.home / "gateway" / "api.sock"
+    async with httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(socket_path)), base_url="http://fluidbox"
+    ) as gw:
+        r = await gw.get("/internal/health")
+        assert (r.status_code, r.json()) == (200, {"status": "ok"})
