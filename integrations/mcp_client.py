@@ -39,8 +39,10 @@ exception produced here contains them, and URLs are shown without userinfo or qu
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -242,6 +244,12 @@ def _rpc_error_text(err: MCPError) -> str:
     return _clip(f"MCP error {err.code}: {err.message}")
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One verifying TLS context per process: loading the CA bundle costs ~17 ms, on every call otherwise."""
+    return ssl.create_default_context()
+
+
 @asynccontextmanager
 async def _open_session(url: str, headers: dict[str, str], timeout: float, wire: _Wire) -> AsyncIterator[ClientSession]:
     # Read timeout is left to the caller's cancel scopes (each phase is bounded there); connect,
@@ -251,6 +259,7 @@ async def _open_session(url: str, headers: dict[str, str], timeout: float, wire:
         timeout=httpx2.Timeout(timeout, read=None),
         event_hooks={"response": [wire.on_response]},
         trust_env=False,
+        verify=_tls_context(),
     )
     async with http, streamable_http_client(url, http_client=http) as (read, write):
         async with ClientSession(read, write, client_info=CLIENT_INFO) as session:
