@@ -248,26 +248,22 @@ async def client_construction(verify: ssl.SSLContext | bool) -> list[float]:
 SEGMENTS = [
     ("api_in", "API", "HTTP in, run token check, RunSpec, until the gate's transaction starts"),
     ("gate", "API, PostgreSQL", "gate transaction (policy decision, ledger) and the execution claim registered"),
-    ("update_rpc", "API → Temporal", "`execute_update` reaches the server: a workflow task is scheduled"),
-    ("wft1_dispatch", "Temporal → worker", "workflow task 1 handed to the worker"),
-    ("wft1_run", "worker", "workflow task 1, handed out → completed: update accepted, `broker_call` scheduled"),
     (
-        "activity_start",
-        "Temporal → worker, PostgreSQL",
-        "the completion hands the activity back (eager start); claim and binding re-read, claim taken",
+        "dispatch",
+        "API → Temporal → worker, PostgreSQL",
+        "`execute_update`, the workflow task that accepts it and starts the local `broker_call` activity; "
+        "claim, binding and credential read; claim taken",
     ),
-    ("pre_call", "worker, PostgreSQL", "RunSpec read"),
+    ("pre_call", "worker", "between the claim and the MCP call"),
+    ("upstream", "worker → MCP server", "`latency_ms`: URL admit, MCP session + `tools/call`"),
     (
-        "upstream",
-        "worker → MCP server",
-        "`latency_ms`: URL admit, credential read + unseal, MCP session + `tools/call`",
+        "return",
+        "worker, PostgreSQL → Temporal → API",
+        "settle transaction (claim, `tool.brokered`), the workflow task completes the update, the result "
+        "reaches the API, claim re-read, response",
     ),
-    ("settle", "worker, PostgreSQL → Temporal", "settle transaction (claim, `tool.brokered`), activity completed"),
-    ("wft2_dispatch", "Temporal → worker", "workflow task 2 handed to the worker"),
-    ("wft2_run", "worker", "workflow task 2, handed out → completed: activity result, update completed"),
-    ("result", "Temporal → API", "update outcome to the API, claim re-read, response to the client"),
 ]
-TEMPORAL_SEGMENTS = ("update_rpc", "wft1_dispatch", "wft1_run", "wft2_dispatch", "wft2_run", "result")
+TEMPORAL_SEGMENTS = ("dispatch", "return")
 
 
 def _ts(value: Any) -> float:
@@ -387,10 +383,7 @@ def breakdown(
         if not s.measured:
             continue
         g, b, row = requested.get(s.tool_call_id), brokered.get(s.tool_call_id), rows.get(s.tool_call_id)
-        w = hist.times.get(s.tool_call_id, {})
         if g is None or b is None or row is None or row["claimed_at"] is None or row["settled_at"] is None:
-            continue
-        if any(k not in w for k in WFT_KEYS):
             continue
         matched += 1
         reg, took, settled = row["created_at"].timestamp(), row["claimed_at"].timestamp(), row["settled_at"].timestamp()
@@ -398,16 +391,10 @@ def breakdown(
         points = {
             "api_in": (s.sent, g),
             "gate": (g, reg),
-            "update_rpc": (reg, w["wft1_scheduled"]),
-            "wft1_dispatch": (w["wft1_scheduled"], w["wft1_started"]),
-            "wft1_run": (w["wft1_started"], w["wft1_completed"]),
-            "activity_start": (w["wft1_completed"], took),
+            "dispatch": (reg, took),
             "pre_call": (took, settled - lat),
             "upstream": (settled - lat, settled),
-            "settle": (settled, w["activity_completed"]),
-            "wft2_dispatch": (w["activity_completed"], w["wft2_started"]),
-            "wft2_run": (w["wft2_started"], w["wft2_completed"]),
-            "result": (w["wft2_completed"], s.received),
+            "return": (settled, s.received),
         }
         tag = s.tool_call_id.split("-")[1]  # bench-<round tag>-<n>
         per = by_round.setdefault(tag, {k: [] for k, _, _ in SEGMENTS})
@@ -568,19 +555,17 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
     lines.append(f"| sum of the medians | | {total:.1f} | | |")
     if medians:
         temporal = sum(medians.get(k, 0.0) for k in TEMPORAL_SEGMENTS)
-        wft_run = medians.get("wft1_run", 0.0) + medians.get("wft2_run", 0.0)
         upstream = medians.get("upstream", 0.0)
         rest = total - temporal - upstream
         per_call = sp.history_events / max(out.check.brokered, 1)
         lines += [
             "",
-            f"In short: the upstream call inside the activity, p50 {upstream:.1f} ms, against {d50:.1f} ms for "
-            "the same call made directly; Temporal (the update reaching the server, two workflow tasks with their "
-            f"dispatch, the outcome back to the API), {temporal:.1f} ms ({temporal / total:.0%}), of which the two "
-            f"workflow tasks, from handed out to completed, take {wft_run:.1f} ms; everything else (HTTP, run "
-            "token, gate, claim, activity start with the binding re-check, RunSpec, settle), "
-            f"{rest:.1f} ms ({rest / total:.0%}). The workflow history of the run grew to {sp.history_events} "
-            f"events, {per_call:.1f} per brokered call.",
+            f"In short: the upstream call inside the local activity, p50 {upstream:.1f} ms, against {d50:.1f} ms "
+            "for the same call made directly; the dispatch and return legs (the update, the workflow task running "
+            "the local `broker_call` activity with its database reads, the settle transaction, the outcome back "
+            f"to the API), {temporal:.1f} ms ({temporal / total:.0%}); everything else (HTTP, run token, gate, "
+            f"claim registration), {rest:.1f} ms ({rest / total:.0%}). The workflow history of the run grew to "
+            f"{sp.history_events} events, {per_call:.1f} per brokered call.",
         ]
     new50, shared50 = pct(out.client_new, 50), pct(out.client_shared, 50)
     lines += [
