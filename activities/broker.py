@@ -56,27 +56,27 @@ class BrokerActivities:
 
     @activity.defn(name=c.BROKER_CALL)
     async def broker_call(self, inp: c.BrokerIn) -> c.BrokerOut:
-        claim = await self.connections.claim(inp.run_id, inp.tool_call_id, inp.input_digest)
+        # One read for every check; the claim CAS below is the only other statement before the call.
+        claim = await self.connections.dispatch_view(inp.run_id, inp.tool_call_id, inp.input_digest)
         if claim is None:
             return c.BrokerOut(state="missing")
-        binding = await self.connections.live_binding(claim["binding_id"])
-        if binding is None or binding["connection_status"] != "active":
-            status = binding["connection_status"] if binding else "gone"
-            return await self._refuse(inp, claim, f"the bound connection is {status}")
+        binding = claim
+        if binding["connection_status"] != "active":
+            return await self._refuse(inp, claim, f"the bound connection is {binding['connection_status']}")
         if binding["live_generation"] != binding["authority_generation"]:
             return await self._refuse(inp, claim, "the bound connection was reauthorized since this run started")
         if binding["live_owner_type"] != binding["connection_owner_type"]:
             return await self._refuse(inp, claim, "the bound connection changed owner since this run started")
         if self.sealer is None:
             return await self._refuse(inp, claim, "credential storage is disabled on this worker")
-        run = await self.store.get_run(None, inp.run_id)
-        if run is None or not accepts_work(run["status"]):
+        if not accepts_work(claim["run_status"]):
             return await self._refuse(inp, claim, "session is not active")
         spec = await self.store.run_spec(inp.run_id)
         try:
-            # Read right before use, and only while the binding still holds: a revoke or a
-            # reauthorization that lands after the check above still refuses, with nothing sent.
-            blob, _ = await self.connections.credential(str(binding["connection_id"]), binding["authority_generation"])
+            # Read in the same statement as the checks, and only while the binding still holds.
+            if claim["credential_sealed"] is None:
+                raise NotFound()
+            blob = bytes(claim["credential_sealed"])
             token = self.sealer.open(blob, context=credential_context(spec.tenant_id)).decode()
         except (NotFound, SealingError):
             return await self._refuse(inp, claim, "the bound connection's credential is no longer usable")

@@ -202,6 +202,27 @@ class Connections:
                 b["binding_mode"],
             )
 
+    async def dispatch_view(self, run_id: str, tool_call_id: str, digest: str) -> Row | None:
+        """Everything the broker checks before a call, read in one statement: the claim, its binding,
+        the connection's live state (and sealed credential only while it still matches the binding),
+        and the run's status."""
+        async with self.pool.acquire() as conn:
+            return _row(
+                await conn.fetchrow(
+                    "SELECT cl.*, b.connection_id, b.authority_generation, b.connection_owner_type, "
+                    "c.status AS connection_status, c.authorization_generation AS live_generation, "
+                    "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme, "
+                    "CASE WHEN c.status = 'active' AND c.authorization_generation = b.authority_generation "
+                    "THEN c.credential_sealed END AS credential_sealed, s.status AS run_status "
+                    "FROM tool_execution_claims cl JOIN run_resource_bindings b ON b.id = cl.binding_id "
+                    "JOIN integration_connections c ON c.id = b.connection_id JOIN sessions s ON s.id = cl.session_id "
+                    "WHERE cl.session_id = $1 AND cl.tool_call_id = $2 AND cl.input_digest = $3",
+                    uuid.UUID(run_id),
+                    tool_call_id,
+                    digest,
+                )
+            )
+
     async def live_binding(self, binding_id: str) -> Row | None:
         """The binding joined with the connection's live state, for the re-check before each call."""
         async with self.pool.acquire() as conn:
