@@ -223,19 +223,6 @@ class Connections:
                 )
             )
 
-    async def live_binding(self, binding_id: str) -> Row | None:
-        """The binding joined with the connection's live state, for the re-check before each call."""
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT b.*, c.status AS connection_status, c.authorization_generation AS live_generation, "
-                    "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme "
-                    "FROM run_resource_bindings b JOIN integration_connections c ON c.id = b.connection_id "
-                    "WHERE b.id = $1",
-                    uuid.UUID(binding_id),
-                )
-            )
-
     # ---- execution claims ----------------------------------------------------------------------
 
     async def register_claim(

@@ -7,7 +7,6 @@ so exactly one writer wins and emits events.
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -16,7 +15,7 @@ import asyncpg
 
 from core import events as ev
 from core.digests import input_digest
-from core.errors import BadRequest, Conflict, InvalidTransition, NotFound
+from core.errors import Conflict, InvalidTransition, NotFound
 from core.gate import GateDecision, decide
 from core.redaction import Redactor
 from core.runspec import RunSpec
@@ -916,10 +915,6 @@ class Store:
             ]
             await self.append(conn, run_id, new)
 
-    async def get_approval(self, approval_id: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return _row(await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id)))
-
     async def resume_after_approval(self, run_id: str) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
@@ -1047,13 +1042,4 @@ class Store:
             return bool(await conn.fetchval("SELECT gate_calls > 0 FROM sessions WHERE id = $1", uuid.UUID(run_id)))
 
 
-def iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat() if value else None
-
-
-def require(cond: bool, message: str) -> None:
-    if not cond:
-        raise BadRequest(message)
-
-
-__all__ = ["DECIDED_ALLOW", "DECIDED_DENY", "GateOutcome", "InvalidTransition", "Store", "iso", "require"]
+__all__ = ["DECIDED_ALLOW", "DECIDED_DENY", "GateOutcome", "InvalidTransition", "Store"]
