@@ -50,7 +50,6 @@ import secrets
 import shutil
 import ssl
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -68,7 +67,7 @@ if str(ROOT) not in sys.path:
 from activities.contracts import workflow_id  # noqa: E402
 from bench import gate as gb  # noqa: E402
 from bench.gate import say  # noqa: E402
-from cli.stack import Stack, StackError, admin_token, free_port  # noqa: E402
+from cli.stack import Stack, StackError  # noqa: E402
 from db.engine import create_pool  # noqa: E402
 from integrations import mcp_client  # noqa: E402
 from integrations.headers import auth_headers  # noqa: E402
@@ -630,15 +629,8 @@ async def bench(args: argparse.Namespace) -> int:
     # (a no-op once the root has one), and rendering ~8 lines per direct call would bill the direct
     # side for terminal output. The stack's processes keep their own logging (INFO, to their files).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    home = Path(tempfile.mkdtemp(prefix="fbxb-", dir="/tmp"))
-    stack = Stack(
-        home=home,
-        bind=f"127.0.0.1:{free_port()}",
-        temporal_port=free_port(),
-        ui_port=free_port(),
-        extra_env=stack_env(),
-        quiet=True,
-    )
+    stack = Stack.ephemeral("fbxb-", stack_env())
+    home = stack.home
     run_id: str | None = None
     ok = False
     api: httpx.AsyncClient | None = None
@@ -647,9 +639,7 @@ async def bench(args: argparse.Namespace) -> int:
         try:
             say(f"• starting the stack in {home}")
             t0 = time.monotonic()
-            await stack.start_backing_services()
-            token, _ = admin_token(stack.home)
-            await stack.start_app(token)
+            token = await stack.start()
             say(f"• stack up in {time.monotonic() - t0:.1f}s (API {stack.api_url})")
             api = httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60)
             srv = await exits.enter_async_context(serve(basic()))

@@ -29,7 +29,6 @@ import secrets
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cli.stack import Stack, admin_token, free_port  # noqa: E402
+from cli.stack import Stack  # noqa: E402
 from core.redaction import Redactor  # noqa: E402
 from db.engine import create_pool  # noqa: E402
 from db.store import Store  # noqa: E402
@@ -442,24 +441,15 @@ def write_doc(section: str) -> None:
 
 
 async def bench(args: argparse.Namespace) -> int:
-    home = Path(tempfile.mkdtemp(prefix="fbxb-", dir="/tmp"))
-    stack = Stack(
-        home=home,
-        bind=f"127.0.0.1:{free_port()}",
-        temporal_port=free_port(),
-        ui_port=free_port(),
-        extra_env={"FLUIDBOX_REPLAY_DELAY_MS": "0"},
-        quiet=True,
-    )
+    stack = Stack.ephemeral("fbxb-", {"FLUIDBOX_REPLAY_DELAY_MS": "0"})
+    home = stack.home
     ids: list[str] = []
     ok = False
     api: httpx.AsyncClient | None = None
     try:
         say(f"• starting the stack in {home}")
         t0 = time.monotonic()
-        await stack.start_backing_services()
-        token, _ = admin_token(stack.home)
-        await stack.start_app(token)
+        token = await stack.start()
         say(f"• stack up in {time.monotonic() - t0:.1f}s (API {stack.api_url})")
         api = httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=30)
         await setup_runs(api, args.runs, ids, within=args.start_timeout)

@@ -38,7 +38,6 @@ import random
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ if str(ROOT) not in sys.path:
 
 from bench import gate as gb  # noqa: E402
 from bench.gate import say  # noqa: E402
-from cli.stack import Stack, StackError, admin_token, free_port  # noqa: E402
+from cli.stack import Stack, StackError  # noqa: E402
 from core.gate import decide  # noqa: E402
 from core.policy import Policy, evaluate, parse_policy  # noqa: E402
 from core.runspec import RunSpec, WorkspaceSpec  # noqa: E402
@@ -529,24 +528,15 @@ class OverHttp:
 
 async def over_http(args: argparse.Namespace) -> OverHttp:
     # The stack as bench/gate.py's bench() starts it (inline there, not a helper).
-    home = Path(tempfile.mkdtemp(prefix="fbxp-", dir="/tmp"))
-    stack = Stack(
-        home=home,
-        bind=f"127.0.0.1:{free_port()}",
-        temporal_port=free_port(),
-        ui_port=free_port(),
-        extra_env={"FLUIDBOX_REPLAY_DELAY_MS": "0"},
-        quiet=True,
-    )
+    stack = Stack.ephemeral("fbxp-", {"FLUIDBOX_REPLAY_DELAY_MS": "0"})
+    home = stack.home
     ids: list[str] = []
     ok = False
     api: httpx.AsyncClient | None = None
     try:
         say(f"• starting the stack in {home}")
         t0 = time.monotonic()
-        await stack.start_backing_services()
-        token, _ = admin_token(stack.home)
-        await stack.start_app(token)
+        token = await stack.start()
         say(f"• stack up in {time.monotonic() - t0:.1f}s (API {stack.api_url})")
         api = httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=30)
         small_ids: list[str] = []

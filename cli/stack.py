@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,27 @@ class Stack:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     postgres: Postgres | None = None
     env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def ephemeral(cls, prefix: str, extra_env: dict[str, str] | None = None) -> Stack:
+        """A throwaway stack for tests and benchmarks: a fresh home under /tmp (short, because the
+        PostgreSQL socket path is limited to 107 bytes) and free ports for everything."""
+        home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        return cls(
+            home=home,
+            bind=f"127.0.0.1:{free_port()}",
+            temporal_port=free_port(),
+            ui_port=free_port(),
+            extra_env=dict(extra_env or {}),
+            quiet=True,
+        )
+
+    async def start(self) -> str:
+        """Backing services, migrations, worker and API, in order; returns the admin token."""
+        await self.start_backing_services()
+        token, _ = admin_token(self.home)
+        await self.start_app(token)
+        return token
 
     @property
     def api_url(self) -> str:

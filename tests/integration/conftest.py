@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import secrets
 import shutil
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from cli.stack import Stack, admin_token, free_port
+from cli.stack import Stack, admin_token
 
 FAST = {
     "FLUIDBOX_REPLAY_DELAY_MS": "0",
@@ -33,23 +31,13 @@ FAST = {
 
 @pytest.fixture(scope="session")
 async def stack() -> AsyncIterator[Stack]:
-    home = Path(tempfile.mkdtemp(prefix="fbxt-", dir="/tmp"))
-    st = Stack(
-        home=home,
-        bind=f"127.0.0.1:{free_port()}",
-        temporal_port=free_port(),
-        ui_port=free_port(),
-        extra_env=FAST,
-        quiet=True,
-    )
+    st = Stack.ephemeral("fbxt-", FAST)
     try:
-        await st.start_backing_services()
-        token, _ = admin_token(home)
-        await st.start_app(token)
+        await st.start()
         yield st
     finally:
         st.stop()
-        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(st.home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

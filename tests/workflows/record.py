@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import httpx
 
 from activities import contracts as c
-from cli.stack import Stack, admin_token, free_port
+from cli.stack import Stack
 from config.settings import Settings
 from config.temporal import connect_client
 from tests.integration.conftest import FAST
@@ -26,19 +25,10 @@ OUT = Path(__file__).resolve().parent / "histories"
 
 
 async def record() -> None:
-    home = Path(tempfile.mkdtemp(prefix="fbxr-", dir="/tmp"))
-    stack = Stack(
-        home=home,
-        bind=f"127.0.0.1:{free_port()}",
-        temporal_port=free_port(),
-        ui_port=free_port(),
-        extra_env=FAST,
-        quiet=True,
-    )
+    stack = Stack.ephemeral("fbxr-", FAST)
+    home = stack.home
     try:
-        await stack.start_backing_services()
-        token, _ = admin_token(home)
-        await stack.start_app(token)
+        token = await stack.start()
         client = await connect_client(Settings(temporal_address=stack.temporal_address))
         async with httpx.AsyncClient(
             base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
