@@ -72,11 +72,19 @@ class RunActivities:
             await self._advance(run_id, RunStatus.RUNNING)
             return c.StatusOut(status=await self._status(run_id))
         spec = await self.store.run_spec(run_id)
+        run_dir = self._run_dir(run_id)
+        orphan = await self.provider.find(run_id, str(run_dir / "sandbox.log"))
+        if orphan is not None:
+            # An earlier attempt started this sandbox but died before recording it. Its tokens are
+            # about to be replaced and its workspace rebuilt, so it cannot be adopted: end it first.
+            await self.provider.destroy(orphan)
+            await self.store.append_events(
+                run_id, [ev.system_message("replaced a sandbox left by an interrupted provisioning attempt")]
+            )
         await self._advance(run_id, RunStatus.PROVISIONING)
         randoms = {aud.value: secrets.token_hex(16) for aud in RUN_AUDIENCES}
         tokens = await self.store.mint_tokens(spec.tenant_id, run_id, self.settings.token_ttl_secs, randoms)
         await self._advance(run_id, RunStatus.INITIALIZING)
-        run_dir = self._run_dir(run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         source = spec.workspace.path if spec.workspace.kind == "local_copy" else None
         try:

@@ -370,6 +370,15 @@ class BubblewrapProvider:
     async def status(self, handle: SandboxHandle) -> SandboxState:
         return await asyncio.to_thread(_status, handle)
 
+    async def find(self, run_id: str, log_path: str) -> SandboxHandle | None:
+        def _find() -> SandboxHandle | None:
+            handle = _read_pidfile(_pidfile(os.path.abspath(log_path)))
+            if handle is None or handle.run_id != run_id or _status(handle) != "running":
+                return None
+            return handle
+
+        return await asyncio.to_thread(_find)
+
     async def destroy(self, handle: SandboxHandle, grace_secs: float = 2.0) -> None:
         if handle.pid > 0 and not await _stop(handle, signal.SIGTERM, grace_secs):
             await _stop(handle, signal.SIGKILL, _KILL_WAIT_SECS)

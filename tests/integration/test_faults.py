@@ -14,6 +14,7 @@ from tests.integration.helpers import (
     events,
     issue_token,
     make_agent,
+    run_row,
     start_run,
     types,
     wait_pending,
@@ -249,3 +250,54 @@ async def test_the_runner_plane_answers_liveness_on_the_gateway_socket(stack: St
     ) as gw:
         r = await gw.get("/internal/health")
         assert (r.status_code, r.json()) == (200, {"status": "ok"})
+
+
+async def test_a_retried_provisioning_replaces_the_sandbox_an_interrupted_attempt_left(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    """The worker dies after starting a sandbox but before recording it; the retry must not leave that
+    sandbox running with revoked tokens and a rebuilt workspace under it."""
+    import uuid
+
+    from temporalio.testing import ActivityEnvironment
+
+    from activities import contracts as c
+    from activities.runs import RunActivities
+    from config.settings import Settings
+    from core.redaction import Redactor
+    from db.engine import create_pool
+    from db.store import Store
+    from sandbox.registry import make_provider
+
+    stack.kill_process("worker")  # nothing else provisions this run while we drive the activity
+    pool = await create_pool(stack.database_url or "", min_size=1, max_size=4)
+    try:
+        run_id = await start_run(api, await make_agent(api, IDLE))
+        settings = Settings(home=stack.home, database_url=stack.database_url, heartbeat_secs=0.5, replay_delay_ms=0)
+        acts = RunActivities(Store(pool, Redactor()), make_provider("bwrap"), settings)
+        env = ActivityEnvironment()
+        assert (await env.run(acts.provision, c.RunRef(run_id=run_id))).status == "running"
+        first = (await run_row(api, run_id))["sandbox_handle"]
+        # The crash window: the sandbox started, its handle was never recorded.
+        async with pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE sessions SET sandbox_handle = NULL, status = 'initializing' WHERE id = $1", uuid.UUID(run_id)
+            )
+        assert (await env.run(acts.provision, c.RunRef(run_id=run_id))).status == "running"
+        second = (await run_row(api, run_id))["sandbox_handle"]
+        assert second["pid"] != first["pid"]
+        assert not process_alive(first["pid"]), "the orphaned sandbox must be gone"
+        said = [e["payload"]["data"]["text"] for e in await events(api, run_id) if e["type"] == "agent.message"]
+        assert "replaced a sandbox left by an interrupted provisioning attempt" in said
+    finally:
+        await pool.close()
+        stack.start_worker()
+    # The replacement holds the live tokens: its heartbeats land.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while (await run_row(api, run_id))["last_heartbeat_at"] is None:
+        assert loop.time() < deadline, "the replacement sandbox never heartbeated"
+        await asyncio.sleep(0.1)
+    await api.post(f"/v1/sessions/{run_id}/cancel")
+    row = await wait_status(api, run_id, {"cancelled", "failed"}, timeout=90)
+    assert row["status"] == "cancelled"
