@@ -9,7 +9,6 @@ import asyncio
 import logging
 import os
 import signal
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from temporalio.worker import Worker
@@ -53,7 +52,6 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
         activities=[*acts.all(), *broker.all()],
-        activity_executor=ThreadPoolExecutor(max_workers=4),
         graceful_shutdown_timeout=timedelta(seconds=5),
         max_concurrent_activities=200,
     )

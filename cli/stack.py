@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,13 +327,21 @@ class Stack:
         from sandbox.registry import make_provider
 
         provider = make_provider("bwrap")
+        handles = []
         for pidfile in sorted((self.home / "runs").glob("*/sandbox.pid")):
             try:
-                handle = SandboxHandle.model_validate_json(pidfile.read_text())
+                handles.append(SandboxHandle.model_validate_json(pidfile.read_text()))
             except (OSError, ValueError):
                 continue
-            with contextlib.suppress(Exception):
-                asyncio.run(provider.destroy(handle))
+
+        async def destroy_all() -> None:
+            await asyncio.gather(*(provider.destroy(h) for h in handles), return_exceptions=True)
+
+        # stop() is called from plain code (fluidbox up) and from inside event loops (test fixtures):
+        # a thread of its own gives the destroys a loop in both cases.
+        worker = threading.Thread(target=asyncio.run, args=(destroy_all(),))
+        worker.start()
+        worker.join(timeout=60)
 
     def kill_process(self, name: str) -> None:
         """SIGKILL, no grace: for fault-injection tests."""

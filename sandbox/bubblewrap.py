@@ -99,6 +99,13 @@ if pid == 0:
     os._exit(127)
 for fd in (err_w, args_r, secrets_r):
     os.close(fd)
+# Record the sandbox before anything else can go wrong: if the worker dies from here on, the pidfile
+# is how a retried provisioning and the stack's shutdown still find this sandbox.
+early = {"provider": "bwrap", "run_id": request["run_id"], "pid": pid, "start_time": start_time(pid),
+         "log_path": log_path, "extra": {}}
+with open(request["pidfile"] + ".early", "w") as f:
+    json.dump(early, f)
+os.replace(request["pidfile"] + ".early", request["pidfile"])
 # Pipes, not files: nothing remains to read once bwrap has consumed them.
 def feed(fd, data):
     try:
@@ -420,12 +427,23 @@ class BubblewrapProvider:
         # launcher's nor bwrap's command line (visible in /proc) carries the environment or a token.
         proc = subprocess.run(
             [sys.executable, "-I", "-S", "-c", _LAUNCHER, log_path, argv[0]],
-            input=json.dumps({"args": argv[1:split], "command": argv[split + 1 :], "secrets": secrets}).encode(),
+            input=json.dumps(
+                {
+                    "args": argv[1:split],
+                    "command": argv[split + 1 :],
+                    "secrets": secrets,
+                    "run_id": run_id,
+                    "pidfile": _pidfile(log_path),
+                }
+            ).encode(),
             capture_output=True,
             env={},
             cwd="/",
             timeout=_LAUNCH_TIMEOUT_SECS,
             check=False,
+            # Its own session: a signal to the worker's process group must not kill it mid-launch,
+            # after bwrap was forked but before the sandbox is recorded.
+            start_new_session=True,
         )
         lines = proc.stdout.decode(errors="replace").strip().splitlines()
         try:

@@ -243,3 +243,36 @@ def test_policies_are_managed_from_the_cli(home: Path) -> None:
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=60)
+
+
+async def test_stopping_a_stack_from_inside_an_event_loop_also_destroys_its_sandboxes() -> None:
+    """Test fixtures and benchmarks stop their stack from async code; the sandboxes must not outlive it."""
+    from cli.stack import Stack
+
+    stack = Stack.ephemeral("fbxs-", {"FLUIDBOX_REPLAY_DELAY_MS": "0"})
+    try:
+        token = await stack.start()
+        async with httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}) as api:
+            script = {"script": [{"sleep_ms": 600000}]}
+            await api.post(
+                "/v1/agents", json={"name": "idle", "harness": "replay", "policy": "demo", "harness_config": script}
+            )
+            run_id = (await api.post("/v1/sessions", json={"agent": "idle", "task": "wait"})).json()["session"]["id"]
+            for _ in range(300):
+                if (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["status"] == "running":
+                    break
+                await asyncio.sleep(0.1)
+        assert any(f"FLUIDBOX_SESSION_ID={run_id}".encode() in _environ(pid) for pid in processes_mentioning("runner"))
+    finally:
+        stack.stop()
+        shutil.rmtree(stack.home, ignore_errors=True)
+    assert not [
+        pid for pid in processes_mentioning("runner") if f"FLUIDBOX_SESSION_ID={run_id}".encode() in _environ(pid)
+    ]
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
