@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -40,6 +41,21 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def fluidbox_up(env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """`fluidbox up` until it says it is ready; SIGTERM (its clean stop) on the way out."""
+    up = subprocess.Popen([FLUIDBOX, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            if "Press Ctrl-C to stop." in line:
+                break
+        yield up
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=60)
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -125,12 +141,7 @@ def test_an_unreachable_api_is_a_one_line_error(home: Path) -> None:
 def test_cli_commands_drive_runs_and_approvals_over_http(home: Path) -> None:
     """`runs start`, `approvals approve` and `runs watch` against a stack started with `up`."""
     env = cli_env(home)
-    up = subprocess.Popen([FLUIDBOX, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert up.stdout is not None
-        for line in up.stdout:
-            if "Press Ctrl-C to stop." in line:
-                break
+    with fluidbox_up(env):
         env["FLUIDBOX_URL"] = f"http://{env['FLUIDBOX_BIND']}"
 
         def fb(*args: str) -> str:
@@ -168,19 +179,11 @@ def test_cli_commands_drive_runs_and_approvals_over_http(home: Path) -> None:
         assert "rp_001 approved_once by operator" in timeline
         assert "result completed: Replay complete: 1 executed, 0 denied." in timeline
         assert run["id"] in fb("runs", "list")
-    finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(timeout=60)
 
 
 def test_stopping_the_stack_destroys_running_sandboxes(home: Path) -> None:
     env = cli_env(home)
-    up = subprocess.Popen([FLUIDBOX, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert up.stdout is not None
-        for line in up.stdout:
-            if "Press Ctrl-C to stop." in line:
-                break
+    with fluidbox_up(env):
         api = httpx.Client(
             base_url=f"http://{env['FLUIDBOX_BIND']}",
             headers={"authorization": f"Bearer {(home / 'admin-token').read_text().strip()}"},
@@ -201,9 +204,6 @@ def test_stopping_the_stack_destroys_running_sandboxes(home: Path) -> None:
                 break
             asyncio.run(asyncio.sleep(0.1))
         assert processes_mentioning("--args"), "a sandbox should be running"
-    finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(timeout=60)
     assert processes_mentioning(str(home)) == []
     pidfile = home / "runs" / run["id"] / "sandbox.pid"
     assert not pidfile.exists(), "the sandbox was destroyed on stop"
@@ -211,12 +211,7 @@ def test_stopping_the_stack_destroys_running_sandboxes(home: Path) -> None:
 
 def test_policies_are_managed_from_the_cli(home: Path) -> None:
     env = cli_env(home)
-    up = subprocess.Popen([FLUIDBOX, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert up.stdout is not None
-        for line in up.stdout:
-            if "Press Ctrl-C to stop." in line:
-                break
+    with fluidbox_up(env):
         env["FLUIDBOX_URL"] = f"http://{env['FLUIDBOX_BIND']}"
 
         def fb(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
@@ -240,9 +235,6 @@ def test_policies_are_managed_from_the_cli(home: Path) -> None:
         draft.write_text("name: team\ndefaults: {tool_actoin: deny}\n")
         bad = fb("policies", "validate", str(draft), ok=False)
         assert "unknown key 'defaults.tool_actoin'" in bad.stderr and "Traceback" not in bad.stderr
-    finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(timeout=60)
 
 
 async def test_stopping_a_stack_from_inside_an_event_loop_also_destroys_its_sandboxes() -> None:

@@ -51,6 +51,18 @@ async def connect(api: httpx.AsyncClient, url: str, token: str) -> dict[str, Any
     return dict(r.json())
 
 
+async def idle_bound_run(api: httpx.AsyncClient, url: str, tools: list[str]) -> str:
+    """Connect ``url``, then start an idle run whose agent requires ``tools`` from it; wait until running."""
+    await connect(api, url, "tok-" + secrets.token_hex(8))
+    agent = await make_agent(
+        api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
+        connection_requirements=[requirement(url, tools)],
+    )  # fmt: skip
+    run_id = await start_run(api, agent)
+    await wait_status(api, run_id, {"running"})
+    return run_id
+
+
 def assert_no_canary(canary: str, *texts: str) -> None:
     for text in texts:
         assert canary not in text
@@ -127,13 +139,7 @@ async def test_duplicate_and_concurrent_brokered_calls_execute_upstream_exactly_
     api: httpx.AsyncClient, stack: Stack
 ) -> None:
     async with serve(basic()) as srv:
-        await connect(api, srv.url, "tok-" + secrets.token_hex(8))
-        agent = await make_agent(
-            api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
-            connection_requirements=[requirement(srv.url, ["add", "drop_connection"])],
-        )  # fmt: skip
-        run_id = await start_run(api, agent)
-        await wait_status(api, run_id, {"running"})
+        run_id = await idle_bound_run(api, srv.url, ["add", "drop_connection"])
         token = await issue_token(stack.database_url or "", run_id, "tool")
         async with httpx.AsyncClient(
             base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
@@ -272,13 +278,7 @@ async def test_a_claim_whose_dispatcher_died_becomes_ambiguous_and_is_never_rese
     from db.engine import create_pool
 
     async with serve(basic()) as srv:
-        await connect(api, srv.url, "tok-" + secrets.token_hex(8))
-        agent = await make_agent(
-            api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
-            connection_requirements=[requirement(srv.url, ["add"])],
-        )  # fmt: skip
-        run_id = await start_run(api, agent)
-        await wait_status(api, run_id, {"running"})
+        run_id = await idle_bound_run(api, srv.url, ["add"])
         binding_id = (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["run_spec"]["brokered"][0][
             "binding_id"
         ]
@@ -308,13 +308,7 @@ async def test_a_claim_whose_dispatcher_died_becomes_ambiguous_and_is_never_rese
 
 async def test_tools_call_refuses_a_non_brokered_tool_before_the_gate(api: httpx.AsyncClient, stack: Stack) -> None:
     async with serve(basic()) as srv:
-        await connect(api, srv.url, "tok-" + secrets.token_hex(8))
-        agent = await make_agent(
-            api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
-            connection_requirements=[requirement(srv.url, ["add"])],
-        )  # fmt: skip
-        run_id = await start_run(api, agent)
-        await wait_status(api, run_id, {"running"})
+        run_id = await idle_bound_run(api, srv.url, ["add"])
         token = await issue_token(stack.database_url or "", run_id, "tool")
         async with httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}) as runner:
             for tool in ("Read", "mcp__other__add"):
@@ -371,13 +365,7 @@ async def test_basic_auth_pagination_and_explicit_bindings(api: httpx.AsyncClien
 
 async def test_a_call_that_was_never_sent_is_retried_at_most_three_times(api: httpx.AsyncClient, stack: Stack) -> None:
     async with serve(basic()) as srv:
-        await connect(api, srv.url, "tok-" + secrets.token_hex(8))
-        agent = await make_agent(
-            api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
-            connection_requirements=[requirement(srv.url, ["add"])],
-        )  # fmt: skip
-        run_id = await start_run(api, agent)
-        await wait_status(api, run_id, {"running"})
+        run_id = await idle_bound_run(api, srv.url, ["add"])
         await srv.stop()  # the server is gone: connect refused, provably nothing sent
         token = await issue_token(stack.database_url or "", run_id, "tool")
         async with httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}) as runner:
