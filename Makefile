@@ -50,7 +50,7 @@ lint: install
 	$(BIN)/lint-imports
 
 typecheck: install
-	$(BIN)/mypy core db api workflows activities sandbox runner cli config integrations worker.py
+	$(BIN)/mypy core db api workflows activities sandbox runner cli config integrations services worker.py
 
 test: install lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -20,10 +20,13 @@ from api.routes import (
     capabilities,
     catalog,
     connections,
+    deliveries,
     health,
     internal,
+    llm,
     policies,
     sessions,
+    triggers,
 )
 from config.settings import Settings
 from core.digests import sha256_hex
@@ -49,6 +52,8 @@ TAGS = [
     {"name": "connections", "description": "Custodied credentials for MCP servers and their tool snapshots."},
     {"name": "catalog", "description": "Curated and custom MCP connectors, probing and one-call connect."},
     {"name": "capabilities", "description": "Versioned bundles of sandbox-class MCP servers agents can pin."},
+    {"name": "triggers", "description": "Trigger subscriptions: API invocation, schedules and events."},
+    {"name": "deliveries", "description": "Signed result webhooks sent when runs finish."},
     {"name": "internal", "description": "The runner plane, reached from inside sandboxes."},
     {"name": "health", "description": "Liveness and readiness."},
 ]
@@ -132,6 +137,7 @@ def create_app(settings: Settings) -> FastAPI:
                 return JSONResponse({"error": "expected content-type: application/json"}, status_code=415)
         return await call_next(request)
 
-    for module in (health, agents, policies, connections, catalog, capabilities, sessions, approvals, internal):
+    routers = (health, agents, policies, connections, catalog, capabilities, sessions, approvals, triggers, deliveries)
+    for module in (*routers, internal, llm):
         app.include_router(module.router)
     return app

@@ -24,6 +24,7 @@ from db.connections import Connections
 from db.store import Store
 from integrations.sealing import Sealer
 from integrations.urls import UrlPolicy
+from services.runs import RunFactory
 
 
 @dataclass
@@ -40,6 +41,11 @@ class Services:
     sealer: Sealer | None = None
     _temporal: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def runs(self) -> RunFactory:
+        """Run creation for every entry point (see ``services.runs``)."""
+        return RunFactory(self.store, self.connections, self.capabilities, self.settings, self.temporal)
 
     async def temporal(self) -> Client:
         if self._temporal is None:

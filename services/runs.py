@@ -1,0 +1,271 @@
+"""Run creation: one path for every entry point (HTTP, trigger invoke, schedule fire).
+
+Freeze the RunSpec, bind requirements fail-closed, record the run as ``created`` together with
+anything the caller must commit atomically with it (``also``), then start its workflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from temporalio.client import Client
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+
+from activities import contracts as c
+from activities.env import runner_env
+from config.settings import Settings
+from core.capabilities import frozen_entry
+from core.digests import document_digest
+from core.errors import BadRequest, Unavailable, Unprocessable
+from core.harnesses import RUNNABLE
+from core.policy import Budgets
+from core.redaction import scrub_text
+from core.runspec import InvocationContext, RunSpec, WorkspaceSpec, freeze
+from core.states import RunStatus
+from db.capabilities import Capabilities
+from db.connections import Connections
+from db.ids import new_id
+from db.store import Conn, Store
+from workflows.run import RunWorkflow
+
+log = logging.getLogger("fluidbox.services.runs")
+
+MAX_RUNNER_ENV_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a caller asks for; everything else comes from the agent's latest revision."""
+
+    agent: str
+    task: str
+    workspace: dict[str, Any] | None = None
+    autonomous: bool = False
+    budgets: Budgets | None = None
+    bindings: dict[str, str] | None = None
+    capabilities: list[str] | None = None
+    result_destinations: list[dict[str, Any]] = field(default_factory=list)
+
+
+def timing(settings: Settings) -> c.Timing:
+    return c.Timing(
+        liveness_check_secs=settings.liveness_check_secs,
+        heartbeat_stale_secs=settings.heartbeat_stale_secs,
+        quiesce_secs=settings.quiesce_secs,
+        approval_recheck_secs=settings.approval_recheck_secs,
+    )
+
+
+def same_url(a: str, b: str) -> bool:
+    pa, pb = urlsplit(a), urlsplit(b)
+    return (pa.scheme.lower(), pa.netloc.lower(), pa.path.rstrip("/")) == (
+        pb.scheme.lower(),
+        pb.netloc.lower(),
+        pb.path.rstrip("/"),
+    )
+
+
+@dataclass
+class RunFactory:
+    store: Store
+    connections: Connections
+    capabilities: Capabilities
+    settings: Settings
+    temporal: Callable[[], Awaitable[Client]]
+
+    async def freeze_capabilities(self, pins: list[dict[str, Any]], keep: list[str] | None) -> list[dict[str, Any]]:
+        """The revision's pinned bundles, narrowed (remove-only) by the run's keep-list; ``[]`` strips all."""
+        if keep is not None:
+            pinned = {p["name"] for p in pins}
+            extra = sorted(set(keep) - pinned)
+            if extra:
+                raise BadRequest(
+                    f"capabilities can only narrow: {', '.join(extra)} not attached to this agent's revision"
+                )
+            pins = [p for p in pins if p["name"] in keep]
+        rows = await self.capabilities.by_ids([p["id"] for p in pins])
+        frozen = [frozen_entry(rows[p["id"]]) for p in pins]
+        aliases = [s["name"] for b in frozen for s in b["servers"]]
+        clash = sorted({a for a in aliases if aliases.count(a) > 1})
+        if clash:
+            raise BadRequest(
+                f"capability-server alias collision: {', '.join(clash)} is defined by more than one bundle"
+            )
+        return frozen
+
+    async def resolve_bindings(
+        self, tenant_id: str, requirements: list[dict[str, Any]], explicit: dict[str, str] | None
+    ) -> list[dict[str, Any]]:
+        """Bind every requirement to one active organization connection whose latest snapshot covers
+        the required tools, fail closed: an unresolvable requirement refuses the run before anything
+        provisions or spends. The effective surface is exactly the required tools."""
+        explicit = explicit or {}
+        unknown = sorted(set(explicit) - {r["slot"] for r in requirements})
+        if unknown:
+            raise BadRequest(f"unknown requirement slot(s) in bindings: {', '.join(unknown)}")
+        frozen = []
+        for req in requirements:
+            slot, url, needed = req["slot"], req["connector"]["url"], list(req["required_tools"])
+            if req.get("binding_mode") == "invoking_user":
+                # Personal connections belong to signed-in users; an operator-started run has no user.
+                raise BadRequest(
+                    f"requirement slot '{slot}' binds to the invoking user's personal connection, and a run "
+                    "started with the operator token has no user"
+                )
+            candidates = [c for c in await self.connections.candidates(tenant_id) if same_url(c["base_url"], url)]
+            if slot in explicit:
+                candidates = [c for c in candidates if str(c["id"]) == explicit[slot]]
+                if not candidates:
+                    raise BadRequest(
+                        f"binding for slot '{slot}': connection {explicit[slot]} is not an active organization "
+                        f"connection to {url}"
+                    )
+            chosen = None
+            for cand in candidates:
+                names = {t["name"] for t in cand["tools_json"]}
+                if set(needed) <= names:
+                    chosen = cand
+                    break
+            if chosen is None:
+                raise BadRequest(
+                    f"requirement slot '{slot}' cannot be bound: no active connection covers "
+                    f"{', '.join(needed)} on {url}"
+                )
+            tools = sorted((t for t in chosen["tools_json"] if t["name"] in needed), key=lambda t: t["name"])
+            frozen.append(
+                {
+                    "slot": slot,
+                    "url": url,
+                    "binding_id": new_id(),
+                    "connection_id": str(chosen["id"]),
+                    "authorization_generation": chosen["authorization_generation"],
+                    "owner_type": chosen["owner_type"],
+                    "binding_mode": req.get("binding_mode", "organization"),
+                    "snapshot_version": chosen["snapshot_version"],
+                    "protocol_version": chosen["protocol_version"],
+                    "tools": tools,
+                    "tools_digest": document_digest(tools),
+                }
+            )
+        return frozen
+
+    async def prepare(self, tenant_id: str, req: RunRequest, invocation: InvocationContext) -> RunSpec:
+        """Validate and freeze; nothing is written. Every refusal here is a 4xx naming the problem."""
+        store = self.store
+        agent = await store.find_agent(tenant_id, req.agent)
+        if agent is None:
+            raise BadRequest(f"unknown agent '{req.agent}'")
+        async with store.pool.acquire() as conn:
+            revision = await store.latest_revision(conn, agent["id"])
+            if revision is None:
+                raise BadRequest("agent has no revisions")
+            policy_row = await store.policy_head_by_id(conn, str(revision["policy_id"]))
+        capabilities = await self.freeze_capabilities(revision["capability_bundles"] or [], req.capabilities)
+        brokered = await self.resolve_bindings(tenant_id, revision["connection_requirements"] or [], req.bindings)
+        sandbox_aliases = {s["name"] for b in capabilities for s in b["servers"]}
+        for surface in brokered:
+            if surface["slot"] in sandbox_aliases:
+                raise BadRequest(
+                    f"requirement slot '{surface['slot']}' collides with a sandbox capability server of the same "
+                    "alias — rename the slot"
+                )
+        if revision["harness"] not in RUNNABLE:
+            raise Unprocessable(
+                f"harness '{revision['harness']}' cannot run in this build yet "
+                f"(runnable: {', '.join(sorted(RUNNABLE))})"
+            )
+        spec = freeze(
+            run_id=new_id(),
+            tenant_id=tenant_id,
+            agent=agent,
+            revision=revision,
+            policy_row=policy_row,
+            task=req.task,
+            workspace=WorkspaceSpec.model_validate(req.workspace) if req.workspace else None,
+            autonomous=req.autonomous,
+            budget_override=req.budgets,
+            invocation=invocation,
+            brokered=brokered,
+            capabilities=capabilities,
+        )
+        if req.result_destinations:
+            spec = spec.model_copy(update={"result_destinations": list(req.result_destinations)})
+        size = sum(len(k) + len(v) + 2 for k, v in runner_env(spec, self.settings).items())
+        if size > MAX_RUNNER_ENV_BYTES:
+            raise Unprocessable(
+                f"runner environment is {size} bytes, over the {MAX_RUNNER_ENV_BYTES} byte ceiling — "
+                "shorten the task/system prompt or the replay script"
+            )
+        return spec
+
+    async def start(
+        self,
+        spec: RunSpec,
+        *,
+        invoked_by_kind: str,
+        also: Callable[[Conn], Awaitable[None]] | None = None,
+    ) -> dict[str, Any]:
+        """Record the run (with its bindings and whatever ``also`` writes, in one transaction) and start
+        its workflow. If the workflow cannot start, the run is finalized ``failed`` and 503 is raised."""
+        store = self.store
+        brokered = spec.brokered
+
+        async def _also(conn: Conn) -> None:
+            await self.connections.insert_bindings(conn, spec.tenant_id, spec.run_id, brokered)
+            if also is not None:
+                await also(conn)
+
+        row = await store.create_run(spec, invoked_by_kind=invoked_by_kind, also=_also)
+        try:
+            client = await self.temporal()
+            await client.start_workflow(
+                RunWorkflow.run,
+                c.RunInput(
+                    run_id=spec.run_id,
+                    agent_name=spec.agent_name,
+                    max_wall_clock_secs=spec.budgets.max_wall_clock_secs,
+                    timing=timing(self.settings),
+                ),
+                id=c.workflow_id(spec.run_id),
+                task_queue=self.settings.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(c.RUN_STATUS, "created"),
+                        SearchAttributePair(c.AGENT_NAME, spec.agent_name),
+                    ]
+                ),
+                static_summary=scrub_text(f"{spec.agent_name}: {spec.task[:120]}"),
+            )
+        except Exception as exc:
+            log.exception("could not start the workflow of run %s", spec.run_id)
+            reason = f"could not start the run workflow: {type(exc).__name__}"
+            with contextlib.suppress(Exception):
+                await store.request_finalization(spec.run_id, "failed", reason=reason)
+                await store.transition(spec.run_id, RunStatus.FINALIZING, reason)
+                await store.finish(spec.run_id, RunStatus.FAILED, reason, None, "failed", [], [])
+            raise Unavailable("the workflow engine is unavailable; the run was not started") from exc
+        return row
+
+    async def create(
+        self,
+        tenant_id: str,
+        req: RunRequest,
+        invocation: InvocationContext,
+        *,
+        invoked_by_kind: str,
+        also: Callable[[Conn], Awaitable[None]] | None = None,
+    ) -> dict[str, Any]:
+        spec = await self.prepare(tenant_id, req, invocation)
+        return await self.start(spec, invoked_by_kind=invoked_by_kind, also=also)
