@@ -14,16 +14,20 @@ from datetime import timedelta
 from temporalio.worker import Worker
 
 from activities.broker import BrokerActivities
+from activities.delivery import DeliveryActivities
 from activities.runs import RunActivities
 from config.settings import Settings, get_settings
 from config.temporal import connect_client
 from core.redaction import Redactor
 from db.connections import Connections
+from db.deliveries import Deliveries
 from db.engine import create_pool
 from db.store import Store
+from integrations.mcp_pool import SessionPool
 from integrations.sealing import sealer_from_settings
 from integrations.urls import UrlPolicy
 from sandbox.registry import make_provider
+from workflows.delivery import DeliveryWorkflow
 from workflows.run import WORKFLOWS
 
 log = logging.getLogger("fluidbox.worker")
@@ -42,22 +46,30 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     store = Store(pool, redactor_for(settings))
     provider = make_provider(settings.sandbox_provider, bwrap_path=settings.bwrap_path)
     acts = RunActivities(store, provider, settings)
+    sessions = SessionPool()
     broker = BrokerActivities(
         Connections(store),
         sealer_from_settings(*settings.credential_keys()),
         UrlPolicy(allow_loopback=settings.allow_loopback_connectors),
+        sessions,
+    )
+    delivery = DeliveryActivities(
+        Deliveries(store),
+        sealer_from_settings(*settings.credential_keys()),
+        UrlPolicy(allow_loopback=settings.allow_loopback_callbacks),
     )
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=WORKFLOWS,
-        activities=[*acts.all(), *broker.all()],
+        workflows=[*WORKFLOWS, DeliveryWorkflow],
+        activities=[*acts.all(), *broker.all(), *delivery.all()],
         graceful_shutdown_timeout=timedelta(seconds=5),
         max_concurrent_activities=200,
     )
     log.info("worker polling task queue %s on %s", settings.task_queue, settings.temporal_target)
     async with worker:
         await stop.wait()
+    await sessions.aclose()
     await pool.close()
 
 

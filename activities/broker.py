@@ -22,16 +22,25 @@ from core.tools import split_mcp
 from db.connections import Connections, credential_context
 from integrations import mcp_client
 from integrations.headers import auth_headers
+from integrations.mcp_pool import SessionPool
 from integrations.sealing import Sealer, SealingError
 from integrations.urls import UrlPolicy, UrlRefused
 
 
 class BrokerActivities:
-    def __init__(self, connections: Connections, sealer: Sealer | None, url_policy: UrlPolicy) -> None:
+    def __init__(
+        self,
+        connections: Connections,
+        sealer: Sealer | None,
+        url_policy: UrlPolicy,
+        pool: SessionPool | None = None,
+    ) -> None:
         self.connections = connections
         self.store = connections.store
         self.sealer = sealer
         self.url_policy = url_policy
+        # Kept-open MCP sessions (one HTTP exchange per call instead of four); None: a fresh session per call.
+        self.pool = pool
 
     async def _refuse(self, inp: c.BrokerIn, claim: dict[str, Any], reason: str) -> c.BrokerOut:
         """A binding that no longer holds denies the call: no credential is touched, nothing is sent."""
@@ -96,7 +105,8 @@ class BrokerActivities:
             outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
         else:
             headers = auth_headers(token, header_name=binding["header_name"], scheme=binding["scheme"])
-            outcome = await mcp_client.call_tool(
+            call = self.pool.call_tool if self.pool is not None else mcp_client.call_tool
+            outcome = await call(
                 binding["base_url"],
                 headers,
                 split[1],

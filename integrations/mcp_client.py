@@ -472,22 +472,32 @@ async def call_tool(
     return outcome
 
 
-async def _initialize_for_call(
-    session: ClientSession, wire: _Wire, url: str, expected_protocol: str | None, timeout: float
-) -> CallOutcome | None:
-    """Handshake + drift check; returns a ``failed_before_send`` outcome, or None to proceed."""
+async def _handshake(
+    session: ClientSession, wire: _Wire, url: str, timeout: float
+) -> tuple[str | None, CallOutcome | None]:
+    """Initialize within ``timeout``: the negotiated version, or a ``failed_before_send`` outcome."""
     version: str | None = None
     with anyio.move_on_after(timeout):
         try:
             version = await _initialize(session)
         except McpClientError as exc:
-            return _before_send(str(exc))
+            return None, _before_send(str(exc))
         except (MCPError, ValidationError) as exc:
-            return _before_send(str(_initialize_failure(exc, wire, url)))
+            return None, _before_send(str(_initialize_failure(exc, wire, url)))
     if version is None:
-        return _before_send(f"MCP server at {_safe_url(url)} did not complete initialize within {timeout}s")
+        return None, _before_send(f"MCP server at {_safe_url(url)} did not complete initialize within {timeout}s")
+    return version, None
+
+
+async def _initialize_for_call(
+    session: ClientSession, wire: _Wire, url: str, expected_protocol: str | None, timeout: float
+) -> CallOutcome | None:
+    """Handshake + drift check; returns a ``failed_before_send`` outcome, or None to proceed."""
+    version, failure = await _handshake(session, wire, url, timeout)
+    if failure is not None:
+        return failure
     if expected_protocol is not None and version != expected_protocol:
-        return _before_send(drift_message(version, expected_protocol))
+        return _before_send(drift_message(str(version), expected_protocol))
     return None
 
 
@@ -496,18 +506,34 @@ async def _send_call(
 ) -> CallOutcome:
     # send_request, not ClientSession.call_tool: the latter may issue an extra tools/list to
     # validate structured output, and output validation is not the broker's business.
-    request = types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=arguments))
+    request = _call_request(name, arguments)
     with anyio.move_on_after(timeout):
         try:
             result = await session.send_request(request, types.CallToolResult)
         except MCPError as err:
             return _classify_call_error(err, wire, name)
         except ValidationError:
-            return CallOutcome("ambiguous", None, f"tools/call {name!r} returned a malformed result — outcome unknown")
-        body = _result_json(result)
-        if body["is_error"]:
-            text = _first_text(result)
-            error = f"tool {name!r} returned isError" + (f": {text}" if text else "")
-            return CallOutcome("failed_upstream", body, error)
-        return CallOutcome("succeeded", body, None)
+            return _malformed(name)
+        return _classify_result(result, name)
+    return _no_answer(name, timeout)
+
+
+def _call_request(name: str, arguments: dict[str, Any]) -> types.CallToolRequest:
+    return types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=arguments))
+
+
+def _classify_result(result: types.CallToolResult, name: str) -> CallOutcome:
+    body = _result_json(result)
+    if body["is_error"]:
+        text = _first_text(result)
+        error = f"tool {name!r} returned isError" + (f": {text}" if text else "")
+        return CallOutcome("failed_upstream", body, error)
+    return CallOutcome("succeeded", body, None)
+
+
+def _malformed(name: str) -> CallOutcome:
+    return CallOutcome("ambiguous", None, f"tools/call {name!r} returned a malformed result — outcome unknown")
+
+
+def _no_answer(name: str, timeout: float) -> CallOutcome:
     return CallOutcome("ambiguous", None, f"tools/call {name!r} got no answer within {timeout}s — outcome unknown")

@@ -558,11 +558,12 @@ class RunningServer:
 
 
 @contextlib.asynccontextmanager
-async def serve(spec: McpTestServer) -> AsyncIterator[RunningServer]:
-    """Serve ``spec`` on a free 127.0.0.1 port in a background thread; yields a ``RunningServer``."""
+async def serve(spec: McpTestServer, port: int = 0) -> AsyncIterator[RunningServer]:
+    """Serve ``spec`` on 127.0.0.1 (a free port, or ``port`` — e.g. to restart a server where it was) in a
+    background thread; yields a ``RunningServer``."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         spec.build(spec.recorder),
