@@ -71,6 +71,7 @@ from cli.stack import Stack, StackError  # noqa: E402
 from db.engine import create_pool  # noqa: E402
 from integrations import mcp_client  # noqa: E402
 from integrations.headers import auth_headers  # noqa: E402
+from integrations.mcp_pool import SessionPool  # noqa: E402
 from tests.mcp_servers import RunningServer, basic, serve  # noqa: E402
 
 BEGIN, END = "<!-- bench:broker -->", "<!-- /bench:broker -->"
@@ -99,6 +100,10 @@ tools:
 CLIENT_PROBES = 30  # constructions of mcp_client's per-call HTTP client, after the rounds
 EVENT_PAGE = 1000
 MAX_EVENT_PAGES = 200  # bounds the ledger read (200k events)
+
+
+KEPT = "direct-kept"
+KINDS = ("direct", "brokered", KEPT)
 
 
 def pct(values: list[float], q: int) -> float:
@@ -152,6 +157,7 @@ class Target:
     url: str  # the MCP server
     headers: dict[str, str]  # the credential, as the broker sends it
     protocol: str | None  # the frozen snapshot's protocol version
+    pool: SessionPool = field(default_factory=SessionPool)  # the kept-open direct client
     samples: list[Brokered] = field(default_factory=list)
 
 
@@ -181,10 +187,11 @@ async def brokered_call(t: Target, check: Check, tag: str, measured: bool) -> fl
     return seconds
 
 
-async def direct_call(t: Target, check: Check) -> float | None:
+async def direct_call(t: Target, check: Check, kept: bool) -> float | None:
     check.direct += 1
+    call = t.pool.call_tool if kept else mcp_client.call_tool
     t0 = time.perf_counter()
-    outcome = await mcp_client.call_tool(t.url, t.headers, TOOL, dict(ARGS), expected_protocol=t.protocol)
+    outcome = await call(t.url, t.headers, TOOL, dict(ARGS), expected_protocol=t.protocol)
     seconds = time.perf_counter() - t0
     if outcome.outcome != "succeeded" or result_text(outcome.result) != EXPECTED_TEXT:
         check.bad(f"direct: {outcome.outcome} {outcome.error} {str(outcome.result)[:200]}")
@@ -200,7 +207,7 @@ async def run_round(kind: str, t: Target, n: int, check: Check, tag: str, measur
         if kind == "brokered":
             seconds = await brokered_call(t, check, tag, measured)
         else:
-            seconds = await direct_call(t, check)
+            seconds = await direct_call(t, check, kept=kind == KEPT)
         if seconds is not None:
             rnd.latencies.append(seconds)
     rnd.wall = time.perf_counter() - t0
@@ -208,18 +215,18 @@ async def run_round(kind: str, t: Target, n: int, check: Check, tag: str, measur
 
 
 async def measure(t: Target, args: argparse.Namespace, check: Check) -> list[gb.Round]:
-    say(f"• warm-up: {args.warmup} direct and {args.warmup} brokered calls")
-    await run_round("direct", t, args.warmup, check, "warm", measured=False)
-    await run_round("brokered", t, args.warmup, check, "warm", measured=False)
+    say(f"• warm-up: {args.warmup} calls of each kind")
+    for kind in KINDS:
+        await run_round(kind, t, args.warmup, check, "warm", measured=False)
     per_round = args.calls // args.rounds
     rounds: list[gb.Round] = []
     for i in range(args.rounds):
-        order = ("direct", "brokered") if i % 2 == 0 else ("brokered", "direct")
+        order = KINDS[i % 3 :] + KINDS[: i % 3]  # each kind leads in turn
         for kind in order:
             rnd = await run_round(kind, t, per_round, check, f"r{i + 1}")
             rounds.append(rnd)
             say(
-                f"  round {i + 1} {kind:8s}: p50 {rnd.pct(50):6.1f} ms  p99 {rnd.pct(99):6.1f} ms  "
+                f"  round {i + 1} {kind:11s}: p50 {rnd.pct(50):6.1f} ms  p99 {rnd.pct(99):6.1f} ms  "
                 f"({rnd.count} calls in {rnd.wall:.1f}s)"
             )
     return rounds
@@ -510,28 +517,34 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         f"run's TOOL token over the {transport}, a unique `tool_call_id` each "
         "(run token check, gate, execution claim, Temporal update, broker activity in the worker: binding "
         "re-check, credential unseal, one MCP session and `tools/call`, settle).",
-        f"* **direct**: `integrations.mcp_client.call_tool` (what the broker activity calls) to the same server "
-        f"from the benchmark process, with the same headers and expected protocol (`{out.protocol}`). "
-        "Each call, brokered or direct, opens its own MCP session (`initialize`, "
-        "`notifications/initialized`, `tools/call`).",
+        f"* **direct**: `integrations.mcp_client.call_tool` to the same server from the benchmark process, with "
+        f"the same headers and expected protocol (`{out.protocol}`): a client that opens an MCP session per call "
+        "(`initialize`, `notifications/initialized`, `tools/call`, the closing `DELETE`). The issue's baseline.",
+        "* **direct-kept**: the same call through `integrations.mcp_pool.SessionPool` in the benchmark process: a "
+        "client that keeps its session open (one `tools/call` exchange per call). The broker activity uses the "
+        "same pool, so this is the like-for-like floor.",
         "",
-        f"{args.rounds} rounds of {per_round} calls of each kind, alternating (direct first in odd rounds, "
-        f"brokered first in even ones), after {args.warmup} warm-up calls of each; p50/p99 over all "
-        f"{len(b)} measured calls of a kind.",
+        f"{args.rounds} rounds of {per_round} calls of each kind, the kinds taking turns to go first, after "
+        f"{args.warmup} warm-up calls of each; p50/p99 over all {len(b)} measured calls of a kind.",
         "",
         "| call | p50 (ms) | p99 (ms) | calls/s (sequential) |",
         "|---|---:|---:|---:|",
     ]
-    for kind, xs in (("brokered", b), ("direct", d)):
+    k = out.pooled(KEPT)
+    k50, k99 = pct(k, 50), pct(k, 99)
+    for kind, xs in (("brokered", b), ("direct", d), (KEPT, k)):
         wall = sum(r.wall for r in out.rounds if r.kind == kind)
         lines.append(f"| {kind} | {pct(xs, 50):.1f} | {pct(xs, 99):.1f} | {len(xs) / wall if wall else 0:.1f} |")
     lines += [
         "",
-        f"Overhead of the broker: p50 **{b50 / d50:.2f}x** (+{b50 - d50:.1f} ms), p99 {b99 / d99:.2f}x "
-        f"(+{b99 - d99:.1f} ms).",
+        f"Overhead of the broker against the session-per-call client: p50 **{b50 / d50:.2f}x** "
+        f"(+{b50 - d50:.1f} ms), p99 {b99 / d99:.2f}x (+{b99 - d99:.1f} ms). Against the kept-open client: p50 "
+        f"{b50 / k50:.2f}x (+{b50 - k50:.1f} ms), p99 {b99 / k99:.2f}x (+{b99 - k99:.1f} ms).",
         "",
         f"Target (from the issue): p50(brokered) ≤ {TARGET_FACTOR} × p50(direct) + {TARGET_SLACK_MS:.0f} ms "
-        f"= {limit:.1f} ms: **{b50:.1f} ms, {'met' if met else 'missed'}**.",
+        f"= {limit:.1f} ms: **{b50:.1f} ms, {'met' if met else 'missed'}**. Measured against the kept-open "
+        f"client instead, the same formula gives {TARGET_FACTOR * k50 + TARGET_SLACK_MS:.1f} ms: "
+        f"{'met' if b50 <= TARGET_FACTOR * k50 + TARGET_SLACK_MS else 'missed'}.",
         "",
         "### Where the brokered time goes",
         "",
@@ -569,13 +582,11 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
     new50, shared50 = pct(out.client_new, 50), pct(out.client_shared, 50)
     lines += [
         "",
-        "A hot spot on both sides: `integrations/mcp_client.py` (`_open_session`) builds a new "
-        "`httpx2.AsyncClient` for every call, and its default `verify=True` builds an SSL context that loads the "
-        f"CA bundle, even for an `http://` URL. Constructing that client takes **{new50:.1f} ms** p50 in this "
-        f"process ({shared50:.2f} ms with a prebuilt `ssl.SSLContext` passed as `verify`; {CLIENT_PROBES} "
-        f"constructions each, after the rounds): about {new50 / d50:.0%} of the direct call's p50. The broker "
-        "activity pays it too (it calls the same function), so it inflates the baseline and the upstream "
-        "segment alike, and with it the target's allowance.",
+        "Client construction: an `httpx2.AsyncClient` built with the default `verify=True` loads the CA bundle, "
+        f"even for an `http://` URL: **{new50:.1f} ms** p50 in this process, against {shared50:.2f} ms with a "
+        f"prebuilt `ssl.SSLContext` ({CLIENT_PROBES} constructions each, after the rounds). `mcp_client` builds "
+        "its TLS context once per process, so neither the direct client nor the broker pays it per call; the "
+        "broker's kept-open sessions skip client construction altogether.",
     ]
     lines += [
         "",
@@ -593,7 +604,7 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         "|---:|---|---:|---:|---:|",
     ]
     for i, rnd in enumerate(out.rounds):
-        lines.append(f"| {i // 2 + 1} | {rnd.kind} | {rnd.pct(50):.1f} | {rnd.pct(99):.1f} | {rnd.count} |")
+        lines.append(f"| {i // 3 + 1} | {rnd.kind} | {rnd.pct(50):.1f} | {rnd.pct(99):.1f} | {rnd.count} |")
     tags = sorted(sp.by_round, key=lambda t: int(t.removeprefix("r")))
     if tags:
         lines += [
@@ -701,6 +712,7 @@ async def bench(args: argparse.Namespace) -> int:
         finally:
             if target is not None:
                 await target.client.http.aclose()
+                await target.pool.aclose()
             if api is not None:
                 if run_id is not None:
                     say("• cancelling the run")
