@@ -169,6 +169,26 @@ async def test_duplicate_and_concurrent_brokered_calls_execute_upstream_exactly_
         await wait_status(api, run_id, {"cancelled"})
 
 
+async def test_sequential_brokered_calls_ride_one_kept_open_upstream_session(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    async with serve(basic()) as srv:
+        run_id = await idle_bound_run(api, srv.url, ["add"])
+        token = await issue_token(stack.database_url or "", run_id, "tool")
+        async with httpx.AsyncClient(
+            base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
+        ) as runner:
+            for i in range(4):
+                body = {"tool_call_id": f"kept-{i}", "tool": "mcp__calc__add", "input": {"a": i, "b": 1}}
+                answer = (await runner.post(f"/internal/sessions/{run_id}/tools/call", json=body)).json()
+                assert answer["ok"] is True and answer["result"]["content"][0]["text"] == str(i + 1)
+        # The connection's photograph opened one session at connect time; the four calls shared one more.
+        assert srv.methods.count("initialize") == 2
+        assert srv.executions.count("add") == 4
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})
+
+
 async def test_revoking_a_connection_mid_run_fails_the_next_call_closed(api: httpx.AsyncClient) -> None:
     async with serve(basic()) as srv:
         created = await connect(api, srv.url, "tok-" + secrets.token_hex(8))
