@@ -135,3 +135,62 @@ class BrokerIn(BaseModel):
 
 class BrokerOut(BaseModel):
     state: str  # the claim's state after this attempt
+
+
+# Result deliveries (signed webhooks): one DeliveryWorkflow per (run, webhook destination).
+DELIVER_WEBHOOK = "deliver_webhook"
+CLOSE_DELIVERY = "close_delivery"
+
+
+def delivery_workflow_id(run_id: str, index: int) -> str:
+    return f"delivery:{run_id}:{index}"
+
+
+class DeliveryInput(BaseModel):
+    delivery_id: str  # the x-fluidbox-delivery dedup key, the same on every attempt
+    run_id: str
+    index: int  # position in the run's result_destinations
+
+
+class DeliveryAttemptIn(BaseModel):
+    delivery_id: str
+    attempt: int  # 1-based
+    retry_in_secs: int | None = None  # the wait before the next attempt if this one fails; None = last
+
+
+class DeliveryAttemptOut(BaseModel):
+    outcome: str  # delivered | retry | failed (permanent, e.g. URL refused) | skipped (authority gone)
+    status_code: int | None = None
+    error: str | None = None
+
+
+class DeliveryClose(BaseModel):
+    delivery_id: str
+    status: str  # delivered | failed | skipped
+    attempts: int
+    error: str | None = None
+
+
+# Schedules: a Temporal Schedule per schedule-kind subscription starts ScheduleFireWorkflow.
+FIRE_SCHEDULE = "fire_schedule"
+
+
+class ScheduleFireInput(BaseModel):
+    """The schedule action's argument (fixed per subscription; the fire time comes from Temporal)."""
+
+    tenant_id: str
+    subscription_id: str
+
+
+class ScheduleFireIn(BaseModel):
+    tenant_id: str
+    subscription_id: str
+    fire_time: str  # ISO 8601 UTC, the scheduled (nominal) time
+    late: bool  # the workflow first ran more than 30 s after fire_time (decided once, in history)
+
+
+class ScheduleFireOut(BaseModel):
+    outcome: str  # created | replay | skipped | gone
+    session_id: str | None = None
+    reason: str | None = None
+    catch_up: bool = False

@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import contracts as c
 from activities import workspace
+from activities.delivery import start_deliveries
 from activities.env import runner_env, runner_secrets
 from config.settings import Settings
 from core import events as ev
@@ -214,6 +215,7 @@ class RunActivities:
         if row is None:
             raise ApplicationError("run vanished", non_retryable=True)
         if is_terminal(row["status"]):
+            await self._deliver(run_id)  # a retry after the terminal commit still starts the deliveries
             return c.StatusOut(status=row["status"])
         intent = await self.store.finalization(run_id) or {"outcome": "failed", "summary": None, "reason": None}
         await self.store.deny_open_approvals(run_id, "session is not active")
@@ -264,7 +266,12 @@ class RunActivities:
         if terminal == RunStatus.CANCELLED and not reason:
             reason = "cancelled by user"
         _, final = await self.store.finish(run_id, terminal, reason, summary, intent["outcome"], artifacts, new)
+        await self._deliver(run_id)
         return c.StatusOut(status=final)
+
+    async def _deliver(self, run_id: str) -> None:
+        """One DeliveryWorkflow per webhook destination; they never touch the run (idempotent)."""
+        await start_deliveries(self.store, activity.client(), self.settings.task_queue, run_id)
 
     @activity.defn(name=c.OPEN_APPROVAL)
     async def open_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:

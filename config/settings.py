@@ -45,6 +45,20 @@ class Settings(BaseSettings):
     credential_previous_keys: list[SecretStr] = Field(default_factory=list)
     # Development and tests only: admit MCP/connector URLs on loopback (never private or metadata ranges).
     allow_loopback_connectors: bool = False
+    # Development and tests only: admit result-webhook (callback) URLs on loopback; never private ranges.
+    allow_loopback_callbacks: bool = False
+    # The browser/client-facing base of this deployment (trigger invoke/poll URLs); default: the bind address.
+    public_url: str | None = None
+
+    # The LLM facade: where model traffic goes, with the real key swapped in (never the sandbox's).
+    llm_upstream_url: str | None = None
+    llm_upstream_key: SecretStr | None = None
+    anthropic_api_key: SecretStr | None = Field(default=None, validation_alias="ANTHROPIC_API_KEY")
+    openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")
+    llm_max_concurrent_reservations: int = 32
+    llm_reservation_ttl_secs: int = 1800
+    llm_upstream_timeout_secs: float = 900.0
+    llm_sweep_secs: float = 10.0
 
     @property
     def runs_dir(self) -> Path:
@@ -72,6 +86,18 @@ class Settings(BaseSettings):
         """The current sealing key and the previous ones still accepted for opening."""
         current = self.credential_key.get_secret_value() if self.credential_key else None
         return current or None, [k.get_secret_value() for k in self.credential_previous_keys]
+
+    def llm_key(self, dialect: str) -> str | None:
+        """The real upstream key for a dialect: FLUIDBOX_LLM_UPSTREAM_KEY, else the provider's own variable."""
+        for key in (self.llm_upstream_key, self.openai_api_key if dialect == "openai" else self.anthropic_api_key):
+            if key is not None and key.get_secret_value():
+                return key.get_secret_value()
+        return None
+
+    def llm_secrets(self) -> tuple[str, ...]:
+        """Every model credential this process holds (for the redactor)."""
+        keys = (self.llm_upstream_key, self.anthropic_api_key, self.openai_api_key)
+        return tuple(k.get_secret_value() for k in keys if k is not None and k.get_secret_value())
 
     def require_admin_token(self) -> str:
         if self.admin_token is None or not self.admin_token.get_secret_value():

@@ -1,0 +1,206 @@
+"""Signed result webhooks: enqueue on terminal, then one attempt per activity call.
+
+Order of every attempt: the row is still pending → the publish authority still holds (subscription
+enabled, trigger token generation and callback URL unchanged since the invocation) → the secret opens
+→ the URL is admitted by the SSRF policy *now* → build, sign, POST (10 s) → stamp the attempt. Losing
+the authority skips the delivery with nothing sent; a refused URL or an unusable secret fails it at
+once (a retry cannot fix either); anything else the receiver or the network does is retried by
+:class:`workflows.delivery.DeliveryWorkflow`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+
+from activities import contracts as c
+from core import events as ev
+from core.digests import sha256_hex
+from core.redaction import MARK, scrub_text
+from core.signing import sign
+from db.deliveries import Deliveries, callback_secret_context, webhook_destinations
+from db.store import Row, Store
+from integrations.sealing import Sealer, SealingError
+from integrations.urls import UrlPolicy, UrlRefused
+from workflows.delivery import DeliveryWorkflow
+
+CALLBACK_DELIVERED = "callback.delivered"
+CALLBACK_FAILED = "callback.failed"
+EVENT = "run.finished"
+SEND_TIMEOUT_SECS = 10.0
+
+
+def display_url(url: str) -> str:
+    """The URL without its query (receivers often put tokens there) for the ledger and summaries."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+async def start_deliveries(store: Store, client: Client, task_queue: str, run_id: str) -> int:
+    """Enqueue the run's webhook deliveries and start one workflow each; a repeat call starts nothing new.
+
+    Called by the finalizer once the run is terminal (also on a retried finalize that finds it
+    terminal already). Returns how many delivery workflows are running or were just started.
+    """
+    spec = await store.run_spec(run_id)
+    if not webhook_destinations(spec):
+        return 0
+    started = 0
+    for row in await Deliveries(store).enqueue(spec):
+        if row["status"] != "pending":
+            continue
+        index = int(row["destination_index"])
+        try:
+            await client.start_workflow(
+                DeliveryWorkflow.run,
+                c.DeliveryInput(delivery_id=str(row["id"]), run_id=run_id, index=index),
+                id=c.delivery_workflow_id(run_id, index),
+                task_queue=task_queue,
+                # A running delivery is reused and a finished one is never repeated.
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                static_summary=scrub_text(f"deliver run {run_id} to {display_url(str(row['url']))}"),
+            )
+        except WorkflowAlreadyStartedError:
+            continue
+        started += 1
+    return started
+
+
+class DeliveryActivities:
+    def __init__(
+        self,
+        deliveries: Deliveries,
+        sealer: Sealer | None,
+        url_policy: UrlPolicy,
+        *,
+        send_timeout: float = SEND_TIMEOUT_SECS,
+    ) -> None:
+        self.deliveries = deliveries
+        self.sealer = sealer
+        self.url_policy = url_policy
+        self.send_timeout = send_timeout
+
+    async def _authority(self, row: Row) -> tuple[str | None, c.DeliveryAttemptOut | None]:
+        """The callback secret if the publish binding still holds; otherwise why not (nothing is sent)."""
+        dest: dict[str, Any] = row["destination"] or {}
+        sub_id = row.get("subscription_id")
+        if not sub_id:
+            return None, c.DeliveryAttemptOut(
+                outcome="failed", error="the destination names no subscription to sign with"
+            )
+        sub = await self.deliveries.subscription(str(sub_id))
+        if sub is None or str(sub["tenant_id"]) != str(row["tenant_id"]):
+            return None, c.DeliveryAttemptOut(outcome="skipped", error="the subscription no longer exists")
+        if not sub["enabled"]:
+            return None, c.DeliveryAttemptOut(outcome="skipped", error="the subscription is disabled")
+        frozen = dest.get("token_generation")
+        if frozen is not None and int(frozen) != int(sub["token_generation"]):
+            return None, c.DeliveryAttemptOut(
+                outcome="skipped",
+                error=f"the subscription's trigger token was rotated after this run was invoked "
+                f"(generation {frozen} → {sub['token_generation']})",
+            )
+        if sub["callback_url"] != row["url"]:
+            return None, c.DeliveryAttemptOut(
+                outcome="skipped", error="the subscription's callback URL changed after this run was invoked"
+            )
+        if self.sealer is None:
+            return None, c.DeliveryAttemptOut(
+                outcome="failed", error="credential storage is not configured on this worker (FLUIDBOX_CREDENTIAL_KEY)"
+            )
+        if sub["callback_secret_sealed"] is None:
+            return None, c.DeliveryAttemptOut(outcome="failed", error="the subscription has no callback secret")
+        try:
+            secret = self.sealer.open(
+                bytes(sub["callback_secret_sealed"]), context=callback_secret_context(str(sub_id))
+            )
+        except SealingError:
+            return None, c.DeliveryAttemptOut(outcome="failed", error="the callback secret cannot be opened")
+        return secret.decode("utf-8"), None
+
+    @activity.defn(name=c.DELIVER_WEBHOOK)
+    async def deliver_webhook(self, inp: c.DeliveryAttemptIn) -> c.DeliveryAttemptOut:
+        row = await self.deliveries.get(inp.delivery_id)
+        if row is None:
+            raise ApplicationError(f"delivery {inp.delivery_id} does not exist", non_retryable=True)
+        if row["status"] != "pending":  # closed already: report it, send nothing
+            return c.DeliveryAttemptOut(outcome=str(row["status"]), error=row.get("last_error"))
+        secret, refusal = await self._authority(row)
+        if refusal is not None:
+            return refusal
+        assert secret is not None
+        url = str(row["url"])
+        try:
+            # Admitted right before connecting, on every attempt: where the name points now is what counts.
+            await self.url_policy.admit(url)
+        except UrlRefused as err:
+            return c.DeliveryAttemptOut(outcome="failed", error=str(err))
+        body_doc = await self.deliveries.result_body(str(row["session_id"]), inp.delivery_id, inp.attempt)
+        body = json.dumps(body_doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        timestamp = int(time.time())
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "fluidbox-webhooks/1",
+            "x-fluidbox-event": EVENT,
+            "x-fluidbox-delivery": inp.delivery_id,
+            "x-fluidbox-timestamp": str(timestamp),
+            "x-fluidbox-signature": sign(secret, timestamp, body),
+        }
+        status_code: int | None = None
+        try:
+            # No proxies from the environment (they would defeat admission) and no redirects (a
+            # redirect target was never admitted): a 3xx is just a failed attempt.
+            async with httpx.AsyncClient(timeout=self.send_timeout, trust_env=False, follow_redirects=False) as http:
+                response = await http.post(url, content=body, headers=headers)
+            status_code = response.status_code
+            error = None if 200 <= status_code < 300 else f"the receiver answered HTTP {status_code}"
+        except httpx.HTTPError as exc:
+            error = f"request failed: {type(exc).__name__}: {exc}".replace(secret, MARK)
+        await self.deliveries.record_attempt(
+            inp.delivery_id,
+            inp.attempt,
+            status_code=status_code,
+            error=error,
+            payload_digest=f"sha256:{sha256_hex(body)}",
+            retry_in_secs=inp.retry_in_secs if error else None,
+        )
+        if error is None:
+            return c.DeliveryAttemptOut(outcome="delivered", status_code=status_code)
+        return c.DeliveryAttemptOut(outcome="retry", status_code=status_code, error=scrub_text(error))
+
+    @activity.defn(name=c.CLOSE_DELIVERY)
+    async def close_delivery(self, inp: c.DeliveryClose) -> c.StatusOut:
+        """Record the final status and its ledger event, once (a retry finds the row closed)."""
+        row = await self.deliveries.get(inp.delivery_id)
+        if row is None:
+            raise ApplicationError(f"delivery {inp.delivery_id} does not exist", non_retryable=True)
+        url = display_url(str(row["url"]))
+        if inp.status == "delivered":
+            event = ev.NewEvent(
+                type=CALLBACK_DELIVERED, data={"delivery_id": inp.delivery_id, "url": url, "attempt": inp.attempts}
+            )
+        else:
+            data: dict[str, Any] = {
+                "delivery_id": inp.delivery_id,
+                "url": url,
+                "attempts": inp.attempts,
+                "error": inp.error or inp.status,
+            }
+            if inp.status == "skipped":
+                data["skipped"] = True
+            event = ev.NewEvent(type=CALLBACK_FAILED, data=data)
+        closed = await self.deliveries.close(inp.delivery_id, inp.status, inp.attempts, inp.error, event)
+        return c.StatusOut(status=str(closed["status"]) if closed else str(row["status"]))
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.deliver_webhook, self.close_delivery]
