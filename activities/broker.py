@@ -76,6 +76,13 @@ class BrokerActivities:
             return await self._refuse(inp, claim, "the bound connection was reauthorized since this run started")
         if binding["live_owner_type"] != binding["connection_owner_type"]:
             return await self._refuse(inp, claim, "the bound connection changed owner since this run started")
+        if binding["connection_owner_user_id"] is not None:
+            if binding["live_owner_user_id"] != binding["connection_owner_user_id"]:
+                return await self._refuse(inp, claim, "the bound connection changed owner since this run started")
+            if not binding["owner_active"]:
+                return await self._refuse(
+                    inp, claim, "the owner of the bound personal connection is no longer an active member"
+                )
         if self.sealer is None:
             return await self._refuse(inp, claim, "credential storage is disabled on this worker")
         if not accepts_work(claim["run_status"]):

@@ -10,8 +10,14 @@ from core.runspec import RunSpec
 
 
 def runner_secrets(tokens: dict[str, str]) -> dict[str, str]:
-    """The run-scoped tokens, handed over in a file the runner deletes (never argv or env)."""
-    return {wire.ENV_SESSION_TOKEN: tokens["control"], wire.ENV_TOOL_TOKEN: tokens["tool"]}
+    """The run-scoped tokens, handed over in a file the runner deletes (never argv or env).
+
+    The llm-audience token is the model harness's API key for the LLM facade (the replay harness ignores it).
+    """
+    secrets = {wire.ENV_SESSION_TOKEN: tokens["control"], wire.ENV_TOOL_TOKEN: tokens["tool"]}
+    if tokens.get("llm"):
+        secrets[wire.ENV_LLM_TOKEN] = tokens["llm"]
+    return secrets
 
 
 def runner_env(spec: RunSpec, settings: Settings) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,9 +15,11 @@ from fastapi.responses import JSONResponse
 from api import errors
 from api.deps import Services
 from api.hub import EventHub
+from api.routes import admin as admin_routes
 from api.routes import (
     agents,
     approvals,
+    auth,
     capabilities,
     catalog,
     connections,
@@ -27,6 +30,7 @@ from api.routes import (
     policies,
     sessions,
     triggers,
+    usage,
 )
 from config.settings import Settings
 from core.digests import sha256_hex
@@ -37,6 +41,7 @@ from db.catalog import Catalog
 from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
+from db.usage import Metering, load_prices
 from integrations.sealing import sealer_from_settings
 from integrations.urls import UrlPolicy
 
@@ -56,6 +61,8 @@ TAGS = [
     {"name": "deliveries", "description": "Signed result webhooks sent when runs finish."},
     {"name": "internal", "description": "The runner plane, reached from inside sandboxes."},
     {"name": "health", "description": "Liveness and readiness."},
+    {"name": "auth", "description": "The caller (operator or user) and its personal access tokens."},
+    {"name": "admin", "description": "Operator surface: org members, deactivation and roles."},
 ]
 
 
@@ -78,13 +85,15 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = await create_pool(settings.database_url or "", max_size=40)
-        store = Store(pool, Redactor((admin,)))
+        store = Store(pool, Redactor((admin, *settings.llm_secrets())))
         tenant_id = await store.boot_tenant()
         await seed_policies(store, tenant_id)
         catalog = Catalog(store)
         await catalog.seed(yaml.safe_load(CATALOG_FILE.read_text()))
         hub = EventHub(settings.database_url or "")
         await hub.start()
+        ceiling, ttl = settings.llm_max_concurrent_reservations, settings.llm_reservation_ttl_secs
+        metering = Metering(store, load_prices(), ceiling=ceiling, ttl_secs=ttl)
         svc = Services(
             settings=settings,
             store=store,
@@ -96,11 +105,15 @@ def create_app(settings: Settings) -> FastAPI:
             catalog=catalog,
             url_policy=UrlPolicy(allow_loopback=settings.allow_loopback_connectors),
             sealer=sealer,
+            metering=metering,
         )
         app.state.services = svc
+        sweeper = asyncio.create_task(llm.sweep_reservations(metering, settings.llm_sweep_secs))
         try:
             yield
         finally:
+            sweeper.cancel()
+            await llm.close_facade(app)
             await hub.stop()
             await pool.close()
 
@@ -138,6 +151,8 @@ def create_app(settings: Settings) -> FastAPI:
         return await call_next(request)
 
     routers = (health, agents, policies, connections, catalog, capabilities, sessions, approvals, triggers, deliveries)
-    for module in (*routers, internal, llm):
+    for module in (*routers, usage, internal, llm):
+        app.include_router(module.router)
+    for module in (auth, admin_routes):
         app.include_router(module.router)
     return app

@@ -16,15 +16,19 @@ from config.settings import Settings
 from config.temporal import connect_client
 from core.contract import WRONG_AUDIENCE
 from core.digests import sha256_hex
-from core.errors import DomainError, NotFound, Unauthorized
+from core.errors import DomainError, Forbidden, NotFound, Unauthorized
 from core.tokens import Audience
 from db.capabilities import Capabilities
 from db.catalog import Catalog
 from db.connections import Connections
+from db.identity import Identity
 from db.store import Store
+from db.triggers import Triggers
+from db.usage import Metering
 from integrations.sealing import Sealer
 from integrations.urls import UrlPolicy
 from services.runs import RunFactory
+from services.triggers import TriggerService
 
 
 @dataclass
@@ -39,6 +43,7 @@ class Services:
     catalog: Catalog
     url_policy: UrlPolicy
     sealer: Sealer | None = None
+    metering: Metering | None = None
     _temporal: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -46,6 +51,13 @@ class Services:
     def runs(self) -> RunFactory:
         """Run creation for every entry point (see ``services.runs``)."""
         return RunFactory(self.store, self.connections, self.capabilities, self.settings, self.temporal)
+
+    @property
+    def triggers(self) -> TriggerService:
+        """The one firing path of trigger subscriptions (see ``services.triggers``)."""
+        return TriggerService(
+            self.store, self.connections, self.capabilities, self.settings, self.temporal, self.sealer
+        )
 
     async def temporal(self) -> Client:
         if self._temporal is None:
@@ -80,6 +92,8 @@ class Operator:
 async def operator(request: Request, svc: ServicesDep) -> Operator:
     token = _bearer(request)
     if token is None or not hmac.compare_digest(sha256_hex(token), svc.admin_digest):
+        if token is not None and await Identity(svc.store).resolve_pat(token) is not None:
+            raise Forbidden(OPERATOR_ONLY)
         raise Unauthorized()
     return Operator(tenant_id=svc.tenant_id)
 
@@ -121,3 +135,90 @@ async def run_token(
     if row["session_id"] != session_id:
         raise NotFound()
     return RunPrincipal(row["session_id"], row["tenant_id"], row["audience"], row["status"], row["revoked"])
+
+
+@dataclass
+class TriggerPrincipal:
+    subscription_id: str
+    tenant_id: str
+
+
+async def trigger_principal(subscription_id: str, request: Request, svc: ServicesDep) -> TriggerPrincipal:
+    """A live ``fbx_trig_`` token of exactly this subscription; anything else (the admin token, a
+    revoked token, another subscription's token) is 401."""
+    token = _bearer(request)
+    if token is None or not token.startswith("fbx_trig_"):
+        raise Unauthorized()
+    row = await Triggers(svc.store).resolve_token(token)
+    if row is None or row["subscription_id"] != subscription_id.lower():
+        raise Unauthorized()
+    return TriggerPrincipal(row["subscription_id"], row["tenant_id"])
+
+
+TriggerDep = Annotated[TriggerPrincipal, Depends(trigger_principal)]
+
+
+# ---- principals of the data plane: the operator or a user (PAT) ----------------------------------
+
+OPERATOR_ONLY = "this endpoint requires the operator (admin) token; a personal access token is not accepted here"
+READ_ALL_ROLES = frozenset({"approver", "admin", "owner"})
+MUTATE_ROLES = frozenset({"admin", "owner"})
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling ``/v1``: the operator (every permission, no user) or a member via a PAT."""
+
+    tenant_id: str
+    kind: str  # operator | user
+    user_id: str | None = None
+    membership_id: str | None = None
+    roles: frozenset[str] = frozenset()
+    email: str | None = None
+    name: str | None = None
+    org_slug: str | None = None
+    org_display_name: str | None = None
+
+    @property
+    def is_operator(self) -> bool:
+        return self.kind == "operator"
+
+    @property
+    def reads_all_runs(self) -> bool:
+        """Operator, approver, admin, owner; a plain member sees only the runs it invoked."""
+        return self.is_operator or bool(self.roles & READ_ALL_ROLES)
+
+    @property
+    def mutates_resources(self) -> bool:
+        """Operator, admin, owner (agents, policies, org connections, bundles, catalog entries)."""
+        return self.is_operator or bool(self.roles & MUTATE_ROLES)
+
+    def sees_run(self, row: dict[str, Any]) -> bool:
+        invoker = row.get("invoked_by_user_id")
+        return self.reads_all_runs or (invoker is not None and str(invoker) == self.user_id)
+
+
+async def principal(request: Request, svc: ServicesDep) -> Principal:
+    """The admin token, or a ``fbx_pat_`` token whose user, membership and org are live right now."""
+    token = _bearer(request)
+    if token is None:
+        raise Unauthorized()
+    if hmac.compare_digest(sha256_hex(token), svc.admin_digest):
+        return Principal(tenant_id=svc.tenant_id, kind="operator")
+    row = await Identity(svc.store).resolve_pat(token)
+    if row is None:
+        raise Unauthorized()
+    return Principal(
+        tenant_id=row["tenant_id"],
+        kind="user",
+        user_id=row["user_id"],
+        membership_id=row["membership_id"],
+        roles=frozenset(row["roles"]),
+        email=row["email"],
+        name=row["name"],
+        org_slug=row["org_slug"],
+        org_display_name=row["org_display_name"],
+    )
+
+
+PrincipalDep = Annotated[Principal, Depends(principal)]

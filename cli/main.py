@@ -1,4 +1,5 @@
-"""The ``fluidbox`` command. Every command except ``up``/``demo`` talks to the HTTP API only."""
+"""The ``fluidbox`` command. Every command except ``up``/``demo`` and the local admin ``users`` talks to
+the HTTP API only."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import typer
 
 from cli.client import Api, CliError, home
 from cli.render import event_line, run_line
+from cli.triggers import register as register_triggers
+from cli.users import users as users_cli
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="fluidbox: governed AI agent runs on Temporal.")
 runs = typer.Typer(no_args_is_help=True, help="Start, list, inspect, watch and cancel runs.")
@@ -26,6 +29,8 @@ app.add_typer(runs, name="runs")
 app.add_typer(approvals, name="approvals")
 app.add_typer(agents, name="agents")
 app.add_typer(policies, name="policies")
+app.add_typer(users_cli, name="users")  # local admin: talks to the database, see cli/users.py
+register_triggers(app)  # `fluidbox triggers …` and `fluidbox invoke`
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}
@@ -93,6 +98,38 @@ def up() -> None:
 # ---- the demo ----------------------------------------------------------------------------------
 
 DEMO_AGENT = "demo-fixer"
+DEMO_CLAUDE_AGENT = "demo-fixer-claude"
+DEMO_TASK = "Make the failing test pass, then deploy."
+DEMO_CLAUDE_PROMPT = (
+    "You are a careful engineer working in the repository at /workspace. Run ./run_tests.sh, fix the code so "
+    "the tests pass, run the tests again, then run ./deploy.sh. Every tool call is checked by a policy and may "
+    "be denied or wait for a human: if a call is denied, do not look for a way around it. Finish with a short "
+    "summary of what you changed and whether the deploy ran."
+)
+ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
+
+
+def demo_harness(environ: dict[str, str]) -> tuple[str, dict[str, str], str]:
+    """Which harness the demo runs: (harness, extra stack environment, a line saying why).
+
+    A configured upstream (``FLUIDBOX_LLM_UPSTREAM_URL``: Anthropic-compatible or a LiteLLM proxy) or an
+    ``ANTHROPIC_API_KEY`` selects the Claude harness; otherwise the scripted replay agent runs.
+
+    Raises:
+        CliError: an upstream is configured but no key to call it with.
+    """
+    upstream = environ.get("FLUIDBOX_LLM_UPSTREAM_URL", "").strip()
+    key = environ.get("FLUIDBOX_LLM_UPSTREAM_KEY", "").strip() or environ.get("ANTHROPIC_API_KEY", "").strip()
+    if not upstream and not key:
+        return "replay", {}, "harness: replay (a scripted agent; no model, no API key)"
+    if not key:
+        raise CliError(
+            "FLUIDBOX_LLM_UPSTREAM_URL is set but there is no key to call it with: "
+            "set FLUIDBOX_LLM_UPSTREAM_KEY or ANTHROPIC_API_KEY"
+        )
+    extra = {} if upstream else {"FLUIDBOX_LLM_UPSTREAM_URL": ANTHROPIC_UPSTREAM}
+    where = upstream or ANTHROPIC_UPSTREAM
+    return "claude-agent-sdk", extra, f"harness: claude-agent-sdk (a real Claude agent; model traffic → {where})"
 
 
 def _demo_workspace() -> Path:
@@ -106,26 +143,27 @@ def _demo_workspace() -> Path:
     return target
 
 
-def run_demo(api: Api, ui_url: str, *, approve: bool = True) -> dict[str, Any]:
+def run_demo(api: Api, ui_url: str, *, approve: bool = True, harness: str = "replay") -> dict[str, Any]:
+    agent = DEMO_CLAUDE_AGENT if harness == "claude-agent-sdk" else DEMO_AGENT
     try:
-        api.get(f"/v1/agents/{DEMO_AGENT}")
+        api.get(f"/v1/agents/{agent}")
     except CliError:
-        api.post(
-            "/v1/agents",
-            {
-                "name": DEMO_AGENT,
-                "description": "Fixes the greeting bug in the demo repository.",
-                "harness": "replay",
-                "policy": "demo",
-            },
-        )
-        typer.echo(f"✓ created agent {DEMO_AGENT} (harness replay, policy demo)")
+        body: dict[str, Any] = {
+            "name": agent,
+            "description": "Fixes the greeting bug in the demo repository.",
+            "harness": harness,
+            "policy": "demo",
+        }
+        if harness == "claude-agent-sdk":
+            body["system_prompt"] = DEMO_CLAUDE_PROMPT
+        api.post("/v1/agents", body)
+        typer.echo(f"✓ created agent {agent} (harness {harness}, policy demo)")
     workspace = _demo_workspace()
     created = api.post(
         "/v1/sessions",
         {
-            "agent": DEMO_AGENT,
-            "task": "Make the failing test pass, then deploy.",
+            "agent": agent,
+            "task": DEMO_TASK,
             "workspace": {"kind": "local_copy", "path": str(workspace)},
         },
     )["session"]
@@ -151,16 +189,26 @@ def run_demo(api: Api, ui_url: str, *, approve: bool = True) -> dict[str, Any]:
 
 @app.command()
 def demo(keep_up: bool = typer.Option(False, "--keep-up", help="Leave the stack running afterwards.")) -> None:
-    """Start the embedded stack and run a governed agent end to end (no API key needed)."""
+    """Start the embedded stack and run a governed agent end to end.
+
+    With ANTHROPIC_API_KEY (or FLUIDBOX_LLM_UPSTREAM_URL and a key) a real Claude agent runs through the gate
+    and the LLM facade; without, a scripted replay agent does (no API key needed).
+    """
     from cli.stack import StackError
 
+    try:
+        harness, extra_env, says = demo_harness(dict(os.environ))
+    except CliError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     stack = _stack_from_env()
+    stack.extra_env.update(extra_env)
     started = time.monotonic()
     try:
         token, _ = asyncio.run(_start(stack))
         typer.echo(f"✓ stack up in {time.monotonic() - started:.1f}s — API {stack.api_url}, Temporal UI {stack.ui_url}")
-        typer.echo("  harness: replay (a scripted agent; no model, no API key)")
-        outputs = run_demo(Api(stack.api_url, token), stack.ui_url)
+        typer.echo(f"  {says}")
+        outputs = run_demo(Api(stack.api_url, token), stack.ui_url, harness=harness)
         typer.echo(f"demo finished in {time.monotonic() - started:.1f}s")
         if keep_up:
             typer.echo("stack left running; press Ctrl-C to stop it.")

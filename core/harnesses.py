@@ -35,7 +35,7 @@ HARNESSES: dict[str, dict[str, Any]] = {
     },
 }
 # What this build can actually run inside a sandbox today.
-RUNNABLE = frozenset({"replay"})
+RUNNABLE = frozenset({"replay", "claude-agent-sdk"})
 
 
 def check_harness(harness: str, model: str | None) -> str:

@@ -35,6 +35,7 @@ class InvocationContext(_Frozen):
     kind: Literal["manual", "api", "schedule", "event"] = "manual"
     actor: str = "operator"
     attributes: dict[str, Any] = Field(default_factory=dict)
+    subscription_id: str | None = None  # the trigger subscription that fired the run, if any
 
 
 class RunSpec(_Frozen):

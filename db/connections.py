@@ -17,7 +17,7 @@ from db.store import Conn, Row, Store, _row, _rows
 
 CONNECTION_FIELDS = (
     "id, tenant_id, provider, display_name, base_url, auth_kind, header_name, scheme, status, owner_type, "
-    "owner_user_id, authorization_generation, metadata, created_at, updated_at"
+    "owner_user_id, created_by_user_id, authorization_generation, metadata, created_at, updated_at"
 )
 MAX_ATTEMPTS = 3
 CLAIM_TTL_SECS = 600.0
@@ -38,13 +38,16 @@ class Connections:
     async def create(
         self, tenant_id: str, fields: Row, sealed: bytes, key_id: str, photo: dict[str, Any]
     ) -> tuple[Row, Row]:
-        """Insert the connection and its first snapshot together: a connection never exists unphotographed."""
+        """Insert the connection and its first snapshot together: a connection never exists unphotographed.
+        ``fields["owner_user_id"]`` set makes it a personal connection of that user (owner_type ``user``)."""
+        owner = fields.get("owner_user_id")
         async with self.pool.acquire() as conn, conn.transaction():
             row = _row(
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
-                    "auth_kind, header_name, scheme, credential_sealed, credential_key_id, status, owner_type) "
-                    "VALUES ($1,$2,$3,$4,$5,'static',$6,$7,$8,$9,'active','organization') "
+                    "auth_kind, header_name, scheme, credential_sealed, credential_key_id, status, owner_type, "
+                    "owner_user_id, created_by_user_id) "
+                    "VALUES ($1,$2,$3,$4,$5,'static',$6,$7,$8,$9,'active',$10,$11,$12) "
                     f"RETURNING {CONNECTION_FIELDS}",
                     uuid.UUID(new_id()),
                     uuid.UUID(tenant_id),
@@ -55,19 +58,24 @@ class Connections:
                     fields["scheme"],
                     sealed,
                     key_id,
+                    "user" if owner else "organization",
+                    uuid.UUID(owner) if owner else None,
+                    uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
                 )
             )
             assert row is not None
             snapshot = await self._append_snapshot(conn, row["id"], 1, photo)
             return row, snapshot
 
-    async def all(self, tenant_id: str) -> list[Row]:
+    async def all(self, tenant_id: str, viewer_user_id: str | None = None) -> list[Row]:
+        """Organization connections plus the viewer's own personal ones (none for the operator)."""
         async with self.pool.acquire() as conn:
             return _rows(
                 await conn.fetch(
                     f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 "
-                    "ORDER BY created_at DESC",
+                    "AND (owner_type = 'organization' OR owner_user_id = $2) ORDER BY created_at DESC",
                     uuid.UUID(tenant_id),
+                    uuid.UUID(viewer_user_id) if viewer_user_id else None,
                 )
             )
 
@@ -167,19 +175,22 @@ class Connections:
 
     # ---- bindings ------------------------------------------------------------------------------
 
-    async def candidates(self, tenant_id: str) -> list[Row]:
-        """Active organization connections with their latest snapshot, newest first."""
+    async def candidates(self, tenant_id: str, owner_user_id: str | None = None) -> list[Row]:
+        """Active connections with their latest snapshot, newest first: the organization's, or (with
+        ``owner_user_id``) that user's personal ones."""
         async with self.pool.acquire() as conn:
             return _rows(
                 await conn.fetch(
                     "SELECT c.id, c.base_url, c.display_name, c.authorization_generation, c.owner_type, "
-                    "s.snapshot_version, "
+                    "c.owner_user_id, s.snapshot_version, "
                     "s.protocol_version, s.tools_json FROM integration_connections c JOIN LATERAL ("
                     " SELECT * FROM connection_tool_snapshots t WHERE t.connection_id = c.id"
                     " ORDER BY snapshot_version DESC LIMIT 1) s ON true "
-                    "WHERE c.tenant_id = $1 AND c.status = 'active' "
-                    "AND c.owner_type = 'organization' ORDER BY c.created_at DESC",
+                    "WHERE c.tenant_id = $1 AND c.status = 'active' AND CASE WHEN $2::uuid IS NULL "
+                    "THEN c.owner_type = 'organization' ELSE c.owner_type = 'user' AND c.owner_user_id = $2 END "
+                    "ORDER BY c.created_at DESC",
                     uuid.UUID(tenant_id),
+                    uuid.UUID(owner_user_id) if owner_user_id else None,
                 )
             )
 
@@ -188,7 +199,8 @@ class Connections:
             await conn.execute(
                 "INSERT INTO run_resource_bindings (id, tenant_id, session_id, requirement_slot, connection_id, "
                 "authority_generation, connection_owner_type, snapshot_version, effective_tools_json, "
-                "effective_tools_digest, binding_mode) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)",
+                "effective_tools_digest, binding_mode, connection_owner_user_id) "
+                "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)",
                 uuid.UUID(b["binding_id"]),
                 uuid.UUID(tenant_id),
                 uuid.UUID(run_id),
@@ -200,22 +212,29 @@ class Connections:
                 b["tools"],
                 b["tools_digest"],
                 b["binding_mode"],
+                uuid.UUID(b["owner_user_id"]) if b.get("owner_user_id") else None,
             )
 
     async def dispatch_view(self, run_id: str, tool_call_id: str, digest: str) -> Row | None:
         """Everything the broker checks before a call, read in one statement: the claim, its binding,
         the connection's live state (and sealed credential only while it still matches the binding),
-        and the run's status."""
+        the run's status, and for a personal binding whether its owner is still an active member."""
         async with self.pool.acquire() as conn:
             return _row(
                 await conn.fetchrow(
                     "SELECT cl.*, b.connection_id, b.authority_generation, b.connection_owner_type, "
+                    "b.connection_owner_user_id, c.owner_user_id AS live_owner_user_id, "
                     "c.status AS connection_status, c.authorization_generation AS live_generation, "
                     "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme, "
+                    "(m.status = 'active' AND u.status = 'active') AS owner_active, "
                     "CASE WHEN c.status = 'active' AND c.authorization_generation = b.authority_generation "
+                    "AND (b.connection_owner_user_id IS NULL OR (c.owner_user_id = b.connection_owner_user_id "
+                    "AND m.status = 'active' AND u.status = 'active')) "
                     "THEN c.credential_sealed END AS credential_sealed, s.status AS run_status "
                     "FROM tool_execution_claims cl JOIN run_resource_bindings b ON b.id = cl.binding_id "
                     "JOIN integration_connections c ON c.id = b.connection_id JOIN sessions s ON s.id = cl.session_id "
+                    "LEFT JOIN users u ON u.id = b.connection_owner_user_id LEFT JOIN org_memberships m "
+                    "ON m.user_id = b.connection_owner_user_id AND m.tenant_id = b.tenant_id "
                     "WHERE cl.session_id = $1 AND cl.tool_call_id = $2 AND cl.input_digest = $3",
                     uuid.UUID(run_id),
                     tool_call_id,

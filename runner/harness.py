@@ -14,8 +14,9 @@ from runner import replay
 from runner.gateway import AudienceMismatch, Gateway, MissingEnv, log, take_credentials
 
 DEFAULT_HARNESS = "replay"
+CLAUDE_HARNESS = "claude-agent-sdk"
 # Harnesses planned but not built yet: fail the run loudly instead of silently replaying.
-PENDING_HARNESSES = frozenset({"claude-agent-sdk"})
+PENDING_HARNESSES = frozenset({"codex"})
 
 
 def main(environ: MutableMapping[str, str] | None = None) -> int:
@@ -31,6 +32,11 @@ def main(environ: MutableMapping[str, str] | None = None) -> int:
         harness = (env.get(ENV_HARNESS) or DEFAULT_HARNESS).strip()
         if harness == DEFAULT_HARNESS:
             return replay.run(gateway, env)
+        if harness == CLAUDE_HARNESS:
+            # Imported here: the SDK is only loaded by runs that use it.
+            from runner import claude
+
+            return claude.run(gateway, credentials, env)
         if harness in PENDING_HARNESSES:
             message = f"harness {harness} is not available in this build yet"
         else:

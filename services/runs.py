@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from activities.env import runner_env
 from config.settings import Settings
 from core.capabilities import frozen_entry
 from core.digests import document_digest
-from core.errors import BadRequest, Unavailable, Unprocessable
+from core.errors import BadRequest, Forbidden, Unavailable, Unprocessable
 from core.harnesses import RUNNABLE
 from core.policy import Budgets
 from core.redaction import scrub_text
@@ -104,11 +105,17 @@ class RunFactory:
         return frozen
 
     async def resolve_bindings(
-        self, tenant_id: str, requirements: list[dict[str, Any]], explicit: dict[str, str] | None
+        self,
+        tenant_id: str,
+        requirements: list[dict[str, Any]],
+        explicit: dict[str, str] | None,
+        invoker_user_id: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Bind every requirement to one active organization connection whose latest snapshot covers
-        the required tools, fail closed: an unresolvable requirement refuses the run before anything
-        provisions or spends. The effective surface is exactly the required tools."""
+        """Bind every requirement to one active connection whose latest snapshot covers the required
+        tools, fail closed: an unresolvable requirement refuses the run before anything provisions or
+        spends. ``organization`` slots take an organization connection; ``invoking_user`` slots take the
+        invoker's own personal connection (``invoker_user_id``; None for operator and trigger runs).
+        The effective surface is exactly the required tools."""
         explicit = explicit or {}
         unknown = sorted(set(explicit) - {r["slot"] for r in requirements})
         if unknown:
@@ -116,19 +123,23 @@ class RunFactory:
         frozen = []
         for req in requirements:
             slot, url, needed = req["slot"], req["connector"]["url"], list(req["required_tools"])
-            if req.get("binding_mode") == "invoking_user":
+            personal = req.get("binding_mode") == "invoking_user"
+            if personal and invoker_user_id is None:
                 # Personal connections belong to signed-in users; an operator-started run has no user.
                 raise BadRequest(
                     f"requirement slot '{slot}' binds to the invoking user's personal connection, and a run "
                     "started with the operator token has no user"
                 )
-            candidates = [c for c in await self.connections.candidates(tenant_id) if same_url(c["base_url"], url)]
+            owner = invoker_user_id if personal else None
+            candidates = [
+                c for c in await self.connections.candidates(tenant_id, owner) if same_url(c["base_url"], url)
+            ]
+            kind = "personal connection of yours" if personal else "organization connection"
             if slot in explicit:
                 candidates = [c for c in candidates if str(c["id"]) == explicit[slot]]
                 if not candidates:
                     raise BadRequest(
-                        f"binding for slot '{slot}': connection {explicit[slot]} is not an active organization "
-                        f"connection to {url}"
+                        f"binding for slot '{slot}': connection {explicit[slot]} is not an active {kind} to {url}"
                     )
             chosen = None
             for cand in candidates:
@@ -137,9 +148,9 @@ class RunFactory:
                     chosen = cand
                     break
             if chosen is None:
+                where = "personal connection of the invoking user" if personal else "connection"
                 raise BadRequest(
-                    f"requirement slot '{slot}' cannot be bound: no active connection covers "
-                    f"{', '.join(needed)} on {url}"
+                    f"requirement slot '{slot}' cannot be bound: no active {where} covers {', '.join(needed)} on {url}"
                 )
             tools = sorted((t for t in chosen["tools_json"] if t["name"] in needed), key=lambda t: t["name"])
             frozen.append(
@@ -150,6 +161,7 @@ class RunFactory:
                     "connection_id": str(chosen["id"]),
                     "authorization_generation": chosen["authorization_generation"],
                     "owner_type": chosen["owner_type"],
+                    "owner_user_id": str(chosen["owner_user_id"]) if chosen["owner_user_id"] else None,
                     "binding_mode": req.get("binding_mode", "organization"),
                     "snapshot_version": chosen["snapshot_version"],
                     "protocol_version": chosen["protocol_version"],
@@ -159,8 +171,11 @@ class RunFactory:
             )
         return frozen
 
-    async def prepare(self, tenant_id: str, req: RunRequest, invocation: InvocationContext) -> RunSpec:
-        """Validate and freeze; nothing is written. Every refusal here is a 4xx naming the problem."""
+    async def prepare(
+        self, tenant_id: str, req: RunRequest, invocation: InvocationContext, invoker_user_id: str | None = None
+    ) -> RunSpec:
+        """Validate and freeze; nothing is written. Every refusal here is a 4xx naming the problem.
+        ``invoker_user_id``: the signed-in user starting the run (None for the operator and triggers)."""
         store = self.store
         agent = await store.find_agent(tenant_id, req.agent)
         if agent is None:
@@ -171,7 +186,9 @@ class RunFactory:
                 raise BadRequest("agent has no revisions")
             policy_row = await store.policy_head_by_id(conn, str(revision["policy_id"]))
         capabilities = await self.freeze_capabilities(revision["capability_bundles"] or [], req.capabilities)
-        brokered = await self.resolve_bindings(tenant_id, revision["connection_requirements"] or [], req.bindings)
+        brokered = await self.resolve_bindings(
+            tenant_id, revision["connection_requirements"] or [], req.bindings, invoker_user_id
+        )
         sandbox_aliases = {s["name"] for b in capabilities for s in b["servers"]}
         for surface in brokered:
             if surface["slot"] in sandbox_aliases:
@@ -200,6 +217,11 @@ class RunFactory:
         )
         if req.result_destinations:
             spec = spec.model_copy(update={"result_destinations": list(req.result_destinations)})
+        if invoker_user_id is not None and spec.workspace.kind == "local_copy":
+            # Asked for, or the revision's default: either way it would copy a control-plane host path.
+            raise Forbidden(
+                "a local_copy workspace names a control-plane host path and is restricted to the operator (admin token)"
+            )
         size = sum(len(k) + len(v) + 2 for k, v in runner_env(spec, self.settings).items())
         if size > MAX_RUNNER_ENV_BYTES:
             raise Unprocessable(
@@ -213,6 +235,7 @@ class RunFactory:
         spec: RunSpec,
         *,
         invoked_by_kind: str,
+        invoked_by_user_id: str | None = None,
         also: Callable[[Conn], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
         """Record the run (with its bindings and whatever ``also`` writes, in one transaction) and start
@@ -221,11 +244,19 @@ class RunFactory:
         brokered = spec.brokered
 
         async def _also(conn: Conn) -> None:
+            if invoked_by_user_id is not None:
+                await conn.execute(
+                    "UPDATE sessions SET invoked_by_user_id = $2 WHERE id = $1",
+                    uuid.UUID(spec.run_id),
+                    uuid.UUID(invoked_by_user_id),
+                )
             await self.connections.insert_bindings(conn, spec.tenant_id, spec.run_id, brokered)
             if also is not None:
                 await also(conn)
 
         row = await store.create_run(spec, invoked_by_kind=invoked_by_kind, also=_also)
+        if invoked_by_user_id is not None:
+            row["invoked_by_user_id"] = invoked_by_user_id
         try:
             client = await self.temporal()
             await client.start_workflow(
@@ -265,7 +296,8 @@ class RunFactory:
         invocation: InvocationContext,
         *,
         invoked_by_kind: str,
+        invoked_by_user_id: str | None = None,
         also: Callable[[Conn], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
-        spec = await self.prepare(tenant_id, req, invocation)
-        return await self.start(spec, invoked_by_kind=invoked_by_kind, also=also)
+        spec = await self.prepare(tenant_id, req, invocation, invoked_by_user_id)
+        return await self.start(spec, invoked_by_kind=invoked_by_kind, invoked_by_user_id=invoked_by_user_id, also=also)

@@ -11,8 +11,8 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from api.deps import OperatorDep, Services, ServicesDep
-from core.errors import BadRequest, NotFound, Unavailable, UpstreamFailed
+from api.deps import Principal, PrincipalDep, Services, ServicesDep
+from core.errors import BadRequest, Forbidden, NotFound, Unavailable, UpstreamFailed
 from db.connections import credential_context
 from integrations import mcp_client
 from integrations.headers import auth_headers
@@ -73,26 +73,47 @@ async def take_photograph(url: str, headers: dict[str, str], *, rolled_back: boo
     return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
 
 
+async def visible(svc: Services, who: Principal, connection_id: str) -> dict[str, Any]:
+    """The connection if the caller may see it: someone else's personal connection is 404 for
+    everyone, the operator and admins included."""
+    row = await svc.connections.get(who.tenant_id, connection_id)
+    if row is None or (row["owner_type"] == "user" and row["owner_user_id"] != who.user_id):
+        raise NotFound()
+    return row
+
+
+def require_manage(who: Principal, row: dict[str, Any], action: str) -> None:
+    """A personal connection is managed by its owner (visibility already proved that); an
+    organization connection by the operator, an admin or an owner."""
+    if row["owner_type"] != "user" and not who.mutates_resources:
+        raise Forbidden(f"{action} an organization connection requires the admin or owner role")
+
+
 @router.post("", summary="Connect an MCP server (the credential is sealed, then the tools photographed)")
-async def create_connection(body: ConnectionCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """A rejected credential or a refused photograph stores nothing."""
+async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+    """A rejected credential or a refused photograph stores nothing. ``owner: personal`` makes a
+    connection only its creator can see or use (any signed-in user; never the operator)."""
     sealer_of(svc)
     if body.provider != "mcp_http":
         raise BadRequest(f"unsupported provider '{body.provider}' (supported: mcp_http)")
-    if body.owner == "personal":
+    if body.owner == "personal" and who.is_operator:
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
+    if body.owner == "organization" and not who.mutates_resources:
+        raise Forbidden("creating an organization connection requires the admin or owner role")
     if body.auth_kind == "oauth":
         raise BadRequest("oauth connections are not available yet: use auth_kind static with a token")
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a static connection needs a `token`")
     return await connect_static(
         svc,
-        op.tenant_id,
+        who.tenant_id,
         base_url=body.base_url,
         token=body.token.get_secret_value(),
         header_name=body.header_name,
         scheme=body.scheme,
         display_name=body.display_name,
+        owner_user_id=who.user_id if body.owner == "personal" else None,
+        created_by_user_id=who.user_id,
     )
 
 
@@ -105,6 +126,8 @@ async def connect_static(
     header_name: str | None,
     scheme: str,
     display_name: str | None,
+    owner_user_id: str | None = None,
+    created_by_user_id: str | None = None,
 ) -> dict[str, Any]:
     """Admit the URL, photograph with the credential, then seal and store both in one transaction.
     Any refusal before the insert stores nothing."""
@@ -124,39 +147,36 @@ async def connect_static(
         "base_url": admitted.url,
         "header_name": header_name,
         "scheme": scheme,
+        "owner_user_id": owner_user_id,
+        "created_by_user_id": created_by_user_id,
     }
     row, snapshot = await svc.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
 
 @router.get("", summary="List connections")
-async def list_connections(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """Never includes a secret."""
-    return {"connections": [public(r) for r in await svc.connections.all(op.tenant_id)]}
+async def list_connections(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+    """Organization connections and the caller's own personal ones; never includes a secret."""
+    return {"connections": [public(r) for r in await svc.connections.all(who.tenant_id, who.user_id)]}
 
 
 @router.get("/{connection_id}", summary="A connection")
-async def get_connection(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def get_connection(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """404 when unknown or not visible."""
-    row = await svc.connections.get(op.tenant_id, connection_id)
-    if row is None:
-        raise NotFound()
-    return {"connection": public(row)}
+    return {"connection": public(await visible(svc, who, connection_id))}
 
 
 @router.post("/{connection_id}/revoke", summary="Revoke a connection")
-async def revoke(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def revoke(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The sealed credential is destroyed; in-flight runs fail closed on their next brokered call."""
-    if await svc.connections.get(op.tenant_id, connection_id) is None:
-        raise NotFound()
-    return {"connection": public(await svc.connections.revoke(op.tenant_id, connection_id))}
+    require_manage(who, await visible(svc, who, connection_id), "revoking")
+    return {"connection": public(await svc.connections.revoke(who.tenant_id, connection_id))}
 
 
 @router.get("/{connection_id}/tools", summary="The latest tool snapshot")
-async def tools(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def tools(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Names and descriptions of the photographed tools, with the snapshot's version and digest."""
-    if await svc.connections.get(op.tenant_id, connection_id) is None:
-        raise NotFound()
+    await visible(svc, who, connection_id)
     snapshot = await svc.connections.latest_snapshot(connection_id)
     if snapshot is None:
         raise NotFound()
@@ -164,12 +184,11 @@ async def tools(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict[s
 
 
 @router.post("/{connection_id}/tools/refresh", summary="Re-photograph the server's tools")
-async def refresh(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def refresh(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Appends snapshot v+1 for future runs; runs in flight keep the snapshot they froze."""
     sealer = sealer_of(svc)
-    row = await svc.connections.get(op.tenant_id, connection_id)
-    if row is None:
-        raise NotFound()
+    row = await visible(svc, who, connection_id)
+    require_manage(who, row, "refreshing")
     if row["status"] != "active":
         raise BadRequest(f"connection is {row['status']}")
     try:
@@ -177,7 +196,7 @@ async def refresh(connection_id: str, op: OperatorDep, svc: ServicesDep) -> dict
     except UrlRefused as err:
         raise BadRequest(str(err)) from None
     blob, _ = await svc.connections.credential(connection_id)
-    token = sealer.open(blob, context=credential_context(op.tenant_id)).decode()
+    token = sealer.open(blob, context=credential_context(who.tenant_id)).decode()
     headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
     photo = await take_photograph(admitted.url, headers, rolled_back=False)
     snapshot = await svc.connections.refresh(connection_id, row["authorization_generation"], photo)

@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from temporalio.client import WorkflowHandle
 
 from activities import contracts as c
-from api.deps import OperatorDep, Services, ServicesDep
+from api.deps import Principal, PrincipalDep, Services, ServicesDep
 from api.routes.agents import workspace_doc
 from api.schemas import (
     ARTIFACT_FIELDS,
@@ -24,8 +24,9 @@ from api.schemas import (
     approval_public,
     pick,
 )
-from core.errors import BadRequest, NotFound
+from core.errors import BadRequest, Forbidden, NotFound
 from core.runspec import InvocationContext
+from db.identity import Identity
 from services.runs import RunRequest
 from workflows.run import RunWorkflow
 
@@ -44,13 +45,21 @@ async def _run(svc: Services, tenant_id: str, run_id: str) -> dict[str, Any]:
     return row
 
 
+async def _visible_run(svc: Services, who: Principal, run_id: str) -> dict[str, Any]:
+    """The run if the caller may see it; a plain member sees only runs it invoked (else 404)."""
+    row = await _run(svc, who.tenant_id, run_id)
+    if not who.sees_run(row):
+        raise NotFound()
+    return row
+
+
 def run_handle(client: Any, run_id: str) -> WorkflowHandle[Any, Any]:
     handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(c.workflow_id(run_id))
     return handle
 
 
 @router.post("", status_code=201, summary="Start a run")
-async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def create_session(body: SessionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Freeze the RunSpec, record the run as ``created`` and start its workflow; returns at once."""
     if body.workspace is not None and body.repo is not None:
         raise BadRequest("provide either `workspace` or legacy `repo`, not both")
@@ -63,32 +72,46 @@ async def create_session(body: SessionCreate, op: OperatorDep, svc: ServicesDep)
         bindings=body.bindings,
         capabilities=body.capabilities,
     )
-    row = await svc.runs.create(
-        op.tenant_id, request, InvocationContext(kind="manual", actor=op.name), invoked_by_kind="operator"
-    )
+    if who.is_operator:
+        row = await svc.runs.create(
+            who.tenant_id, request, InvocationContext(kind="manual", actor="operator"), invoked_by_kind="operator"
+        )
+    else:  # a local_copy workspace (asked for or the revision's default) is refused with 403 there
+        row = await svc.runs.create(
+            who.tenant_id,
+            request,
+            InvocationContext(kind="manual", actor=f"user:{who.user_id}"),
+            invoked_by_kind="user",
+            invoked_by_user_id=who.user_id,
+        )
     return {"session": pick(row, SESSION_FIELDS)}
 
 
 @router.get("", summary="List runs")
 async def list_sessions(
-    op: OperatorDep, svc: ServicesDep, limit: int = Query(default=50, ge=1, le=500)
+    who: PrincipalDep, svc: ServicesDep, limit: int = Query(default=50, ge=1, le=500)
 ) -> dict[str, Any]:
-    """Newest first."""
-    rows = await svc.store.list_runs(op.tenant_id, limit)
+    """Newest first; a plain member sees only the runs it invoked."""
+    if who.reads_all_runs:
+        rows = await svc.store.list_runs(who.tenant_id, limit)
+    else:
+        rows = await Identity(svc.store).runs_invoked_by(who.tenant_id, who.user_id or "", limit)
     return {"sessions": [pick(r, SESSION_FIELDS) for r in rows]}
 
 
 @router.get("/{run_id}", summary="A run with its usage totals")
-async def get_session(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def get_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """404 when the run does not exist or is not visible to the caller."""
-    row = await _run(svc, op.tenant_id, run_id)
+    row = await _visible_run(svc, who, run_id)
     return {"session": pick(row, SESSION_FIELDS), "usage": await svc.store.usage_totals(run_id)}
 
 
 @router.post("/{run_id}/cancel", summary="Cancel a run")
-async def cancel_session(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, bool]:
+async def cancel_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, bool]:
     """``cancelled: false`` when the run is already terminal or already winding down (not an error)."""
-    await _run(svc, op.tenant_id, run_id)
+    row = await _visible_run(svc, who, run_id)
+    if not who.mutates_resources and row.get("invoked_by_user_id") != who.user_id:
+        raise Forbidden("cancelling another member's run requires the admin or owner role")
     created, _ = await svc.store.request_finalization(run_id, "cancelled", reason="cancelled by user", quiesce=True)
     if created:
         try:
@@ -100,9 +123,9 @@ async def cancel_session(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict
 
 
 @router.get("/{run_id}/outputs", summary="The run's diff and summary")
-async def outputs(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The diff against the pristine workspace, the summary, and whether the gate was ever consulted."""
-    row = await _run(svc, op.tenant_id, run_id)
+    row = await _visible_run(svc, who, run_id)
     arts = await svc.store.artifacts(run_id)
     by_kind = {a["kind"]: a for a in arts}
     diff = by_kind.get("diff")
@@ -116,30 +139,30 @@ async def outputs(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, A
 
 
 @router.get("/{run_id}/artifacts", summary="The run's artifacts")
-async def artifacts(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def artifacts(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The diff (``changes.patch``) and the summary (``summary.md``)."""
-    await _run(svc, op.tenant_id, run_id)
+    await _visible_run(svc, who, run_id)
     return {"artifacts": [pick(a, ARTIFACT_FIELDS) for a in await svc.store.artifacts(run_id)]}
 
 
 @router.get("/{run_id}/approvals", summary="Every tool intent and approval of the run")
-async def session_approvals(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def session_approvals(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Includes auto-decided intents, not only human approvals."""
-    await _run(svc, op.tenant_id, run_id)
-    rows = await svc.store.list_approvals(op.tenant_id, run_id=run_id)
+    await _visible_run(svc, who, run_id)
+    rows = await svc.store.list_approvals(who.tenant_id, run_id=run_id)
     return {"approvals": [approval_public(r) for r in rows]}
 
 
 @router.get("/{run_id}/events", summary="The ledger, after a sequence number")
 async def events(
     run_id: str,
-    op: OperatorDep,
+    who: PrincipalDep,
     svc: ServicesDep,
     after: int = Query(default=0, ge=0),
     limit: int = Query(default=500, ge=1, le=1000),
 ) -> dict[str, Any]:
     """Ordered by ``seq``, strictly greater than ``after``."""
-    await _run(svc, op.tenant_id, run_id)
+    await _visible_run(svc, who, run_id)
     rows = await svc.store.events_after(run_id, after, limit)
     return {"events": [pick(r, EVENT_FIELDS) for r in rows]}
 
@@ -156,9 +179,9 @@ def _sse(row: dict[str, Any]) -> str:
 
 
 @router.get("/{run_id}/events/stream", summary="The ledger as server-sent events")
-async def stream(run_id: str, request: Request, op: OperatorDep, svc: ServicesDep) -> StreamingResponse:
+async def stream(run_id: str, request: Request, who: PrincipalDep, svc: ServicesDep) -> StreamingResponse:
     """Resumes after ``Last-Event-ID``; the same catch-up query as polling, woken by NOTIFY."""
-    await _run(svc, op.tenant_id, run_id)
+    await _visible_run(svc, who, run_id)
     raw = request.headers.get("last-event-id", "0").strip() or "0"
     if not raw.isdigit():
         raise BadRequest("Last-Event-ID must be a non-negative integer sequence number")

@@ -31,7 +31,8 @@ def home() -> Iterator[Path]:
 
 
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLUIDBOX_")}
+    # Neither our settings nor a model key from the calling shell: the replay demo must run here.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLUIDBOX_", "ANTHROPIC_", "OPENAI_"))}
     env.update(
         FLUIDBOX_HOME=str(home),
         FLUIDBOX_BIND=f"127.0.0.1:{free_port()}",

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import secrets
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
 from cli.stack import Stack, admin_token
+from tests.llm_upstream import Upstream, running_upstream, text
 
 FAST = {
     "FLUIDBOX_REPLAY_DELAY_MS": "0",
@@ -26,12 +27,39 @@ FAST = {
     # A fresh credential key per test session; MCP servers started by the tests live on loopback.
     "FLUIDBOX_CREDENTIAL_KEY": secrets.token_hex(32),
     "FLUIDBOX_ALLOW_LOOPBACK_CONNECTORS": "true",
+    "FLUIDBOX_ALLOW_LOOPBACK_CALLBACKS": "true",
 }
 
 
+# The real upstream credential of this test session: only the API process may ever hold it.
+LLM_UPSTREAM_KEY = "sk-ant-upstream-" + secrets.token_hex(20)
+
+
 @pytest.fixture(scope="session")
-async def stack() -> AsyncIterator[Stack]:
-    st = Stack.ephemeral("fbxt-", FAST)
+def llm_upstream_server() -> Iterator[Upstream]:
+    """The scripted LLM upstream (tests/llm_upstream.py); it runs before the stack starts."""
+    with running_upstream() as up:
+        yield up
+
+
+@pytest.fixture
+def llm_upstream(llm_upstream_server: Upstream) -> Upstream:
+    """The session's upstream with an empty queue, no recorded requests and the default text turn."""
+    llm_upstream_server.clear()
+    llm_upstream_server.default = text("ok")
+    llm_upstream_server.rearm()
+    return llm_upstream_server
+
+
+@pytest.fixture(scope="session")
+async def stack(llm_upstream_server: Upstream) -> AsyncIterator[Stack]:
+    env = {
+        **FAST,
+        "FLUIDBOX_LLM_UPSTREAM_URL": llm_upstream_server.url,
+        "FLUIDBOX_LLM_UPSTREAM_KEY": LLM_UPSTREAM_KEY,
+        "FLUIDBOX_LLM_SWEEP_SECS": "0.5",
+    }
+    st = Stack.ephemeral("fbxt-", env)
     try:
         await st.start()
         yield st

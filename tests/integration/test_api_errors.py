@@ -166,13 +166,13 @@ async def test_a_duplicate_agent_name_is_a_conflict_and_revisions_append(api: ht
 
 
 async def test_an_agent_whose_harness_cannot_run_here_is_refused_at_run_creation(api: httpx.AsyncClient) -> None:
-    name = unique("claude")
-    r = await api.post("/v1/agents", json={"name": name, "harness": "claude-agent-sdk"})
-    assert r.status_code == 201 and r.json()["revision"]["model"] == "claude-haiku-4-5"
+    name = unique("codex")
+    r = await api.post("/v1/agents", json={"name": name, "harness": "codex"})
+    assert r.status_code == 201 and r.json()["revision"]["model"] == "gpt-5.4-mini"
     run = await api.post("/v1/sessions", json={"agent": name, "task": "t"})
     assert run.status_code == 422 and "cannot run in this build yet" in run.json()["error"]
     harnesses = (await api.get("/v1/harnesses")).json()["harnesses"]
-    assert {h["id"]: h["available"] for h in harnesses} == {"replay": True, "claude-agent-sdk": False, "codex": False}
+    assert {h["id"]: h["available"] for h in harnesses} == {"replay": True, "claude-agent-sdk": True, "codex": False}
 
 
 async def test_a_local_copy_workspace_must_exist(api: httpx.AsyncClient) -> None:

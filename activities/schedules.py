@@ -1,0 +1,67 @@
+"""The schedule fire activity: one scheduled fire → TriggerService.fire, or a visible missed skip.
+
+Exactly-once comes from the key ``sched:<fire time>``: a retried activity, a second worker, or a
+backfill that overlaps a regular fire all claim the same key and get the first outcome back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import contracts as c
+from core.errors import NotFound
+from core.schedule import DEFAULT_MISSED_RUN_POLICY, fire_key, fire_time_text
+from services.triggers import FireOutcome, TriggerService
+
+
+def _out(outcome: FireOutcome, catch_up: bool) -> c.ScheduleFireOut:
+    return c.ScheduleFireOut(
+        outcome=outcome.outcome,
+        session_id=outcome.session_id,
+        reason=outcome.reason,
+        catch_up=catch_up and outcome.outcome == "created",
+    )
+
+
+class ScheduleActivities:
+    def __init__(self, triggers: TriggerService) -> None:
+        self.triggers = triggers
+
+    @activity.defn(name=c.FIRE_SCHEDULE)
+    async def fire_schedule(self, inp: c.ScheduleFireIn) -> c.ScheduleFireOut:
+        at = datetime.fromisoformat(inp.fire_time)
+        key = fire_key(at)
+        sub = await self.triggers.db.get(inp.tenant_id, inp.subscription_id)
+        if sub is None:
+            return c.ScheduleFireOut(outcome="gone", reason="the subscription was deleted")
+        catch_up = False
+        if inp.late:
+            if (sub.get("missed_run_policy") or DEFAULT_MISSED_RUN_POLICY) == "skip":
+                skipped = await self.triggers.record_skip(
+                    inp.tenant_id, inp.subscription_id, kind="schedule", idempotency_key=key, reason="missed"
+                )
+                return _out(skipped, False)
+            catch_up = True
+        try:
+            outcome = await self.triggers.fire(
+                inp.tenant_id,
+                inp.subscription_id,
+                kind="schedule",
+                idempotency_key=key,
+                variables={"fire_time": fire_time_text(at)},
+                catch_up=catch_up,
+            )
+        except NotFound:
+            return c.ScheduleFireOut(outcome="gone", reason="the subscription was deleted")
+        if outcome.outcome == "in_flight":
+            # Another attempt holds the claim unbound; retry until it binds (or becomes stealable).
+            raise ApplicationError(f"the fire {key} is being created by another attempt", type="FireInFlight")
+        return _out(outcome, catch_up)
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.fire_schedule]

@@ -1,0 +1,63 @@
+"""The operator surface for members: list, deactivate (the kill switch) and set roles.
+
+Operator only (a valid PAT gets 403). Deactivation takes effect on the member's very next request
+(their PATs answer 401) and on the next brokered call under any of their personal connections, in
+runs already in flight too. Every accepted mutation is written to ``auth_audit_log``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict
+
+from api.deps import OperatorDep, ServicesDep
+from core.errors import NotFound
+from db.identity import Identity
+
+router = APIRouter(prefix="/v1/admin/orgs", tags=["admin"])
+
+MEMBER_PUBLIC = (
+    "id", "tenant_id", "user_id", "email", "name", "roles", "status", "user_status", "deactivated_at",
+    "created_at", "updated_at",
+)  # fmt: skip
+
+
+class RolesIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    roles: list[str]
+
+
+def member_public(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row.get(k) for k in MEMBER_PUBLIC}
+
+
+async def _org_id(svc: ServicesDep, slug: str) -> str:
+    org = await Identity(svc.store).org(slug)
+    if org is None:
+        raise NotFound()
+    return str(org["id"])
+
+
+@router.get("/{slug}/members", summary="Members of an org")
+async def members(slug: str, _: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """Every membership with its user's email, name, roles and status."""
+    tenant_id = await _org_id(svc, slug)
+    return {"members": [member_public(r) for r in await Identity(svc.store).members(tenant_id)]}
+
+
+@router.post("/{slug}/members/{membership_id}/deactivate", summary="Deactivate a member (the kill switch)")
+async def deactivate(slug: str, membership_id: str, _: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """409 when already deactivated."""
+    tenant_id = await _org_id(svc, slug)
+    row = await Identity(svc.store).deactivate(tenant_id, membership_id, actor=("operator", None))
+    return {"member": member_public(row)}
+
+
+@router.post("/{slug}/members/{membership_id}/roles", summary="Replace a member's roles")
+async def set_roles(slug: str, membership_id: str, body: RolesIn, _: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """``roles`` is a non-empty subset of member, approver, admin, owner."""
+    tenant_id = await _org_id(svc, slug)
+    row = await Identity(svc.store).set_roles(tenant_id, membership_id, body.roles, actor=("operator", None))
+    return {"member": member_public(row)}

@@ -1,0 +1,60 @@
+"""Who am I, and my personal access tokens.
+
+There is no browser login in this build, so no route here can mint a PAT: minting needs a browser
+session (spec), and the operator token belongs to no membership. Tokens are minted by the local
+admin command ``fluidbox users token`` (see ``cli/users.py``), which writes to the database directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from api.deps import Principal, PrincipalDep, ServicesDep
+from core.errors import Forbidden
+from db.identity import Identity
+
+router = APIRouter(prefix="/v1/auth", tags=["auth"])
+
+OPERATOR_HAS_NO_TOKENS = "personal access tokens belong to a membership; the operator token has none"
+PAT_CANNOT_MANAGE = "a personal access token cannot mint, extend, or revoke tokens — use a browser session"
+
+
+def _no_token_management(who: Principal) -> Forbidden:
+    return Forbidden(OPERATOR_HAS_NO_TOKENS if who.is_operator else PAT_CANNOT_MANAGE)
+
+
+@router.get("/me", summary="The caller: the operator, or a user with their org and roles")
+async def me(who: PrincipalDep) -> dict[str, Any]:
+    """``{"operator": true}`` for the admin token; otherwise the member behind the PAT."""
+    if who.is_operator:
+        return {"operator": True}
+    return {
+        "user_id": who.user_id,
+        "membership_id": who.membership_id,
+        "org": {"slug": who.org_slug, "display_name": who.org_display_name},
+        "user": {"email": who.email, "name": who.name},
+        "roles": sorted(who.roles),
+        "auth_kind": "pat",
+    }
+
+
+@router.get("/tokens", summary="The caller's personal access tokens (never the tokens themselves)")
+async def list_tokens(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+    """Name, display prefix, expiry and last use of each of the member's PATs."""
+    if who.is_operator or who.membership_id is None:
+        raise Forbidden(OPERATOR_HAS_NO_TOKENS)
+    return {"tokens": await Identity(svc.store).tokens(who.membership_id)}
+
+
+@router.post("/tokens", summary="Mint a personal access token (browser session only)")
+async def mint_token(who: PrincipalDep) -> dict[str, Any]:
+    """Always 403 here: neither the operator nor a PAT may mint; use ``fluidbox users token``."""
+    raise _no_token_management(who)
+
+
+@router.delete("/tokens/{token_id}", summary="Revoke a personal access token (browser session only)")
+async def revoke_token(token_id: str, who: PrincipalDep) -> dict[str, Any]:
+    """Always 403 here, for the same reason as minting."""
+    raise _no_token_management(who)

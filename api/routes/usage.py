@@ -1,0 +1,22 @@
+"""What a run spent: model usage, cost and registered tool calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from api.deps import OperatorDep, ServicesDep
+from core.errors import NotFound
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+
+@router.get("/{run_id}/cost", summary="The run's usage, cost and tool calls")
+async def session_cost(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+    """``usage`` totals as on the run, ``tool_calls`` (registered intents), a per-model/source
+    ``breakdown`` (cost null for unpriced models) and the ``reservations`` still in flight."""
+    if await svc.store.get_run(op.tenant_id, run_id) is None:
+        raise NotFound()
+    assert svc.metering is not None
+    return await svc.metering.report(run_id)

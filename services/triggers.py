@@ -1,0 +1,335 @@
+"""Trigger firing: the ONE path from a subscription to a run (API invoke, run-now, schedule fire).
+
+``TriggerService.fire`` renders the task, applies opt-in narrowing overrides, and creates the run
+through ``services.runs.RunFactory`` with the invocation claim bound in the run's own transaction
+(``also=``). Under the subscription row lock taken there it re-checks ``enabled`` and enforces the
+concurrency policy, so two simultaneous fires under ``skip_if_running`` create exactly one run and
+a ``replace`` commits its cancellation intents together with the replacement run.
+
+It holds no FastAPI objects, so a worker activity (the schedule fire) builds it from the same parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import asyncpg
+from temporalio.client import Client
+
+from activities import contracts as c
+from config.settings import Settings
+from core.errors import BadRequest, DomainError, NotFound, Unprocessable
+from core.policy import Budgets
+from core.runspec import InvocationContext, RunSpec
+from core.templates import render
+from core.triggers import check_task_override, is_within, narrow_workspace
+from db.capabilities import Capabilities
+from db.connections import Connections
+from db.store import Conn, Row, Store
+from db.triggers import Existing, Refused, Triggers
+from integrations.sealing import Sealer
+from services.runs import RunFactory, RunRequest
+from workflows.run import RunWorkflow
+
+log = logging.getLogger("fluidbox.services.triggers")
+
+FireKind = Literal["api", "schedule", "event", "manual"]
+OutcomeKind = Literal["created", "replay", "skipped", "in_flight"]
+INVOKED_BY = {"api": "trigger", "schedule": "schedule", "event": "webhook", "manual": "operator"}
+BODY_DRIFT = "Idempotency-Key was already used with a different request body"
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Opt-in narrowing overrides of one invocation (refused unless the subscription allows them)."""
+
+    task: str | None = None
+    workspace: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FireOutcome:
+    """What one firing did: ``created`` a run, ``replay`` of an earlier one, ``skipped`` (with the
+    reason; ``active_run_id`` for an overlap), or ``in_flight`` (an unbound claim holds the key)."""
+
+    outcome: OutcomeKind
+    run: dict[str, Any] | None = None
+    reason: str | None = None
+    active_run_id: str | None = None
+    earlier: bool = False  # the key was claimed by an earlier invocation (replay, or its skip)
+
+    @property
+    def session_id(self) -> str | None:
+        return str(self.run["id"]) if self.run else None
+
+
+@dataclass
+class TriggerService:
+    store: Store
+    connections: Connections
+    capabilities: Capabilities
+    settings: Settings
+    temporal: Callable[[], Awaitable[Client]]
+    sealer: Sealer | None = None
+
+    @property
+    def db(self) -> Triggers:
+        return Triggers(self.store)
+
+    @property
+    def runs(self) -> RunFactory:
+        return RunFactory(self.store, self.connections, self.capabilities, self.settings, self.temporal)
+
+    async def fire(
+        self,
+        tenant_id: str,
+        subscription_id: str,
+        *,
+        kind: FireKind,
+        idempotency_key: str,
+        variables: dict[str, str],
+        body_digest: str | None = None,
+        catch_up: bool = False,
+        overrides: Overrides | None = None,
+    ) -> FireOutcome:
+        """Fire a subscription once per ``idempotency_key``.
+
+        Raises:
+            NotFound: no such subscription in the tenant.
+            Unprocessable: the key was used before with a different ``body_digest``.
+            BadRequest / Unprocessable: the run cannot be built (template, override, agent, ...). For
+                ``schedule`` and ``event`` fires this is recorded as a skip row ``error: …`` and
+                returned as ``skipped`` instead, because nobody is there to read a 400.
+        """
+        db = self.db
+        sub = await db.get(tenant_id, subscription_id)
+        if sub is None:
+            raise NotFound()
+        existing = await db.claim(subscription_id, idempotency_key)
+        if existing is not None:
+            return await self._existing(existing, body_digest)
+        skip: dict[str, Any] = {"key": idempotency_key, "kind": kind, "catch_up": catch_up}
+        if not sub["enabled"]:
+            return await self._skip(tenant_id, subscription_id, "disabled", body_digest, **skip)
+        try:
+            spec = await self.prepare(sub, kind, idempotency_key, variables, catch_up, overrides)
+        except DomainError as err:
+            if kind in ("schedule", "event"):
+                return await self._skip(tenant_id, subscription_id, f"error: {err.message}", body_digest, **skip)
+            raise
+        for attempt in (1, 2):
+            replaced: list[str] = []
+            try:
+                row = await self.runs.start(
+                    spec,
+                    invoked_by_kind=INVOKED_BY[kind],
+                    also=self._binder(spec, sub, kind, idempotency_key, body_digest, catch_up, replaced),
+                )
+            except Existing as found:
+                return await self._existing(found.claim, body_digest)
+            except asyncpg.UniqueViolationError:
+                # A simultaneous fire with the same key committed first (possible under ``allow``).
+                claim = await db.claim(subscription_id, idempotency_key)
+                if claim is None:
+                    raise
+                return await self._existing(claim, body_digest)
+            except Refused as refused:
+                if refused.reason == "policy_changed" and attempt == 1:
+                    fresh = await db.get(tenant_id, subscription_id)
+                    if fresh is None:
+                        raise NotFound() from None
+                    sub = fresh
+                    continue
+                return await self._skip(
+                    tenant_id, subscription_id, refused.reason, body_digest, active=refused.active_run_id, **skip
+                )
+            if replaced:
+                await self._signal_cancel(replaced)
+            return FireOutcome("created", run=row)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _binder(
+        self,
+        spec: RunSpec,
+        sub: Row,
+        kind: str,
+        key: str,
+        digest: str | None,
+        catch_up: bool,
+        replaced: list[str],
+    ) -> Callable[[Conn], Awaitable[None]]:
+        """The ``also=`` step: claim the key bound to the run under the subscription lock."""
+
+        async def bind(conn: Conn) -> None:
+            replaced[:] = await self.db.bind(
+                conn,
+                str(sub["tenant_id"]),
+                str(sub["id"]),
+                run_id=spec.run_id,
+                key=key,
+                kind=kind,
+                digest=digest,
+                catch_up=catch_up,
+                policy=sub["concurrency_policy"],
+                check_enabled=True,
+            )
+
+        return bind
+
+    async def record_skip(
+        self,
+        tenant_id: str,
+        subscription_id: str,
+        *,
+        kind: FireKind,
+        idempotency_key: str,
+        reason: str,
+        catch_up: bool = False,
+    ) -> FireOutcome:
+        """A visible skip row (e.g. ``missed`` for a schedule gap) under the same claim key space."""
+        row = await self.db.record_skip(
+            tenant_id, subscription_id, key=idempotency_key, kind=kind, reason=reason, catch_up=catch_up
+        )
+        return await self._existing(row, row.get("request_digest"))
+
+    # ---- building the run ----------------------------------------------------------------------
+
+    async def prepare(
+        self,
+        sub: Row,
+        kind: FireKind,
+        key: str,
+        variables: dict[str, str],
+        catch_up: bool,
+        overrides: Overrides | None,
+    ) -> RunSpec:
+        overrides = overrides or Overrides()
+        if overrides.task is not None:
+            if not sub["allow_task_override"]:
+                raise BadRequest("this subscription does not allow task override")
+            task = check_task_override(overrides.task)
+        elif sub["task_template"]:
+            task = render(sub["task_template"], variables)
+        else:
+            raise BadRequest("this subscription has no task_template: the invocation must provide `task`")
+        workspace = sub["workspace"]
+        if overrides.workspace is not None:
+            if not sub["allow_workspace_override"]:
+                raise BadRequest("this subscription does not allow workspace override")
+            workspace = await self._narrow(sub, overrides.workspace)
+        destinations = []
+        if sub["callback_url"]:
+            destinations.append(
+                {
+                    "kind": "webhook",
+                    "subscription_id": str(sub["id"]),
+                    "url": sub["callback_url"],
+                    "token_generation": sub["token_generation"],
+                }
+            )
+        request = RunRequest(
+            agent=str(sub["agent_id"]),
+            task=task,
+            workspace=workspace,
+            autonomous=sub["autonomous"],
+            budgets=Budgets.model_validate(sub["budgets"]) if sub["budgets"] else None,
+            capabilities=sub["capabilities"],
+            result_destinations=destinations,
+        )
+        return await self.runs.prepare(str(sub["tenant_id"]), request, invocation(sub, kind, key, variables, catch_up))
+
+    async def _narrow(self, sub: Row, override: dict[str, Any]) -> dict[str, Any]:
+        base = sub["workspace"]
+        if base is None:
+            async with self.store.pool.acquire() as conn:
+                revision = await self.store.latest_revision(conn, str(sub["agent_id"]))
+            base = (revision or {}).get("default_workspace")
+        narrowed = narrow_workspace(base, override)
+        assert base is not None
+        await asyncio.to_thread(_check_on_disk, base["path"], narrowed["path"])
+        return narrowed
+
+    # ---- outcomes ------------------------------------------------------------------------------
+
+    async def _existing(self, claim: Row, digest: str | None) -> FireOutcome:
+        if claim.get("request_digest") != digest:
+            raise Unprocessable(BODY_DRIFT)
+        if claim.get("session_id"):
+            run = await self.store.get_run(None, str(claim["session_id"]))
+            return FireOutcome("replay", run=run, earlier=True)
+        if claim.get("skip_reason"):
+            return FireOutcome("skipped", reason=claim["skip_reason"], earlier=True)
+        return FireOutcome("in_flight", earlier=True)
+
+    async def _skip(
+        self,
+        tenant_id: str,
+        subscription_id: str,
+        reason: str,
+        digest: str | None,
+        *,
+        key: str,
+        kind: str,
+        catch_up: bool,
+        active: str | None = None,
+    ) -> FireOutcome:
+        row = await self.db.record_skip(
+            tenant_id, subscription_id, key=key, kind=kind, reason=reason, digest=digest, catch_up=catch_up
+        )
+        if row.get("skip_reason") == reason[:500] and not row.get("session_id"):
+            return FireOutcome("skipped", reason=reason, active_run_id=active)
+        return await self._existing(row, digest)  # somebody else claimed the key meanwhile
+
+    async def _signal_cancel(self, run_ids: list[str]) -> None:
+        """The cancellation intents are durable already; a lost signal is picked up by the run's
+        supervisor on its next liveness check."""
+        try:
+            client = await self.temporal()
+        except Exception:
+            log.warning("replace: no Temporal client to signal cancellation", exc_info=True)
+            return
+        for run_id in run_ids:
+            with contextlib.suppress(Exception):
+                await client.get_workflow_handle(c.workflow_id(run_id)).signal(RunWorkflow.cancel)
+
+
+def _check_on_disk(base: str, wanted: str) -> None:
+    # Lexical containment is not enough on a real file system: a symlink inside the base could
+    # point anywhere on the control-plane host.
+    root, path = os.path.realpath(base), os.path.realpath(wanted)
+    if not is_within(root, path):
+        raise BadRequest(f"workspace.path must stay inside the subscription's workspace {base}")
+    if not os.path.isdir(path):
+        raise BadRequest(f"workspace.path {wanted} is not a directory inside the workspace")
+
+
+def invocation(sub: Row, kind: FireKind, key: str, variables: dict[str, str], catch_up: bool) -> InvocationContext:
+    """Who fired the run and how, frozen into the RunSpec (domain §4: actors per invocation kind)."""
+    name, sid = sub["name"], str(sub["id"])
+    if kind == "schedule":
+        attributes: dict[str, Any] = {
+            "cron": sub["schedule_cron"],
+            "timezone": sub["schedule_timezone"],
+            "fire_time": variables.get("fire_time"),
+            "catch_up": catch_up,
+        }
+        return InvocationContext(kind="schedule", actor=f"schedule:{name}", attributes=attributes, subscription_id=sid)
+    if kind == "manual":
+        attributes = {"run_now": True, "fire_time": variables.get("fire_time")}
+        return InvocationContext(kind="manual", actor="operator", attributes=attributes, subscription_id=sid)
+    if kind == "event":
+        author = variables.get("pr_author") or name
+        attributes = {k: variables[k] for k in ("repository", "pr_number", "event", "head_sha") if k in variables}
+        return InvocationContext(kind="event", actor=f"github:{author}", attributes=attributes, subscription_id=sid)
+    return InvocationContext(
+        kind="api", actor=f"trigger:{name}", attributes={"idempotency_key": key}, subscription_id=sid
+    )
+
+
+__all__ = ["BODY_DRIFT", "FireOutcome", "Overrides", "TriggerService", "invocation"]

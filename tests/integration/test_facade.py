@@ -1,0 +1,409 @@
+"""The LLM facade on the real stack, in front of the scripted upstream (tests/llm_upstream.py).
+
+A held replay run (its runner sleeps) stands for the sandbox: its ``llm`` token is minted the way
+operator tooling would, and the requests go through the gateway Unix socket like a sandbox's would.
+Replay runs speak the Anthropic dialect; their model ("replay") is unpriced, so costs are null here
+and the cost arithmetic is covered in tests/core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from api.routes.llm import FacadeError, inspect_body
+from cli.stack import Stack
+from core.usage import Dialect
+from tests.integration.conftest import LLM_UPSTREAM_KEY
+from tests.integration.helpers import (
+    events,
+    issue_token,
+    make_agent,
+    run_row,
+    sandbox_env,
+    start_run,
+    wait_status,
+)
+from tests.llm_upstream import Upstream, Usage, failure, text
+
+IDLE = [{"sleep_ms": 600000}]
+MESSAGES = "/internal/llm/v1/messages"
+
+
+@asynccontextmanager
+async def held_run(api: httpx.AsyncClient, **extra: Any) -> AsyncIterator[str]:
+    """A running replay run whose runner just sleeps; cancelled on exit."""
+    run_id = await start_run(api, await make_agent(api, IDLE), workspace=None, **extra)
+    await wait_status(api, run_id, {"running"})
+    try:
+        yield run_id
+    finally:
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+
+
+@asynccontextmanager
+async def sandbox_client(stack: Stack, token: str, *, bearer: bool = False) -> AsyncIterator[httpx.AsyncClient]:
+    """What the sandbox has: the gateway socket and a run token (as x-api-key, like ANTHROPIC_API_KEY)."""
+    auth = {"authorization": f"Bearer {token}"} if bearer else {"x-api-key": token}
+    async with httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(stack.home / "gateway" / "api.sock")),
+        base_url="http://fluidbox",
+        headers={**auth, "anthropic-version": "2023-06-01"},
+        timeout=60,
+    ) as client:
+        yield client
+
+
+def body(stream: bool = True, max_tokens: int = 1024, model: str = "replay", pad: str = "") -> bytes:
+    doc = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "say hi" + pad}],
+    }
+    return json.dumps(doc).encode()
+
+
+async def wait_event(
+    api: httpx.AsyncClient, run_id: str, kind: str, count: int = 1, timeout: float = 30
+) -> list[dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        found = [e for e in await events(api, run_id) if e["type"] == kind]
+        if len(found) >= count:
+            return found
+        if loop.time() > deadline:
+            raise AssertionError(f"no {count}x {kind} on run {run_id} (saw {len(found)})")
+        await asyncio.sleep(0.05)
+
+
+async def wait_note(api: httpx.AsyncClient, run_id: str, needle: str, timeout: float = 30) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        notes = [
+            e["payload"]["data"].get("text", "") for e in await events(api, run_id) if e["type"] == "agent.message"
+        ]
+        if any(needle in n for n in notes):
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"no system note containing {needle!r} on run {run_id}: {notes}")
+        await asyncio.sleep(0.05)
+
+
+async def cost(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    r = await api.get(f"/v1/sessions/{run_id}/cost")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+async def llm_token(stack: Stack, run_id: str) -> str:
+    return await issue_token(stack.database_url or "", run_id, "llm")
+
+
+USAGE = Usage(input=321, output=54, cache_read=1000, cache_write=77)
+METERED = {"input_tokens": 321, "output_tokens": 54, "cache_read_tokens": 1000, "cache_write_tokens": 77}
+
+
+async def test_a_streamed_response_passes_through_byte_for_byte_and_is_metered_exactly(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(text("hello from the model, streamed in pieces", usage=USAGE))
+    async with held_run(api) as run_id:
+        token = await llm_token(stack, run_id)
+        async with sandbox_client(stack, token) as sandbox:
+            headers = {"content-type": "application/json", "anthropic-beta": "claude-code-20250219"}
+            async with sandbox.stream("POST", MESSAGES + "?beta=true", content=body(), headers=headers) as r:
+                assert r.status_code == 200
+                assert r.headers["content-type"].startswith("text/event-stream")
+                received = b"".join([chunk async for chunk in r.aiter_raw()])
+        [seen] = llm_upstream.requests
+        assert received == bytes(seen.response)  # untouched, nothing added
+        assert (seen.path, seen.query) == ("/v1/messages", "beta=true")
+        assert seen.headers["x-api-key"] == LLM_UPSTREAM_KEY  # the real key, swapped in
+        assert token not in json.dumps(seen.headers)  # the sandbox's credential never travels on
+        assert seen.headers["anthropic-beta"] == "claude-code-20250219"
+        assert seen.headers["anthropic-version"] == "2023-06-01"
+        assert seen.raw == body()
+
+        [response] = await wait_event(api, run_id, "model.response")
+        data = response["payload"]["data"]
+        assert {k: data[k] for k in METERED} == METERED
+        assert data["model"] == "replay" and data["cost_usd"] is None  # unpriced model: null, never 0
+        assert "hello" not in json.dumps(response)  # no completion text in the ledger
+        report = await cost(api, run_id)
+        assert report["usage"] == {**METERED, "cost_usd": 0.0, "requests": 1}
+        assert report["reservations"]["active"] == 0
+        assert report["breakdown"][0]["source"] == "facade" and report["breakdown"][0]["cost_usd"] is None
+        got = await api.get(f"/v1/sessions/{run_id}")
+        assert got.json()["usage"]["input_tokens"] == 321
+
+
+async def test_a_plain_json_response_is_metered_too(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(text("not streamed", usage=USAGE))
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id), bearer=True) as sandbox:
+        r = await sandbox.post(MESSAGES, content=body(stream=False), headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        assert r.json()["content"] == [{"type": "text", "text": "not streamed"}]
+        assert r.content == bytes(llm_upstream.requests[0].response)
+        [response] = await wait_event(api, run_id, "model.response")
+        assert {k: response["payload"]["data"][k] for k in METERED} == METERED
+
+
+async def test_a_client_that_disconnects_mid_stream_is_still_charged(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(text("a long answer the client never reads to the end", usage=USAGE).stalled(after=3))
+    async with held_run(api) as run_id:
+        async with sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+            async with sandbox.stream(
+                "POST", MESSAGES, content=body(), headers={"content-type": "application/json"}
+            ) as r:
+                assert r.status_code == 200
+                first = await anext(r.aiter_raw())
+                assert b"message_start" in first
+            # The client is gone; the upstream only now finishes (with the output usage at the end).
+        assert (await cost(api, run_id))["reservations"]["active"] == 1
+        llm_upstream.release()
+        [response] = await wait_event(api, run_id, "model.response")
+        assert {k: response["payload"]["data"][k] for k in METERED} == METERED
+        report = await cost(api, run_id)
+        assert report["usage"]["requests"] == 1 and report["reservations"]["active"] == 0
+
+
+async def test_concurrent_requests_against_a_nearly_spent_budget_admit_exactly_what_fits(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    each = body(max_tokens=1500)
+    reserve = len(each) + 1500  # what one request reserves: body bytes + declared max output
+    used = 4000
+    async with held_run(api, budgets={"max_tokens": used + 4 * reserve}) as run_id:
+        token = await llm_token(stack, run_id)
+        llm_upstream.push(text("spend some", usage=Usage(input=3000, output=1000)))
+        async with sandbox_client(stack, token) as sandbox:
+            first = await sandbox.post(
+                MESSAGES, content=body(stream=False), headers={"content-type": "application/json"}
+            )
+            assert first.status_code == 200
+            await wait_event(api, run_id, "model.response")
+            # Eight at once, each held open upstream: only four reservations fit what is left.
+            llm_upstream.push(*[text("held", usage=Usage(input=1, output=1)).stalled(after=1) for _ in range(8)])
+
+            async def call() -> tuple[int, Any]:
+                async with sandbox.stream(
+                    "POST", MESSAGES, content=each, headers={"content-type": "application/json"}
+                ) as r:
+                    if r.status_code != 200:
+                        return r.status_code, json.loads(await r.aread())
+                    await anext(r.aiter_raw())
+                    return 200, r
+
+            # The admitted ones hang up after the first bytes; their upstream streams stay held open.
+            results = await asyncio.gather(*[call() for _ in range(8)])
+        statuses = sorted(s for s, _ in results)
+        assert statuses == [200] * 4 + [429] * 4
+        refused = [d for s, d in results if s == 429]
+        assert all(d["error"]["code"] == "llm_budget_reservation_exceeded" for d in refused)
+        assert all(d["type"] == "error" and d["error"]["type"] == "rate_limit_error" for d in refused)
+        assert len(llm_upstream.requests) == 1 + 4  # the refused never reached the upstream
+        llm_upstream.release()
+        await wait_event(api, run_id, "model.response", count=5)
+        report = await cost(api, run_id)
+        assert report["usage"]["requests"] == 5 and report["reservations"]["active"] == 0
+
+
+async def test_recorded_usage_at_the_token_cap_stops_the_run(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(text("expensive", usage=Usage(input=900, output=300)))
+    async with held_run(api, budgets={"max_tokens": 1000}) as run_id:
+        async with sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+            # Alone in flight, the first request goes through even though it may spend past the cap.
+            ok = await sandbox.post(MESSAGES, content=body(stream=False), headers={"content-type": "application/json"})
+            assert ok.status_code == 200
+            await wait_event(api, run_id, "model.response")
+            stop = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+            assert stop.status_code == 400
+            assert stop.json() == {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": "token budget exhausted"},
+            }
+            row = await wait_status(api, run_id, {"budget_exceeded"})
+            assert row["status_reason"] == "max_tokens budget exceeded"
+            after = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+            assert after.status_code in (400, 401)  # the run is over (and its tokens revoked)
+    [exceeded] = [e for e in await events(api, run_id) if e["type"] == "budget.exceeded"]
+    assert exceeded["payload"]["data"] == {"budget": "max_tokens", "limit": "1000", "spent": "1200"}
+    assert len(llm_upstream.requests) == 1
+
+
+async def test_wrong_audience_and_missing_tokens_are_refused(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    async with held_run(api) as run_id:
+        for audience in ("tool", "control"):
+            tok = await issue_token(stack.database_url or "", run_id, audience)
+            async with sandbox_client(stack, tok) as sandbox:
+                r = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+            assert (r.status_code, r.content) == (403, b'{"error":"wrong_audience"}'), audience
+        async with sandbox_client(stack, "fbx_sess_" + "0" * 32) as sandbox:
+            r = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        # Another dialect's path is not this run's endpoint.
+        async with sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+            r = await sandbox.post(
+                "/internal/llm/v1/responses", content=body(), headers={"content-type": "application/json"}
+            )
+            assert r.status_code == 404 and r.json()["type"] == "error"
+            probe = await sandbox.head("/internal/llm")
+            assert probe.status_code == 200
+    assert llm_upstream.requests == []
+
+
+async def test_a_model_other_than_the_frozen_one_is_422_and_nothing_is_reserved(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        r = await sandbox.post(
+            MESSAGES, content=body(model="claude-opus-4-8"), headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 422
+        assert r.json()["error"]["message"].startswith("model 'claude-opus-4-8' is not valid for this session")
+        garbled = await sandbox.post(MESSAGES, content=b"{not json", headers={"content-type": "application/json"})
+        assert garbled.status_code == 400 and "not valid JSON" in garbled.json()["error"]["message"]
+        server_tool = json.dumps({**json.loads(body()), "tools": [{"type": "web_search_20250305", "name": "ws"}]})
+        r = await sandbox.post(MESSAGES, content=server_tool, headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "web_search_20250305" in r.json()["error"]["message"]
+        report = await cost(api, run_id)
+        assert report["reservations"]["active"] == 0 and report["usage"]["requests"] == 0
+    assert llm_upstream.requests == []
+
+
+async def test_unparsed_usage_keeps_the_reservation_until_expiry_charges_it_conservatively(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(text("no usage here", omit_usage=True))
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        sent = body(max_tokens=2000)
+        async with sandbox.stream("POST", MESSAGES, content=sent, headers={"content-type": "application/json"}) as r:
+            assert r.status_code == 200
+            await r.aread()
+        await wait_note(api, run_id, "usage unparsed")
+        report = await cost(api, run_id)
+        assert report["reservations"] == {"active": 1, "tokens": len(sent) + 2000, "cost_usd": None}
+        assert report["usage"]["requests"] == 0  # never counted as zero-cost usage
+        # Time passes: the reservation's expiry is reached (moved, rather than waiting 30 minutes).
+        conn = await asyncpg.connect((stack.database_url or "").replace("postgresql+asyncpg", "postgresql"))
+        try:
+            await conn.execute(
+                "UPDATE llm_reservations SET expires_at = now() - interval '1 second' WHERE session_id = $1",
+                uuid.UUID(run_id),
+            )
+        finally:
+            await conn.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while (report := await cost(api, run_id))["reservations"]["active"]:
+            assert loop.time() < deadline, "the expired reservation was never converted"
+            await asyncio.sleep(0.1)
+        assert report["usage"]["input_tokens"] == len(sent) and report["usage"]["output_tokens"] == 2000
+        assert report["breakdown"][0]["source"] == "reservation_timeout"
+        await wait_note(api, run_id, "charged conservatively as its whole reservation")
+
+
+async def test_upstream_errors_pass_through_and_release_only_refused_requests(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(failure(529, "Overloaded"), failure(500, "boom"))
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        busy = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+        assert busy.status_code == 529
+        assert busy.json() == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+        assert (await cost(api, run_id))["reservations"]["active"] == 0  # refused upstream: nothing spent
+        broken = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+        assert broken.status_code == 500
+        assert (await cost(api, run_id))["reservations"]["active"] == 1  # unknown: held for expiry
+        counted = await sandbox.post(
+            "/internal/llm/v1/messages/count_tokens", content=body(), headers={"content-type": "application/json"}
+        )
+        assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+        assert (await cost(api, run_id))["reservations"]["active"] == 1  # count_tokens reserves nothing
+
+
+async def test_the_real_upstream_key_never_reaches_the_sandbox_the_ledger_logs_or_responses(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    # An upstream that echoes the key in its error text (some proxies do) must not leak it either.
+    llm_upstream.push(text("fine", usage=USAGE), failure(401, f"invalid x-api-key {LLM_UPSTREAM_KEY}"))
+    seen: list[bytes] = []
+    async with held_run(api) as run_id:
+        env = sandbox_env(run_id)
+        assert all(LLM_UPSTREAM_KEY not in v for v in env.values())
+        async with sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+            for _ in range(2):
+                r = await sandbox.post(
+                    MESSAGES, content=body(stream=False), headers={"content-type": "application/json"}
+                )
+                seen.append(r.content + json.dumps(dict(r.headers)).encode())
+        assert b"\xe2\x80\xb9redacted\xe2\x80\xba" in seen[1]  # the echo was scrubbed, not the status lost
+        assert [r.headers["x-api-key"] for r in llm_upstream.requests] == [LLM_UPSTREAM_KEY] * 2
+        await wait_event(api, run_id, "model.response")
+        for path in (f"/v1/sessions/{run_id}", f"/v1/sessions/{run_id}/cost", f"/v1/sessions/{run_id}/events"):
+            seen.append((await api.get(path)).content)
+    await wait_status(api, run_id, {"cancelled"})
+    seen.append(json.dumps(await events(api, run_id)).encode())
+    seen.append(json.dumps(await run_row(api, run_id)).encode())
+    logs = [p for p in stack.home.rglob("*.log") if p.is_file()]
+    assert any(p.name == "api.log" for p in logs)
+    seen.extend(p.read_bytes() for p in logs)
+    assert all(LLM_UPSTREAM_KEY.encode() not in blob for blob in seen)
+
+
+# ---- body rules (pure; no stack) ---------------------------------------------------------------
+
+
+class _Spec:
+    model = "gpt-5.4-mini"
+
+
+def test_openai_bodies_are_made_stateless_and_lose_server_tools() -> None:
+    raw = json.dumps(
+        {
+            "model": "gpt-5.4-mini",
+            "input": [{"role": "user", "content": "hi"}],
+            "store": True,
+            "tools": [{"type": "function", "name": "shell"}, {"type": "web_search_preview"}, {"type": "mcp"}],
+        }
+    ).encode()
+    doc, forward = inspect_body(Dialect.OPENAI, raw, _Spec())  # type: ignore[arg-type]
+    assert json.loads(forward) == doc
+    assert doc["store"] is False and doc["tools"] == [{"type": "function", "name": "shell"}]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"previous_response_id": "resp_1"},
+        {"conversation": "conv_1"},
+        {"prompt": {"id": "pmpt_1"}},
+        {"background": True},
+        {"input": [{"type": "item_reference", "id": "msg_1"}]},
+        {"model": "gpt-5.4"},
+    ],
+)
+def test_openai_bodies_that_lean_on_server_state_are_422(extra: dict[str, Any]) -> None:
+    raw = json.dumps({"model": "gpt-5.4-mini", "input": "hi", **extra}).encode()
+    with pytest.raises(FacadeError) as err:
+        inspect_body(Dialect.OPENAI, raw, _Spec())  # type: ignore[arg-type]
+    assert err.value.status == 422
