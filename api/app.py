@@ -139,11 +139,20 @@ def create_app(settings: Settings) -> FastAPI:
             return JSONResponse({"error": "not found"}, status_code=404)
         return await call_next(request)
 
+    llm_limit = settings.llm_max_request_body_bytes
+
     @app.middleware("http")
     async def body_limit(request: Request, call_next):  # type: ignore[no-untyped-def]
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            return JSONResponse({"error": f"request body is over the {limit} byte limit"}, status_code=413)
+        # A model conversation grows with every turn; the facade takes what the providers take.
+        cap = llm_limit if request.url.path.startswith("/internal/llm") else limit
+        if length is not None and length.isdigit() and int(length) > cap:
+            if cap == llm_limit:
+                message = f"request body is over the {cap} byte limit of the LLM facade"
+                return JSONResponse(
+                    {"type": "error", "error": {"type": "request_too_large", "message": message}}, status_code=413
+                )
+            return JSONResponse({"error": f"request body is over the {cap} byte limit"}, status_code=413)
         if request.method in ("POST", "PUT", "PATCH") and length not in (None, "0"):
             ctype = request.headers.get("content-type", "")
             if not ctype.startswith("application/json"):

@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     token_ttl_secs: int = 3 * 3600
 
     max_request_body_bytes: int = 2 * 1024 * 1024
+    # The LLM facade's own ceiling: long agent conversations are resent whole on every turn.
+    llm_max_request_body_bytes: int = 32 * 1024 * 1024
 
     # Credential custody and outbound admission for connections.
     credential_key: SecretStr | None = None

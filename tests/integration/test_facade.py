@@ -290,6 +290,16 @@ async def test_a_model_other_than_the_frozen_one_is_422_and_nothing_is_reserved(
     assert llm_upstream.requests == []
 
 
+async def test_a_long_conversation_over_the_api_body_limit_still_reaches_the_model(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        big = body(stream=False, pad="x" * (3 * 1024 * 1024))  # over the 2 MiB limit of the rest of the API
+        r = await sandbox.post(MESSAGES, content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text[:300]
+        assert len(llm_upstream.requests) == 1
+
+
 async def test_unparsed_usage_keeps_the_reservation_until_expiry_charges_it_conservatively(
     api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
 ) -> None:
