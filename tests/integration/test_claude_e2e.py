@@ -26,7 +26,7 @@ from tests.integration.helpers import (
     wait_pending,
     wait_status,
 )
-from tests.llm_upstream import Upstream, text, tool_use
+from tests.llm_upstream import Upstream, Usage, text, tool_use
 from tests.mcp_servers import basic, serve
 
 pytestmark = pytest.mark.stack
@@ -215,6 +215,35 @@ async def test_a_brokered_tool_call_reaches_the_real_mcp_server_through_the_brok
     assert len(brokered) == 1 and brokered[0]["outcome"] == "succeeded"
     said = [m["text"] for m in of_type(evs, "agent.message")]
     assert "brokered tools mounted: mcp__calc__add" in said
+
+
+async def test_model_spend_is_metered_exactly_and_the_cost_cap_stops_the_next_request(
+    api: httpx.AsyncClient, llm_upstream: Upstream
+) -> None:
+    # Haiku at $1/$5 per MTok, cache read 0.1x and write 1.25x input: 0.010 + 0.005 + 0.0002 + 0.0025 = $0.0177.
+    spent = Usage(input=10_000, output=1_000, cache_read=2_000, cache_write=2_000)
+    llm_upstream.push(
+        tool_use("Bash", {"command": "echo spent", "description": "x"}, id="toolu_spend", usage=spent),
+        text("never reached"),
+    )
+    agent = await claude_agent(api)
+    run_id = await start_run(api, agent, budgets={"max_cost_usd": 0.01})
+    row = await wait_status(api, run_id, {"completed", "failed", "budget_exceeded"}, timeout=120)
+    evs = await events(api, run_id)
+    assert row["status"] == "budget_exceeded", (row["status"], of_type(evs, "run.error"))
+    # The first request was admitted alone (its estimate alone exceeds the cap) and charged exactly what the
+    # upstream reported; the next one was stopped before it was forwarded.
+    assert len(messages_requests(llm_upstream)) == 1
+    responses = of_type(evs, "model.response")
+    assert len(responses) == 1
+    tokens = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+    assert [responses[0][k] for k in tokens] == [10_000, 1_000, 2_000, 2_000]
+    assert responses[0]["model"] == MODEL and float(responses[0]["cost_usd"]) == pytest.approx(0.0177)
+    stops = of_type(evs, "budget.exceeded")
+    assert len(stops) == 1 and stops[0]["budget"] == "max_cost_usd"
+    report = (await api.get(f"/v1/sessions/{run_id}/cost")).json()
+    assert float(report["usage"]["cost_usd"]) == pytest.approx(0.0177)
+    assert report["usage"]["input_tokens"] == 10_000 and report["usage"]["output_tokens"] == 1_000
 
 
 async def test_an_upstream_error_fails_the_run_with_the_reason(api: httpx.AsyncClient, llm_upstream: Upstream) -> None:
