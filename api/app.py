@@ -9,11 +9,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import yaml
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from api import errors
 from api.deps import Services
+from api.guard import RequestGuard
 from api.hub import EventHub
 from api.routes import admin as admin_routes
 from api.routes import (
@@ -127,37 +127,9 @@ def create_app(settings: Settings) -> FastAPI:
     )
     errors.install(app)
 
-    limit = settings.max_request_body_bytes
-
-    @app.middleware("http")
-    async def planes(request: Request, call_next):  # type: ignore[no-untyped-def]
-        # A Unix-socket connection has no TCP port (uvicorn reports (path, None)): that is the
-        # sandboxes' gateway, which serves the runner plane only. /v1 is not routable from a sandbox.
-        server = request.scope.get("server")
-        on_gateway = server is None or server[1] is None
-        if on_gateway and not request.url.path.startswith("/internal/"):
-            return JSONResponse({"error": "not found"}, status_code=404)
-        return await call_next(request)
-
-    llm_limit = settings.llm_max_request_body_bytes
-
-    @app.middleware("http")
-    async def body_limit(request: Request, call_next):  # type: ignore[no-untyped-def]
-        length = request.headers.get("content-length")
-        # A model conversation grows with every turn; the facade takes what the providers take.
-        cap = llm_limit if request.url.path.startswith("/internal/llm") else limit
-        if length is not None and length.isdigit() and int(length) > cap:
-            if cap == llm_limit:
-                message = f"request body is over the {cap} byte limit of the LLM facade"
-                return JSONResponse(
-                    {"type": "error", "error": {"type": "request_too_large", "message": message}}, status_code=413
-                )
-            return JSONResponse({"error": f"request body is over the {cap} byte limit"}, status_code=413)
-        if request.method in ("POST", "PUT", "PATCH") and length not in (None, "0"):
-            ctype = request.headers.get("content-type", "")
-            if not ctype.startswith("application/json"):
-                return JSONResponse({"error": "expected content-type: application/json"}, status_code=415)
-        return await call_next(request)
+    app.add_middleware(
+        RequestGuard, limit=settings.max_request_body_bytes, llm_limit=settings.llm_max_request_body_bytes
+    )
 
     routers = (health, agents, policies, connections, catalog, capabilities, sessions, approvals, triggers, deliveries)
     for module in (*routers, usage, internal, llm):
