@@ -79,11 +79,19 @@ def callback_context(subscription_id: str) -> str:
 # ---- one invocation ---------------------------------------------------------------------------
 
 
+# Keys the server mints for its own fires (schedule fire times, run-now, unkeyed invokes): a caller
+# who could claim one first would pre-empt that fire with a run of its own choosing.
+RESERVED_KEY_PREFIXES = ("sched:", "run-now:", "auto-")
+
+
 def check_idempotency_key(key: str) -> str:
     if not key or len(key) > MAX_IDEMPOTENCY_KEY:
         raise BadRequest(f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY} characters")
     if not _KEY_TEXT.fullmatch(key):
         raise BadRequest("Idempotency-Key must be printable ASCII without spaces")
+    if key.lower().startswith(RESERVED_KEY_PREFIXES):
+        prefixes = ", ".join(RESERVED_KEY_PREFIXES)
+        raise BadRequest(f"Idempotency-Key may not start with {prefixes} (reserved for the server's own fires)")
     return key
 
 

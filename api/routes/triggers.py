@@ -469,7 +469,8 @@ async def invoke(
     if row["kind"] == "event":
         raise BadRequest(EVENT_ONLY)
     if row["kind"] == "schedule":
-        variables.setdefault("fire_time", _now_iso())
+        # The clock is the server's: a caller cannot make an invoke pass for another fire time.
+        variables["fire_time"] = _now_iso()
     if body.task is not None and not row["allow_task_override"]:
         raise BadRequest("this subscription does not allow task override")
     if body.workspace is not None and not row["allow_workspace_override"]:

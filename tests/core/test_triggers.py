@@ -71,6 +71,13 @@ def test_idempotency_keys_are_bounded_printable_ascii() -> None:
             check_idempotency_key(bad)
 
 
+def test_callers_cannot_claim_the_keys_the_server_mints_for_its_own_fires() -> None:
+    for reserved in ("sched:2030-01-01T09:00:00Z", "SCHED:x", "run-now:1", "auto-abc"):
+        with pytest.raises(BadRequest, match="reserved"):
+            check_idempotency_key(reserved)
+    assert check_idempotency_key("schedule-17") == "schedule-17"
+
+
 def test_a_workspace_override_narrows_to_a_subdirectory_only() -> None:
     assert narrow_workspace(BASE, {"path": "/srv/repos/app/pkg/"}) == {
         "kind": "local_copy",
