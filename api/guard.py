@@ -8,7 +8,7 @@ JSON-only writes, and the planes rule: a Unix-socket connection (uvicorn reports
 from __future__ import annotations
 
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 
@@ -27,31 +27,69 @@ class RequestGuard:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
+        if _header(scope, b"transfer-encoding") is not None:
+            # No declared length: read up to the ceiling here, then hand the body on in one piece
+            # (every route reads whole JSON bodies anyway).
+            body = bytearray()
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                more = bool(message.get("more_body", False))
+                if len(body) > self.cap(scope["path"]):
+                    await self.too_large(scope["path"])(scope, receive, send)
+                    return
+            await self.app(scope, _replay(bytes(body), receive), send)
+            return
         await self.app(scope, receive, send)
+
+    def cap(self, path: str) -> int:
+        # A model conversation grows with every turn; the facade takes what the providers take.
+        return self.llm_limit if path.startswith("/internal/llm") else self.limit
+
+    def too_large(self, path: str) -> JSONResponse:
+        cap = self.cap(path)
+        if path.startswith("/internal/llm"):
+            message = f"request body is over the {cap} byte limit of the LLM facade"
+            return JSONResponse(
+                {"type": "error", "error": {"type": "request_too_large", "message": message}}, status_code=413
+            )
+        return JSONResponse({"error": f"request body is over the {cap} byte limit"}, status_code=413)
 
     def refusal(self, scope: Scope) -> JSONResponse | None:
         path: str = scope["path"]
-        length: str | None = None
-        ctype = ""
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                length = value.decode("latin-1")
-            elif name == b"content-type":
-                ctype = value.decode("latin-1")
-        # A model conversation grows with every turn; the facade takes what the providers take.
-        facade = path.startswith("/internal/llm")
-        cap = self.llm_limit if facade else self.limit
-        if length is not None and length.isdigit() and int(length) > cap:
-            if facade:
-                message = f"request body is over the {cap} byte limit of the LLM facade"
-                return JSONResponse(
-                    {"type": "error", "error": {"type": "request_too_large", "message": message}}, status_code=413
-                )
-            return JSONResponse({"error": f"request body is over the {cap} byte limit"}, status_code=413)
-        if scope["method"] in WRITES and length not in (None, "0") and not ctype.startswith("application/json"):
+        length = _header(scope, b"content-length")
+        ctype = _header(scope, b"content-type") or ""
+        chunked = _header(scope, b"transfer-encoding") is not None
+        if length is not None and length.isdigit() and int(length) > self.cap(path):
+            return self.too_large(path)
+        has_body = chunked or length not in (None, "0")
+        if scope["method"] in WRITES and has_body and not ctype.startswith("application/json"):
             return JSONResponse({"error": "expected content-type: application/json"}, status_code=415)
         server = scope.get("server")
         on_gateway = server is None or server[1] is None
         if on_gateway and not path.startswith("/internal/"):
             return JSONResponse({"error": "not found"}, status_code=404)
         return None
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -216,3 +217,27 @@ async def test_revisions_carry_connection_requirements_that_fail_closed_until_bo
         r = await api.post(f"/v1/agents/{name}/revisions", json=bad)
         assert r.status_code == 400 and message in r.json()["error"], (bad, r.text)
     assert len((await api.get(f"/v1/agents/{name}")).json()["revisions"]) == 3
+
+
+async def test_a_chunked_body_without_a_length_is_held_to_the_same_limits(api: httpx.AsyncClient) -> None:
+    async def chunks(total: int, size: int = 64 * 1024) -> AsyncIterator[bytes]:
+        yield b'{"name": "'
+        for _ in range(total // size):
+            yield b"x" * size
+        yield b'"}'
+
+    before = (await api.get("/v1/agents")).json()["agents"]
+    # Over the 2 MiB ceiling with no Content-Length: refused before any route reads it.
+    r = await api.post("/v1/agents", content=chunks(3 * 1024 * 1024), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "byte limit" in r.json()["error"]
+    # No declared length does not skip the JSON-only rule either.
+    r = await api.post("/v1/agents", content=chunks(1024), headers={"content-type": "text/plain"})
+    assert r.status_code == 415
+    assert (await api.get("/v1/agents")).json()["agents"] == before
+
+    async def small() -> AsyncIterator[bytes]:
+        yield b'{"name": "chunked-'
+        yield uuid.uuid4().hex[:8].encode() + b'", "harness": "replay", "policy": "demo"}'
+
+    r = await api.post("/v1/agents", content=small(), headers={"content-type": "application/json"})
+    assert r.status_code == 201, r.text
