@@ -6,6 +6,7 @@ so no harness and no child process can ever see a token in its environment.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import MutableMapping
 
@@ -19,9 +20,30 @@ CLAUDE_HARNESS = "claude-agent-sdk"
 PENDING_HARNESSES = frozenset({"codex"})
 
 
+PR_SET_DUMPABLE = 4
+
+
+def guard_memory() -> None:
+    """Make this process non-dumpable before it reads its tokens.
+
+    The agent's tools run as the same uid, as descendants of the runner; without this they could read
+    the tokens out of ``/proc/<runner>/mem`` (or ptrace it). Non-dumpable processes refuse both to
+    anyone without CAP_SYS_PTRACE, which nothing in the sandbox has. Children start dumpable again
+    (the flag resets on execve), so the tools themselves are unaffected.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            log(f"prctl(PR_SET_DUMPABLE, 0) failed: errno {ctypes.get_errno()}")
+    except (OSError, AttributeError) as exc:  # not Linux: nothing to guard this way
+        log(f"cannot make the runner non-dumpable: {exc}")
+
+
 def main(environ: MutableMapping[str, str] | None = None) -> int:
     """Run the configured harness; returns the process exit code (see ``core.contract`` EXIT_*)."""
     env = os.environ if environ is None else environ
+    if environ is None:
+        guard_memory()
     try:
         credentials = take_credentials(env)
     except MissingEnv as exc:

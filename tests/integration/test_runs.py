@@ -220,3 +220,25 @@ async def test_a_denied_step_is_narrated_with_its_on_deny_text(api: httpx.AsyncC
     assert any(t.startswith("Bash denied: shell command matches deny pattern") for t in said)
     calls = [e["payload"]["data"]["tool_call_id"] for e in await events(api, run_id) if e["type"] == "tool.requested"]
     assert calls == ["rp_001", "rp_002"]
+
+
+# Inside the sandbox: find the runner by its command line and try to read its memory map (the first step
+# of reading its tokens out of /proc/<pid>/mem). Same uid, a descendant: only non-dumpability stops it.
+MEMORY_PROBE = (
+    "for p in /proc/[0-9]*; do "
+    "if tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -qE '^[^ ]*python[^ ]* -m runner $'; then "
+    "if head -c 64 $p/maps >/dev/null 2>&1; then echo RUNNER_MEMORY_READABLE; else echo RUNNER_MEMORY_DENIED; fi; "
+    "fi; done"
+)
+
+
+async def test_the_agent_cannot_read_the_runners_memory(api: httpx.AsyncClient) -> None:
+    policy = await make_policy(api, {"defaults": {"tool_action": "allow"}, "tools": []})
+    agent = await make_agent(api, [{"tool": "Bash", "input": {"command": MEMORY_PROBE}}], policy=policy)
+    run_id = await start_run(api, agent, workspace=None)
+    await wait_status(api, run_id, {"completed"})
+    said = "\n".join(
+        e["payload"]["data"].get("text", "") for e in await events(api, run_id) if e["type"] == "agent.message"
+    )
+    verdicts = [line for line in said.splitlines() if line.startswith("RUNNER_MEMORY_")]
+    assert verdicts == ["RUNNER_MEMORY_DENIED"], said
