@@ -206,9 +206,10 @@ class Metering:
             )
 
     async def unmetered(self, run_id: str, reservation_id: str, why: str) -> None:
-        """The response drained but its usage could not be read: the reservation stays (never zero)."""
+        """No usage could be read (an unparsable answer, or an upstream error that may still have been
+        billed): the reservation stays held (never zero)."""
         note = (
-            f"model stream completed (usage unparsed: {why}); reservation {reservation_id} stays held and is "
+            f"model request without a usage report ({why}); reservation {reservation_id} stays held and is "
             f"charged conservatively when it expires"
         )
         await self.store.append_events(run_id, [ev.system_message(note)])

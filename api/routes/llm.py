@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -54,8 +54,14 @@ ANTHROPIC_VERSION = "2023-06-01"
 ANTHROPIC_SERVER_TOOLS = ("web_search", "web_fetch", "code_execution", "tool_search_tool", "mcp_toolset")
 OPENAI_SERVER_TOOLS = ("web_search", "file_search", "code_interpreter", "image_generation", "mcp")
 OPENAI_REFUSED_FIELDS = ("previous_response_id", "conversation", "prompt", "background")
-# Upstream answers that prove the request was refused before any model work (nothing billed).
-RELEASE_STATUSES = frozenset({400, 401, 403, 404, 413, 422, 429, 529})
+# The one upstream answer that proves non-dispatch (the key was refused before any model work). Any other
+# error may have been billed behind a proxy (LiteLLM retries and fallbacks), so it keeps its reservation.
+RELEASE_STATUSES = frozenset({401})
+# Sources the provider would fetch or load itself: outside the sandbox's network rule and the byte estimate.
+FETCHED_SOURCES = frozenset({"url", "file"})
+TOOL_USE_BLOCKS = ("tool_use", "server_tool_use", "mcp_tool_use")  # their "input" is free-form model JSON
+MAX_CONTENT_DEPTH = 64
+FETCH_REFUSAL = "the provider would fetch it outside the sandbox"
 PASS_HEADERS = ("content-type", "request-id", "x-request-id", "retry-after")
 ERROR_KINDS = {
     400: "invalid_request_error",
@@ -98,7 +104,7 @@ def inspect_body(dialect: Dialect, raw: bytes, spec: RunSpec) -> tuple[dict[str,
     """Validate a request body for this run; returns it and the bytes to forward (edited for OpenAI)."""
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise FacadeError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise FacadeError(400, "request body must be a JSON object")
@@ -114,6 +120,8 @@ def inspect_body(dialect: Dialect, raw: bytes, spec: RunSpec) -> tuple[dict[str,
                 raise FacadeError(422, f"server-side tool type '{kind}' is not allowed: tools run through the gate")
         if body.get("mcp_servers"):
             raise FacadeError(422, "mcp_servers (provider-side MCP) is not allowed: tools run through the gate")
+        for field in ("system", "messages"):
+            _walk(body.get(field), field, _anthropic_fetch)
         return body, raw
     for field in OPENAI_REFUSED_FIELDS:
         if body.get(field):
@@ -122,12 +130,71 @@ def inspect_body(dialect: Dialect, raw: bytes, spec: RunSpec) -> tuple[dict[str,
     items: list[Any] = raw_items if isinstance(raw_items, list) else []
     if any(isinstance(i, dict) and i.get("type") == "item_reference" for i in items):
         raise FacadeError(422, "item_reference inputs are not allowed: every request carries its whole context")
+    for field in ("instructions", "input"):
+        _walk(body.get(field), field, _openai_fetch)
     body["store"] = False
     if "tools" in body:
         body["tools"] = [
             t for t in tools if not (isinstance(t, dict) and str(t.get("type", "")).startswith(OPENAI_SERVER_TOOLS))
         ]
     return body, json.dumps(body, separators=(",", ":")).encode()
+
+
+def _walk(root: Any, where: str, check: Callable[[dict[str, Any], str], tuple[str, ...]]) -> None:
+    """Apply ``check(node, path)`` to every object under ``root`` (iteratively, depth-bounded: deeper is 422).
+
+    ``check`` returns the keys of that object not to descend into (free-form JSON, not content)."""
+    stack: list[tuple[Any, str, int]] = [(root, where, 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > MAX_CONTENT_DEPTH:
+            raise FacadeError(422, f"'{where}' is nested deeper than {MAX_CONTENT_DEPTH} levels (at {path})")
+        if isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node) if isinstance(v, (dict, list)))
+        elif isinstance(node, dict):
+            skip = check(node, path)
+            stack.extend(
+                (v, f"{path}.{k}", depth + 1) for k, v in node.items() if k not in skip and isinstance(v, (dict, list))
+            )
+
+
+def _anthropic_fetch(block: dict[str, Any], path: str) -> tuple[str, ...]:
+    """Refuse a block whose source the provider would fetch (a URL) or load (a Files API file)."""
+    kind = block.get("type")
+    source = block.get("source")
+    if isinstance(source, dict) and source.get("type") in FETCHED_SOURCES:
+        raise FacadeError(
+            422,
+            f"content source type '{source['type']}' is not allowed ('{kind}' block, field 'source.type' at "
+            f"{path}): {FETCH_REFUSAL}",
+        )
+    if kind == "container_upload":
+        raise FacadeError(
+            422, f"'container_upload' blocks (field 'file_id' at {path}) are not allowed: {FETCH_REFUSAL}"
+        )
+    return ("input",) if isinstance(kind, str) and kind.endswith(TOOL_USE_BLOCKS) else ()
+
+
+def _openai_fetch(part: dict[str, Any], path: str) -> tuple[str, ...]:
+    """Refuse an image given by URL or file id, and a file given by URL or file id (inline data stays)."""
+    kind = part.get("type")
+    fields: list[str] = []
+    if kind in ("input_image", "computer_screenshot") or "image_url" in part:
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if url is not None and not (isinstance(url, str) and url[:5].lower() == "data:"):
+            fields.append("image_url")
+        if part.get("file_id") is not None:
+            fields.append("file_id")
+    if kind == "input_file" or "file_url" in part:
+        fields.extend(f for f in ("file_url", "file_id") if part.get(f) is not None)
+    if fields:
+        raise FacadeError(
+            422,
+            f"'{kind}' with '{fields[0]}' is not allowed (at {path}; only inline data: URLs and base64 file_data "
+            f"are): {FETCH_REFUSAL}",
+        )
+    return ()
 
 
 class Facade:

@@ -332,23 +332,113 @@ async def test_unparsed_usage_keeps_the_reservation_until_expiry_charges_it_cons
         await wait_note(api, run_id, "charged conservatively as its whole reservation")
 
 
-async def test_upstream_errors_pass_through_and_release_only_refused_requests(
+async def test_upstream_errors_pass_through_and_only_a_refused_key_releases_the_reservation(
     api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
 ) -> None:
-    llm_upstream.push(failure(529, "Overloaded"), failure(500, "boom"))
+    # Behind a proxy with retries and fallbacks, an overload or a rate limit may still have been billed: only a
+    # 401 (the key refused before any model work) proves non-dispatch. Everything else is held for expiry.
+    llm_upstream.push(failure(529, "Overloaded"), failure(429, "slow down"), failure(500, "boom"))
+    llm_upstream.push(failure(401, "invalid x-api-key"))
     async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
         busy = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
         assert busy.status_code == 529
         assert busy.json() == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
-        assert (await cost(api, run_id))["reservations"]["active"] == 0  # refused upstream: nothing spent
+        assert (await cost(api, run_id))["reservations"]["active"] == 1  # may have been billed: held
+        limited = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+        assert limited.status_code == 429 and limited.json()["error"]["message"] == "slow down"
+        assert (await cost(api, run_id))["reservations"]["active"] == 2
         broken = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
         assert broken.status_code == 500
-        assert (await cost(api, run_id))["reservations"]["active"] == 1  # unknown: held for expiry
+        assert (await cost(api, run_id))["reservations"]["active"] == 3  # unknown: held for expiry
+        refused = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+        report = await cost(api, run_id)
+        assert report["reservations"]["active"] == 3  # the 401's reservation was released, not held
+        assert report["usage"]["requests"] == 0  # held reservations are not usage until expiry charges them
         counted = await sandbox.post(
             "/internal/llm/v1/messages/count_tokens", content=body(), headers={"content-type": "application/json"}
         )
         assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
-        assert (await cost(api, run_id))["reservations"]["active"] == 1  # count_tokens reserves nothing
+        assert (await cost(api, run_id))["reservations"]["active"] == 3  # count_tokens reserves nothing
+    assert len(llm_upstream.requests) == 5
+
+
+PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+INLINE_IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_1PX}}
+
+
+def blocks_body(content: list[dict[str, Any]], system: list[dict[str, Any]] | None = None) -> bytes:
+    doc: dict[str, Any] = {
+        "model": "replay",
+        "max_tokens": 256,
+        "stream": False,
+        "messages": [{"role": "user", "content": content}],
+    }
+    if system is not None:
+        doc["system"] = system
+    return json.dumps(doc).encode()
+
+
+URL_IMAGE = {"type": "image", "source": {"type": "url", "url": "http://169.254.169.254/latest/meta-data"}}
+URL_DOCUMENT = {"type": "document", "source": {"type": "url", "url": "https://example.com/big.pdf"}}
+FILE_DOCUMENT = {"type": "document", "source": {"type": "file", "file_id": "file_011CNha8iCJcU1wXNR6q4V8w"}}
+FILE_IMAGE = {"type": "image", "source": {"type": "file", "file_id": "file_011CPMxVD3fHLUhvTqtsQA5w"}}
+FETCHED_BLOCKS: list[tuple[str, bytes, str, str]] = [
+    ("image url", blocks_body([URL_IMAGE, {"type": "text", "text": "what is this"}]), "url", "image"),
+    ("document url", blocks_body([URL_DOCUMENT]), "url", "document"),
+    ("document file", blocks_body([FILE_DOCUMENT]), "file", "document"),
+    ("image file", blocks_body([FILE_IMAGE]), "file", "image"),
+    (
+        "url image inside a tool result",
+        blocks_body([{"type": "tool_result", "tool_use_id": "toolu_1", "content": [INLINE_IMAGE, URL_IMAGE]}]),
+        "url",
+        "image",
+    ),
+    (
+        "url document in the system blocks",
+        blocks_body([{"type": "text", "text": "hi"}], system=[{"type": "text", "text": "be brief"}, URL_DOCUMENT]),
+        "url",
+        "document",
+    ),
+]
+
+
+async def test_blocks_the_provider_would_fetch_are_422_and_never_reach_the_upstream(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        for name, sent, source, block in FETCHED_BLOCKS:
+            r = await sandbox.post(MESSAGES, content=sent, headers={"content-type": "application/json"})
+            assert r.status_code == 422, (name, r.text)
+            error = r.json()
+            assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", name
+            message = error["error"]["message"]
+            assert message.startswith(f"content source type '{source}' is not allowed"), (name, message)
+            assert f"'{block}' block" in message and "outside the sandbox" in message, (name, message)
+        report = await cost(api, run_id)
+        assert report["reservations"]["active"] == 0 and report["usage"]["requests"] == 0
+    assert llm_upstream.requests == []
+
+
+async def test_an_inline_base64_image_is_still_forwarded(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(text("a single pixel", usage=USAGE))
+    sent = blocks_body(
+        [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [INLINE_IMAGE]},
+            INLINE_IMAGE,
+            {"type": "text", "text": "what is this"},
+        ]
+    )
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        r = await sandbox.post(MESSAGES, content=sent, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        assert r.json()["content"] == [{"type": "text", "text": "a single pixel"}]
+        [seen] = llm_upstream.requests
+        assert seen.raw == sent  # forwarded untouched
+        [response] = await wait_event(api, run_id, "model.response")
+        assert {k: response["payload"]["data"][k] for k in METERED} == METERED
 
 
 async def test_the_real_upstream_key_never_reaches_the_sandbox_the_ledger_logs_or_responses(
@@ -417,3 +507,65 @@ def test_openai_bodies_that_lean_on_server_state_are_422(extra: dict[str, Any]) 
     with pytest.raises(FacadeError) as err:
         inspect_body(Dialect.OPENAI, raw, _Spec())  # type: ignore[arg-type]
     assert err.value.status == 422
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "input_image", "image_url": "https://example.com/cat.png", "detail": "auto"},
+        {"type": "input_image", "image_url": "http://169.254.169.254/latest/meta-data"},
+        {"type": "input_image", "file_id": "file-abc123"},
+        {"type": "input_image", "image_url": {"url": "https://example.com/cat.png"}},
+        {"type": "input_file", "file_url": "https://example.com/report.pdf"},
+        {"type": "input_file", "file_id": "file-abc123"},
+    ],
+)
+@pytest.mark.parametrize("where", ["message", "function_call_output", "bare"])
+def test_openai_parts_the_provider_would_fetch_are_422(part: dict[str, Any], where: str) -> None:
+    if where == "message":
+        item: dict[str, Any] = {"role": "user", "content": [{"type": "input_text", "text": "look"}, part]}
+    elif where == "function_call_output":
+        item = {"type": "function_call_output", "call_id": "call_1", "output": [part]}
+    else:
+        item = part
+    raw = json.dumps({"model": "gpt-5.4-mini", "input": [item]}).encode()
+    with pytest.raises(FacadeError) as err:
+        inspect_body(Dialect.OPENAI, raw, _Spec())  # type: ignore[arg-type]
+    assert err.value.status == 422
+    field = next(f for f in ("image_url", "file_url", "file_id") if f in part)
+    assert f"'{part['type']}' with '{field}' is not allowed" in err.value.message
+    assert "outside the sandbox" in err.value.message
+
+
+def test_openai_inline_images_and_files_are_forwarded() -> None:
+    pixel = f"data:image/png;base64,{PNG_1PX}"
+    parts = [
+        {"type": "input_text", "text": "compare these"},
+        {"type": "input_image", "image_url": pixel, "detail": "low"},
+        {"type": "input_file", "filename": "a.pdf", "file_data": "data:application/pdf;base64,JVBERi0xLjQK"},
+    ]
+    doc = {"model": "gpt-5.4-mini", "input": [{"role": "user", "content": parts}]}
+    body_, forward = inspect_body(Dialect.OPENAI, json.dumps(doc).encode(), _Spec())  # type: ignore[arg-type]
+    assert json.loads(forward)["input"] == doc["input"] and body_["store"] is False
+
+
+class _Replay:
+    model = "replay"
+
+
+def test_anthropic_tool_use_input_is_not_mistaken_for_content_and_depth_is_bounded() -> None:
+    # A tool call's input is the model's own JSON: a "source" in it is data, not a block to fetch.
+    echoed = {"type": "tool_use", "id": "toolu_1", "name": "fetch", "input": {"source": {"type": "url", "url": "x"}}}
+    doc = {"model": "replay", "max_tokens": 10, "messages": [{"role": "assistant", "content": [echoed]}]}
+    raw = json.dumps(doc).encode()
+    assert inspect_body(Dialect.ANTHROPIC, raw, _Replay())[1] == raw  # type: ignore[arg-type]
+    nested: dict[str, Any] = {"type": "text", "text": "deep"}
+    for _ in range(40):
+        nested = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [nested]}
+    deep = json.dumps({**doc, "messages": [{"role": "user", "content": [nested]}]}).encode()
+    with pytest.raises(FacadeError) as err:
+        inspect_body(Dialect.ANTHROPIC, deep, _Replay())  # type: ignore[arg-type]
+    assert err.value.status == 422 and "nested deeper than" in err.value.message
+    with pytest.raises(FacadeError) as err:
+        inspect_body(Dialect.ANTHROPIC, b"[" * 100_000, _Replay())  # type: ignore[arg-type]
+    assert err.value.status == 400
