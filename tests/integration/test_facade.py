@@ -309,7 +309,7 @@ async def test_unparsed_usage_keeps_the_reservation_until_expiry_charges_it_cons
         async with sandbox.stream("POST", MESSAGES, content=sent, headers={"content-type": "application/json"}) as r:
             assert r.status_code == 200
             await r.aread()
-        await wait_note(api, run_id, "usage unparsed")
+        await wait_note(api, run_id, "without a usage report")
         report = await cost(api, run_id)
         assert report["reservations"] == {"active": 1, "tokens": len(sent) + 2000, "cost_usd": None}
         assert report["usage"]["requests"] == 0  # never counted as zero-cost usage
