@@ -31,6 +31,37 @@ DECIDED_ALLOW = frozenset({"auto_allowed", "approved_once", "approved_session"})
 DECIDED_DENY = frozenset({"auto_denied", "denied", "expired"})
 
 
+# An approval row plus the frozen facts that say whose authority its call would execute under:
+# for ``mcp__<slot>__<tool>``, the run's binding of that slot (the run_resource_bindings row, and the
+# run_spec.brokered entry it was written from) and its connection; and who invoked the run.
+APPROVAL_AUTHORITY_COLUMNS = (
+    "brokered_slot",
+    "spec_owner_type",
+    "spec_owner_user_id",
+    "binding_owner_type",
+    "binding_owner_user_id",
+    "binding_connection_id",
+    "connection_found",
+    "connection_display_name",
+    "run_invoked_by_user_id",
+)
+_APPROVALS_WITH_AUTHORITY = (
+    "SELECT a.*, t.slot AS brokered_slot, sb.e->>'owner_type' AS spec_owner_type,"
+    " sb.e->>'owner_user_id' AS spec_owner_user_id, b.connection_owner_type AS binding_owner_type,"
+    " b.connection_owner_user_id AS binding_owner_user_id, b.connection_id AS binding_connection_id,"
+    " (c.id IS NOT NULL) AS connection_found, c.display_name AS connection_display_name,"
+    " s.invoked_by_user_id AS run_invoked_by_user_id "
+    "FROM approvals a JOIN sessions s ON s.id = a.session_id "
+    "CROSS JOIN LATERAL (SELECT CASE WHEN a.tool LIKE 'mcp!_!_%!_!_%' ESCAPE '!'"
+    " THEN split_part(substr(a.tool, 6), '__', 1) END AS slot) t "
+    "LEFT JOIN LATERAL (SELECT x.e FROM jsonb_array_elements(COALESCE(s.run_spec->'brokered', '[]'::jsonb)) x(e)"
+    " WHERE x.e->>'slot' = t.slot LIMIT 1) sb ON true "
+    "LEFT JOIN run_resource_bindings b ON b.session_id = a.session_id AND b.slot_kind = 'mcp'"
+    " AND b.requirement_slot = t.slot "
+    "LEFT JOIN integration_connections c ON c.id = b.connection_id "
+)
+
+
 def _row(record: asyncpg.Record | None) -> Row | None:
     if record is None:
         return None
@@ -841,8 +872,17 @@ class Store:
         await self.append(conn, row["session_id"], new)
         return settled
 
-    async def decide_approval(self, tenant_id: str, approval_id: str, decision: str, decided_by: str) -> Row:
-        """The human decision: a CAS pending → decision; only the winner writes events."""
+    async def decide_approval(
+        self,
+        tenant_id: str,
+        approval_id: str,
+        decision: str,
+        decided_by: str,
+        authorize: Callable[[Row], None] | None = None,
+    ) -> Row:
+        """The human decision: a CAS pending → decision; only the winner writes events.
+        ``authorize`` sees the row with its authority facts (``APPROVAL_AUTHORITY_COLUMNS``) and raises
+        to refuse before anything is written."""
         try:
             aid = uuid.UUID(approval_id)
         except ValueError:
@@ -850,11 +890,13 @@ class Store:
         async with self.pool.acquire() as conn, conn.transaction():
             row = _row(
                 await conn.fetchrow(
-                    "SELECT * FROM approvals WHERE id = $1 AND tenant_id = $2", aid, uuid.UUID(tenant_id)
+                    f"{_APPROVALS_WITH_AUTHORITY} WHERE a.id = $1 AND a.tenant_id = $2", aid, uuid.UUID(tenant_id)
                 )
             )
             if row is None:
                 raise NotFound()
+            if authorize is not None:
+                authorize(row)
             if row["status"] != "pending":
                 raise Conflict("approval is not pending")
             # Lock order (session, then approval) matches the gate's, so concurrent deciders queue here.
@@ -925,16 +967,19 @@ class Store:
                 await self.transition(run_id, RunStatus.RUNNING, conn=conn)
 
     async def list_approvals(self, tenant_id: str, *, run_id: str | None = None) -> list[Row]:
+        """A run's approvals, or the tenant's pending ones; each with its authority facts."""
         async with self.pool.acquire() as conn:
             if run_id is not None:
                 records = await conn.fetch(
-                    "SELECT * FROM approvals WHERE session_id = $1 AND tenant_id = $2 ORDER BY requested_at, id",
+                    f"{_APPROVALS_WITH_AUTHORITY} WHERE a.session_id = $1 AND a.tenant_id = $2"
+                    " ORDER BY a.requested_at, a.id",
                     uuid.UUID(run_id),
                     uuid.UUID(tenant_id),
                 )
             else:
                 records = await conn.fetch(
-                    "SELECT * FROM approvals WHERE tenant_id = $1 AND status = 'pending' ORDER BY requested_at",
+                    f"{_APPROVALS_WITH_AUTHORITY} WHERE a.tenant_id = $1 AND a.status = 'pending'"
+                    " ORDER BY a.requested_at, a.id",
                     uuid.UUID(tenant_id),
                 )
             return _rows(records)

@@ -1,17 +1,30 @@
-"""The approvals inbox and human decisions (a CAS in PostgreSQL, then a signal to the run)."""
+"""The approvals inbox and human decisions (a CAS in PostgreSQL, then a signal to the run).
+
+Who may decide an approval depends on whose authority its call would execute under:
+
+- a brokered call (``mcp__<slot>__<tool>``) whose frozen binding is a **personal** connection runs
+  under that user's credential: only that user, on a run they invoked, may decide it — no role, and
+  not the operator, overrides that;
+- a brokered call bound to an **organization** connection, and a sandbox-class ``mcp__`` tool:
+  org deciders (the operator, approver, admin, owner);
+- any other tool (credentialless): org deciders, or the member who invoked the run.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter
 
 from activities import contracts as c
-from api.deps import OperatorDep, ServicesDep
+from api.deps import READ_ALL_ROLES, Principal, PrincipalDep, ServicesDep
 from api.routes.sessions import run_handle
 from api.schemas import DecisionIn, approval_public
-from core.errors import BadRequest
+from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
+from core.tools import split_mcp
 from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.api.approvals")
@@ -25,22 +38,105 @@ DECISIONS = {
     "denied": "denied",
     "deny": "denied",
 }
+DECIDER_ROLES = READ_ALL_ROLES  # approver, admin, owner decide organization-authority approvals
+ORG_DECIDERS_ONLY = "deciding this approval requires approver, admin, or owner"
+NO_BINDING = (
+    "this approval's brokered surface has no matching run resource binding — refusing to classify its authority"
+)
+NO_CONNECTION = "this approval's connection no longer exists — cannot classify its authority"
 
 
-@router.get("", summary="Pending approvals across runs")
-async def inbox(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """Every pending approval of the tenant, oldest first."""
-    rows = await svc.store.list_approvals(op.tenant_id)
-    return {"approvals": [approval_public(r) for r in rows]}
+@dataclass(frozen=True)
+class Authority:
+    """Whose authority an approved call would execute under."""
+
+    kind: str  # personal | organization | credentialless
+    owner_user_id: str | None = None
+    connection: str | None = None  # the personal connection's display name
+
+    @property
+    def public(self) -> str:
+        """What the API shows: ``personal``, or ``organization`` for everything decided by org roles."""
+        return "personal" if self.kind == "personal" else "organization"
+
+
+def classify(row: dict[str, Any]) -> Authority:
+    """From the frozen binding only (never from the caller). Anything inconsistent is refused (409)
+    rather than guessed, so a personal call can never be classified as an organization one."""
+    if not row["tool"].startswith("mcp__"):
+        return Authority("credentialless")
+    if split_mcp(row["tool"]) is None or (row["spec_owner_type"] is None and row["binding_owner_type"] is None):
+        # Not a brokered surface of this run (a sandbox capability server): nothing of anyone's executes.
+        return Authority("organization")
+    if row["binding_owner_type"] is None:
+        raise Conflict(NO_BINDING)
+    if not row["connection_found"]:
+        raise Conflict(NO_CONNECTION)
+    if "user" in (row["binding_owner_type"], row["spec_owner_type"]):
+        owner = row["binding_owner_user_id"] or row["spec_owner_user_id"]
+        if owner is None:
+            raise Conflict(NO_BINDING)
+        name = row["connection_display_name"] or str(row["binding_connection_id"])
+        return Authority("personal", owner_user_id=str(owner), connection=name)
+    return Authority("organization")
+
+
+def refusal(who: Principal, row: dict[str, Any], authority: Authority) -> DomainError | None:
+    """Why ``who`` may not decide this approval (404 for a run it cannot see), or None."""
+    invoker = row["run_invoked_by_user_id"]
+    if not who.sees_run({"invoked_by_user_id": invoker}):
+        return NotFound()
+    if authority.kind == "personal":
+        if who.user_id is not None and who.user_id == authority.owner_user_id == (str(invoker) if invoker else None):
+            return None
+        return Forbidden(
+            f"this approval executes under connection '{authority.connection}', a personal connection — "
+            "only its owner, who invoked the run, may decide it"
+        )
+    if who.is_operator or who.roles & DECIDER_ROLES:
+        return None
+    if authority.kind == "credentialless" and invoker is not None and str(invoker) == who.user_id:
+        return None
+    return Forbidden(ORG_DECIDERS_ONLY)
+
+
+def authorizer(who: Principal) -> Callable[[dict[str, Any]], None]:
+    """The check ``decide_approval`` runs on the row before the CAS (its authority facts are frozen)."""
+
+    def authorize(row: dict[str, Any]) -> None:
+        refused = refusal(who, row, classify(row))
+        if refused is not None:
+            raise refused
+
+    return authorize
+
+
+@router.get("", summary="Pending approvals the caller may decide")
+async def inbox(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+    """Pending approvals, oldest first, each with its ``authority`` (``personal`` | ``organization``)
+    and whether the caller may decide it (``can_decide``). A member sees only what it may decide; the
+    operator sees every pending approval, personal ones included but marked ``can_decide: false``."""
+    out = []
+    for row in await svc.store.list_approvals(who.tenant_id):
+        try:
+            classified = classify(row)
+            authority, can_decide = classified.public, refusal(who, row, classified) is None
+        except Conflict:
+            authority, can_decide = "unclassifiable", False
+        if can_decide or who.is_operator:
+            out.append({**approval_public(row), "authority": authority, "can_decide": can_decide})
+    return {"approvals": out}
 
 
 @router.post("/{approval_id}/decision", summary="Approve or deny")
-async def decide(approval_id: str, body: DecisionIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """Exactly one decision wins; a late or repeated one gets 409 ``approval is not pending``."""
+async def decide(approval_id: str, body: DecisionIn, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+    """Exactly one decision wins; a late or repeated one gets 409 ``approval is not pending``. A caller
+    without authority over the approval gets 403 (404 for a run it cannot see) and nothing changes."""
     decision = DECISIONS.get(body.decision)
     if decision is None:
         raise BadRequest(f"unknown decision '{body.decision}'")
-    row = await svc.store.decide_approval(op.tenant_id, approval_id, decision, op.name)
+    decided_by = "operator" if who.is_operator else str(who.user_id)
+    row = await svc.store.decide_approval(who.tenant_id, approval_id, decision, decided_by, authorizer(who))
     try:
         await run_handle(await svc.temporal(), row["session_id"]).signal(
             RunWorkflow.approval_decided, c.ApprovalDecided(tool_call_id=row["tool_call_id"], status=decision)

@@ -25,7 +25,16 @@ import pytest
 
 from cli.stack import Stack
 from core.digests import sha256_hex
-from tests.integration.helpers import events, issue_token, make_agent, make_policy, unique, wait_status
+from tests.integration.helpers import (
+    events,
+    issue_token,
+    make_agent,
+    make_policy,
+    types,
+    unique,
+    wait_pending,
+    wait_status,
+)
 from tests.mcp_servers import bearer, serve
 
 pytestmark = pytest.mark.stack
@@ -271,3 +280,100 @@ async def test_invoking_user_binds_the_invokers_connection_and_deactivation_cuts
         assert rc == 1 and "deactivated" in err, "a deactivated member gets no new token"
         await api.post(f"/v1/sessions/{run_id}/cancel")
         await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_only_the_owner_decides_an_approval_that_would_run_under_their_personal_connection(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    alice, bob = await add_user(stack), await add_user(stack)
+    secret = "alice-" + secrets.token_hex(12)
+    async with (
+        serve(bearer(secret)) as srv,
+        as_user(stack, await mint(stack, alice["email"])) as a,
+        as_user(stack, await mint(stack, bob["email"])) as b,
+    ):
+        r = await a.post(
+            "/v1/connections",
+            json={"provider": "mcp_http", "base_url": srv.url, "token": secret, "owner": "personal",
+                  "display_name": "alice-calc"},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        name = r.json()["connection"]["display_name"]
+        requirement = {
+            "slot": "calc", "connector": {"url": srv.url}, "required_tools": ["add"], "binding_mode": "invoking_user",
+        }  # fmt: skip
+        policy = {
+            "defaults": {"tool_action": "deny"},
+            "tools": [{"match": ["mcp__*"], "action": "approve"}, {"match": ["Bash"], "action": "approve"}],
+        }
+        script = [
+            {"tool": "mcp__calc__add", "input": {"a": 2, "b": 3}},
+            {"tool": "Bash", "input": {"command": "echo credentialless"}},
+        ]
+        agent = await make_agent(
+            api, script, policy=await make_policy(api, policy), connection_requirements=[requirement]
+        )
+        r = await a.post("/v1/sessions", json={"agent": agent, "task": "t"})
+        assert r.status_code == 201, r.text
+        run_id = r.json()["session"]["id"]
+        pending = await wait_pending(api, run_id)
+        assert pending["tool"] == "mcp__calc__add"
+        aid = pending["id"]
+        personal = (
+            f"this approval executes under connection '{name}', a personal connection — "
+            "only its owner, who invoked the run, may decide it"
+        )
+
+        # The operator sees it, marked, and cannot decide it — not even for the whole run.
+        [listed] = [x for x in (await api.get("/v1/approvals")).json()["approvals"] if x["id"] == aid]
+        assert (listed["authority"], listed["can_decide"]) == ("personal", False)
+        for decision in ("approved_session", "approve", "deny"):
+            r = await api.post(f"/v1/approvals/{aid}/decision", json={"decision": decision})
+            assert (r.status_code, r.json()) == (403, {"error": personal}), r.text
+        # Another member cannot see Alice's run at all; as an approver it sees it and still cannot decide.
+        r = await b.post(f"/v1/approvals/{aid}/decision", json={"decision": "approve"})
+        assert (r.status_code, r.json()) == (404, {"error": "not found"})
+        r = await api.post(f"/v1/admin/orgs/default/members/{bob['id']}/roles", json={"roles": ["approver"]})
+        assert r.status_code == 200, r.text
+        r = await b.post(f"/v1/approvals/{aid}/decision", json={"decision": "approved_session"})
+        assert (r.status_code, r.json()) == (403, {"error": personal})
+        assert aid not in {x["id"] for x in (await b.get("/v1/approvals")).json()["approvals"]}
+        # Nothing changed: still pending, nothing decided in the ledger, nothing sent upstream.
+        rows = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+        assert [(x["id"], x["status"]) for x in rows] == [(aid, "pending")]
+        assert "approval.decided" not in types(await events(api, run_id))
+        assert srv.call_count("add") == 0
+
+        # The owner sees it in her inbox and decides it with her PAT; the call runs under her connection.
+        [mine] = [x for x in (await a.get("/v1/approvals")).json()["approvals"] if x["id"] == aid]
+        assert (mine["authority"], mine["can_decide"]) == ("personal", True)
+        r = await a.post(f"/v1/approvals/{aid}/decision", json={"decision": "approve"})
+        assert r.status_code == 200, r.text
+        assert (r.json()["approval"]["status"], r.json()["approval"]["decided_by"]) == (
+            "approved_once",
+            alice["user_id"],
+        )
+
+        # The next approval is credentialless (org authority): the approver decides it.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while True:
+            inbox = [x for x in (await b.get("/v1/approvals")).json()["approvals"] if x["session_id"] == run_id]
+            if inbox or loop.time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        [shell] = inbox
+        assert (shell["tool"], shell["authority"], shell["can_decide"]) == ("Bash", "organization", True)
+        r = await b.post(f"/v1/approvals/{shell['id']}/decision", json={"decision": "deny"})
+        assert r.status_code == 200 and r.json()["approval"]["decided_by"] == bob["user_id"], r.text
+
+        row = await wait_status(api, run_id, {"completed", "failed"})
+        assert row["result_summary"] == "Replay complete: 1 executed, 1 denied."
+        assert srv.call_count("add") == 1, "the owner's approval ran the call with the owner's credential"
+        brokered = [e["payload"]["data"] for e in await events(api, run_id) if e["type"] == "tool.brokered"]
+        assert [(d["tool"], d["ok"]) for d in brokered] == [("mcp__calc__add", True)]
+        decided = [e for e in await events(api, run_id) if e["type"] == "approval.decided"]
+        assert [(e["payload"]["data"]["decided_by"], e["actor"]) for e in decided] == [
+            (alice["user_id"], "human"),
+            (bob["user_id"], "human"),
+        ]
