@@ -252,8 +252,9 @@ class TriggerService:
             base = (revision or {}).get("default_workspace")
         narrowed = narrow_workspace(base, override)
         assert base is not None
-        await asyncio.to_thread(_check_on_disk, base["path"], narrowed["path"])
-        return narrowed
+        # The run copies the resolved directory: a symlink swapped in after this check changes nothing.
+        resolved = await asyncio.to_thread(_check_on_disk, base["path"], narrowed["path"])
+        return {**narrowed, "path": resolved}
 
     # ---- outcomes ------------------------------------------------------------------------------
 
@@ -299,14 +300,19 @@ class TriggerService:
                 await client.get_workflow_handle(c.workflow_id(run_id)).signal(RunWorkflow.cancel)
 
 
-def _check_on_disk(base: str, wanted: str) -> None:
+def _check_on_disk(base: str, wanted: str) -> str:
+    """The override's real path, if it is a directory inside the real base (else a 400)."""
     # Lexical containment is not enough on a real file system: a symlink inside the base could
     # point anywhere on the control-plane host.
-    root, path = os.path.realpath(base), os.path.realpath(wanted)
+    try:
+        root, path = os.path.realpath(base), os.path.realpath(wanted)
+    except ValueError as exc:  # e.g. an embedded NUL
+        raise BadRequest(f"workspace.path is not a usable path: {exc}") from None
     if not is_within(root, path):
         raise BadRequest(f"workspace.path must stay inside the subscription's workspace {base}")
     if not os.path.isdir(path):
         raise BadRequest(f"workspace.path {wanted} is not a directory inside the workspace")
+    return path
 
 
 def invocation(sub: Row, kind: FireKind, key: str, variables: dict[str, str], catch_up: bool) -> InvocationContext:

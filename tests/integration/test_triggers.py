@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import uuid
@@ -43,6 +44,7 @@ def tree() -> Iterator[Path]:
     (root / "README").write_text("hello\n")
     outside = Path(tempfile.mkdtemp(prefix="fbx-trig-outside-"))
     (root / "escape").symlink_to(outside)
+    (root / "inner").symlink_to(root / "pkg")
     yield root
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(outside, ignore_errors=True)
@@ -265,6 +267,7 @@ async def test_overrides_are_opt_in_and_only_narrow(
         str(tree) + "-sibling": "must stay inside",
         str(tree / "escape"): "must stay inside",  # a symlink inside the tree pointing out of it
         str(tree / "missing"): "is not a directory",
+        str(tree / "pkg") + "\x00x": "workspace.path",
     }
     for path, why in refused.items():
         r = await invoke(anon, sid, token, {"context": {"item": "x"}, "workspace": {"path": path}})
@@ -278,7 +281,13 @@ async def test_overrides_are_opt_in_and_only_narrow(
     assert r.status_code == 200, r.text
     run = await run_row(api, r.json()["session_id"])
     assert run["task"] == "Only look at pkg"
-    assert run["repo_source"] == {"kind": "local_copy", "path": str(tree / "pkg")}
+    assert run["repo_source"] == {"kind": "local_copy", "path": os.path.realpath(tree / "pkg")}
+    await wait_status(api, run["id"], TERMINAL)
+    # An in-tree symlink is followed once, here: the run records (and copies) the directory it named then.
+    r = await invoke(anon, sid, token, {"context": {"item": "x"}, "workspace": {"path": str(tree / "inner")}})
+    assert r.status_code == 200, r.text
+    run = await run_row(api, r.json()["session_id"])
+    assert run["repo_source"] == {"kind": "local_copy", "path": os.path.realpath(tree / "pkg")}
     await wait_status(api, run["id"], TERMINAL)
 
 
