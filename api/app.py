@@ -75,6 +75,17 @@ async def seed_policies(store: Store, tenant_id: str) -> None:
         await store.seed_policy(tenant_id, doc, text)
 
 
+async def start_stranded_runs(svc: Services) -> None:
+    """Every API process: runs left 'created' without a workflow (their starter died) get one."""
+    settings = svc.settings
+    while True:
+        await asyncio.sleep(settings.stranded_check_secs)
+        try:
+            await svc.runs.start_stranded(settings.stranded_after_secs)
+        except Exception:
+            log.warning("the stranded-run check failed; retrying", exc_info=True)
+
+
 def create_app(settings: Settings) -> FastAPI:
     admin = settings.require_admin_token()
     if not settings.database_url:
@@ -109,10 +120,12 @@ def create_app(settings: Settings) -> FastAPI:
         )
         app.state.services = svc
         sweeper = asyncio.create_task(llm.sweep_reservations(metering, settings.llm_sweep_secs))
+        reviver = asyncio.create_task(start_stranded_runs(svc))
         try:
             yield
         finally:
             sweeper.cancel()
+            reviver.cancel()
             await llm.close_facade(app)
             await hub.stop()
             await pool.close()

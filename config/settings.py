@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     token_ttl_secs: int = 3 * 3600
 
     max_request_body_bytes: int = 2 * 1024 * 1024
+    # A run still 'created' this long after its insert has no workflow (its starter died in between);
+    # every API process looks for such runs every stranded_check_secs and starts their workflows.
+    stranded_after_secs: float = 60.0
+    stranded_check_secs: float = 30.0
     # The LLM facade's own ceiling: long agent conversations are resent whole on every turn.
     llm_max_request_body_bytes: int = 32 * 1024 * 1024
 

@@ -21,6 +21,7 @@ from temporalio.common import (
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from activities import contracts as c
 from activities.env import runner_env
@@ -42,6 +43,8 @@ from workflows.run import RunWorkflow
 log = logging.getLogger("fluidbox.services.runs")
 
 MAX_RUNNER_ENV_BYTES = 512 * 1024
+# A run still 'created' this long after its insert has no workflow: its starter died in between.
+STRANDED_AFTER_SECS = 60.0
 
 
 @dataclass(frozen=True)
@@ -258,27 +261,9 @@ class RunFactory:
         if invoked_by_user_id is not None:
             row["invoked_by_user_id"] = invoked_by_user_id
         try:
-            client = await self.temporal()
-            await client.start_workflow(
-                RunWorkflow.run,
-                c.RunInput(
-                    run_id=spec.run_id,
-                    agent_name=spec.agent_name,
-                    max_wall_clock_secs=spec.budgets.max_wall_clock_secs,
-                    timing=timing(self.settings),
-                ),
-                id=c.workflow_id(spec.run_id),
-                task_queue=self.settings.task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(c.RUN_STATUS, "created"),
-                        SearchAttributePair(c.AGENT_NAME, spec.agent_name),
-                    ]
-                ),
-                static_summary=scrub_text(f"{spec.agent_name}: {spec.task[:120]}"),
-            )
+            await self._start_workflow(spec)
+        except WorkflowAlreadyStartedError:
+            pass  # the stranded-run check got there first (this process was slow): the run has its workflow
         except Exception as exc:
             log.exception("could not start the workflow of run %s", spec.run_id)
             reason = f"could not start the run workflow: {type(exc).__name__}"
@@ -288,6 +273,52 @@ class RunFactory:
                 await store.finish(spec.run_id, RunStatus.FAILED, reason, None, "failed", [], [])
             raise Unavailable("the workflow engine is unavailable; the run was not started") from exc
         return row
+
+    async def _start_workflow(self, spec: RunSpec) -> None:
+        client = await self.temporal()
+        await client.start_workflow(
+            RunWorkflow.run,
+            c.RunInput(
+                run_id=spec.run_id,
+                agent_name=spec.agent_name,
+                max_wall_clock_secs=spec.budgets.max_wall_clock_secs,
+                timing=timing(self.settings),
+            ),
+            id=c.workflow_id(spec.run_id),
+            task_queue=self.settings.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(c.RUN_STATUS, "created"),
+                    SearchAttributePair(c.AGENT_NAME, spec.agent_name),
+                ]
+            ),
+            static_summary=scrub_text(f"{spec.agent_name}: {spec.task[:120]}"),
+        )
+
+    async def start_stranded(self, older_than_secs: float = STRANDED_AFTER_SECS) -> int:
+        """Start the workflow of every run still ``created`` a while after its insert, with no wind-down
+        intent: the process that inserted it died before (or while) starting the workflow. Starting
+        twice is harmless (the workflow id is the run's), so every API replica may run this."""
+        async with self.store.pool.acquire() as conn:
+            ids = await conn.fetch(
+                "SELECT s.id FROM sessions s WHERE s.status = 'created' "
+                "AND s.created_at < now() - make_interval(secs => $1) "
+                "AND NOT EXISTS (SELECT 1 FROM session_finalizations f WHERE f.session_id = s.id) "
+                "ORDER BY s.created_at LIMIT 100",
+                float(older_than_secs),
+            )
+        started = 0
+        for record in ids:
+            run_id = str(record["id"])
+            try:
+                await self._start_workflow(await self.store.run_spec(run_id))
+            except WorkflowAlreadyStartedError:
+                continue  # it has one (its worker may just be slow to move it on)
+            log.warning("run %s was stranded in 'created' without a workflow; started it now", run_id)
+            started += 1
+        return started
 
     async def create(
         self,

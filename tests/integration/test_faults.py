@@ -5,11 +5,20 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from typing import Any
 
 import httpx
 import pytest
 
 from cli.stack import Stack
+from config.settings import Settings
+from core.redaction import Redactor
+from core.runspec import InvocationContext
+from db.capabilities import Capabilities
+from db.connections import Connections
+from db.engine import create_pool
+from db.store import Store
+from services.runs import RunFactory, RunRequest
 from tests.integration.helpers import (
     events,
     issue_token,
@@ -301,3 +310,29 @@ async def test_a_retried_provisioning_replaces_the_sandbox_an_interrupted_attemp
     await api.post(f"/v1/sessions/{run_id}/cancel")
     row = await wait_status(api, run_id, {"cancelled", "failed"}, timeout=90)
     assert row["status"] == "cancelled"
+
+
+async def test_a_run_whose_starter_died_before_starting_its_workflow_is_started_by_the_api(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    # The first half of run creation, exactly as every entry point does it, then the process "dies":
+    # the run row (and its idempotency claim, for triggers) is committed, its workflow never started.
+    pool = await create_pool(stack.database_url or "", min_size=1, max_size=2)
+    try:
+        store = Store(pool, Redactor())
+        settings = Settings(temporal_address=stack.temporal_address, task_queue=stack.task_queue)
+
+        async def no_temporal() -> Any:
+            raise AssertionError("this half never reaches Temporal")
+
+        factory = RunFactory(store, Connections(store), Capabilities(store), settings, no_temporal)
+        agent = await make_agent(api, [{"sleep_ms": 1}])
+        tenant_id = await store.boot_tenant()
+        spec = await factory.prepare(tenant_id, RunRequest(agent=agent, task="stranded"), InvocationContext())
+        await store.create_run(spec, invoked_by_kind="operator")
+    finally:
+        await pool.close()
+    assert (await run_row(api, spec.run_id))["status"] == "created"
+    # The API's stranded-run check (FLUIDBOX_STRANDED_AFTER_SECS=3 in the test stack) starts it.
+    row = await wait_status(api, spec.run_id, {"completed", "failed"}, timeout=60)
+    assert row["status"] == "completed"
