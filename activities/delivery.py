@@ -6,11 +6,19 @@ enabled, trigger token generation and callback URL unchanged since the invocatio
 the authority skips the delivery with nothing sent; a refused URL or an unusable secret fails it at
 once (a retry cannot fix either); anything else the receiver or the network does is retried by
 :class:`workflows.delivery.DeliveryWorkflow`.
+
+The POST connects to an address admission just vetted (never a second DNS answer, which a rebinding
+receiver could point at loopback or the metadata service), with the original ``Host`` header and, for
+https, the original name as TLS server name and certificate identity. Only the status line and headers
+are read — the response body never is — and the whole attempt, connect to status, is bounded by the
+send timeout, so a receiver can neither stream into the worker's memory nor drip bytes to hold it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +38,7 @@ from core.signing import sign
 from db.deliveries import Deliveries, callback_secret_context, webhook_destinations
 from db.store import Row, Store
 from integrations.sealing import Sealer, SealingError
-from integrations.urls import UrlPolicy, UrlRefused
+from integrations.urls import AdmittedUrl, IPAddress, UrlPolicy, UrlRefused
 from workflows.delivery import DeliveryWorkflow
 
 CALLBACK_DELIVERED = "callback.delivered"
@@ -43,6 +51,38 @@ def display_url(url: str) -> str:
     """The URL without its query (receivers often put tokens there) for the ledger and summaries."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+def pinned_url(admitted: AdmittedUrl, address: IPAddress) -> str:
+    """``admitted``'s URL with its host replaced by ``address`` (IPv6 in brackets), port kept explicit."""
+    parts = urlsplit(admitted.url)
+    host = f"[{address}]" if address.version == 6 else str(address)
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{admitted.scheme}://{host}:{admitted.port}{parts.path}{query}"
+
+
+async def post_pinned(http: httpx.AsyncClient, admitted: AdmittedUrl, body: bytes, headers: dict[str, str]) -> int:
+    """POST ``body`` to one of ``admitted``'s vetted addresses and return the status, never reading the body.
+
+    Addresses are tried in resolution order while the connection itself fails (nothing was sent
+    yet); the first one that connects gets the request and its answer is final. The ``Host`` header
+    and, for https, the TLS server name (which httpcore hands to ``SSLContext.wrap_bio`` as
+    ``server_hostname``, so the certificate is verified against it) stay the original host's.
+    """
+    pinned_headers = {**headers, "host": urlsplit(admitted.url).netloc}
+    extensions = {"sni_hostname": admitted.host} if admitted.scheme == "https" else {}
+    last: httpx.ConnectError | None = None
+    for address in admitted.addresses:
+        try:
+            async with http.stream(
+                "POST", pinned_url(admitted, address), content=body, headers=pinned_headers, extensions=extensions
+            ) as response:
+                # Leaving the block closes the connection with the body unread.
+                return response.status_code
+        except httpx.ConnectError as exc:
+            last = exc
+    assert last is not None  # admission never returns an empty address list
+    raise last
 
 
 async def start_deliveries(store: Store, client: Client, task_queue: str, run_id: str) -> int:
@@ -84,11 +124,14 @@ class DeliveryActivities:
         url_policy: UrlPolicy,
         *,
         send_timeout: float = SEND_TIMEOUT_SECS,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
+        """``send_timeout`` bounds a whole attempt; ``verify`` is httpx's (tests pass a context trusting their CA)."""
         self.deliveries = deliveries
         self.sealer = sealer
         self.url_policy = url_policy
         self.send_timeout = send_timeout
+        self.verify = verify
 
     async def _authority(self, row: Row) -> tuple[str | None, c.DeliveryAttemptOut | None]:
         """The callback secret if the publish binding still holds; otherwise why not (nothing is sent)."""
@@ -141,8 +184,9 @@ class DeliveryActivities:
         assert secret is not None
         url = str(row["url"])
         try:
-            # Admitted right before connecting, on every attempt: where the name points now is what counts.
-            await self.url_policy.admit(url)
+            # Admitted right before connecting, on every attempt: where the name points now is what counts,
+            # and the connection goes to one of exactly these addresses.
+            admitted = await self.url_policy.admit(url)
         except UrlRefused as err:
             return c.DeliveryAttemptOut(outcome="failed", error=str(err))
         body_doc = await self.deliveries.result_body(str(row["session_id"]), inp.delivery_id, inp.attempt)
@@ -157,15 +201,23 @@ class DeliveryActivities:
             "x-fluidbox-signature": sign(secret, timestamp, body),
         }
         status_code: int | None = None
+        error: str | None = None
         try:
-            # No proxies from the environment (they would defeat admission) and no redirects (a
-            # redirect target was never admitted): a 3xx is just a failed attempt.
-            async with httpx.AsyncClient(timeout=self.send_timeout, trust_env=False, follow_redirects=False) as http:
-                response = await http.post(url, content=body, headers=headers)
-            status_code = response.status_code
-            error = None if 200 <= status_code < 300 else f"the receiver answered HTTP {status_code}"
+            # httpx's timeout is per read; the outer bound covers connect to status line, however slowly
+            # the receiver drips. No proxies from the environment (they would defeat admission) and no
+            # redirects (a redirect target was never admitted): a 3xx is just a failed attempt.
+            async with asyncio.timeout(self.send_timeout):
+                async with httpx.AsyncClient(
+                    timeout=self.send_timeout, trust_env=False, follow_redirects=False, verify=self.verify
+                ) as http:
+                    status_code = await post_pinned(http, admitted, body, headers)
+        except TimeoutError:
+            error = f"request failed: the receiver did not answer within {self.send_timeout:g} s"
         except httpx.HTTPError as exc:
             error = f"request failed: {type(exc).__name__}: {exc}".replace(secret, MARK)
+        # A status in hand counts even if the bound ran out while the client was closing.
+        if status_code is not None:
+            error = None if 200 <= status_code < 300 else f"the receiver answered HTTP {status_code}"
         await self.deliveries.record_attempt(
             inp.delivery_id,
             inp.attempt,

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import secrets
+import ssl
 import sys
 import time
 import uuid
@@ -19,7 +20,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from activities import contracts as c
@@ -60,11 +61,19 @@ class Received:
 
 @dataclass
 class Receiver:
-    """A minimal HTTP/1.1 server on 127.0.0.1 answering scripted statuses (then ``default``)."""
+    """A minimal HTTP/1.1 server on 127.0.0.1 answering scripted statuses (then ``default``).
+
+    ``answer`` picks how the response goes out: ``"normal"`` (empty body), ``"endless"`` (200 and a
+    chunked body that never ends) or ``"drip"`` (a status line, then one header byte at a time,
+    forever). ``hung_up`` is set once the client closes a connection the receiver was still writing to.
+    """
 
     statuses: list[int] = field(default_factory=list)
     default: int = 200
+    answer: str = "normal"
+    tls: ssl.SSLContext | None = None
     requests: list[Received] = field(default_factory=list)
+    hung_up: asyncio.Event = field(default_factory=asyncio.Event)
     port: int = 0
     _server: asyncio.Server | None = None
 
@@ -73,7 +82,7 @@ class Receiver:
         return f"http://127.0.0.1:{self.port}/hook"
 
     async def __aenter__(self) -> Receiver:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -90,12 +99,37 @@ class Receiver:
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             self.requests.append(Received(headers, body))
             status = self.statuses.pop(0) if self.statuses else self.default
-            writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
-            await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+            if self.answer == "endless":
+                await self._endless(writer, status)
+            elif self.answer == "drip":
+                await self._drip(writer, status)
+            else:
+                writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
             pass
         finally:
             writer.close()
+
+    async def _endless(self, writer: asyncio.StreamWriter, status: int) -> None:
+        writer.write(f"HTTP/1.1 {status} X\r\ntransfer-encoding: chunked\r\n\r\n".encode())
+        chunk = b"%x\r\n%s\r\n" % (1 << 16, b"x" * (1 << 16))
+        try:
+            while True:  # a body without end: only the client going away stops it
+                writer.write(chunk)
+                await writer.drain()
+        except ConnectionError:
+            self.hung_up.set()
+
+    async def _drip(self, writer: asyncio.StreamWriter, status: int) -> None:
+        writer.write(f"HTTP/1.1 {status} X\r\nx-drip: ".encode())
+        try:
+            while True:  # the headers never end, yet no single read ever waits long
+                writer.write(b"z")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+        except ConnectionError:
+            self.hung_up.set()
 
 
 def assert_signed(req: Received, secret: str) -> None:
@@ -376,3 +410,153 @@ async def test_the_recorded_delivery_history_replays_deterministically() -> None
             WorkflowHistory.from_json("delivery", bad), raise_on_replay_failure=False
         )
         assert broken.replay_failure is not None
+
+
+# ---- what a hostile receiver can do: stream forever, drip, rebind its name -----------------------
+
+
+def tls_contexts(tmp: Path, name: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context holding a certificate for ``name`` from a fresh CA, and a client context trusting that CA."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def cert(
+        subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, signer: Any, ca: bool
+    ) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(subject)]), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fluidbox test CA")])
+    ca_cert = cert("fluidbox test CA", ca_key, ca_name, ca_key, ca=True)
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    leaf = cert(name, leaf_key, ca_name, ca_key, ca=False)
+    (tmp / "leaf.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    (tmp / "leaf.key").write_bytes(
+        leaf_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tmp / "leaf.pem", tmp / "leaf.key")
+    client = ssl.create_default_context(cadata=ca_cert.public_bytes(serialization.Encoding.PEM).decode())
+    return server, client
+
+
+def resolving(answers: dict[str, list[str]]) -> UrlPolicy:
+    """A loopback-allowing policy whose DNS answers come from ``answers`` (the system resolver never sees them)."""
+
+    def resolve(host: str, port: int) -> list[str]:
+        if host not in answers:
+            raise OSError(f"{host} does not resolve")
+        return answers[host]
+
+    return UrlPolicy(allow_loopback=True, resolver=resolve)
+
+
+async def attempt_once(
+    env: Env,
+    url: str,
+    *,
+    policy: UrlPolicy | None = None,
+    send_timeout: float = 10.0,
+    verify: ssl.SSLContext | bool = True,
+) -> tuple[Delivery, c.DeliveryAttemptOut]:
+    """One real delivery attempt, run by the activity outside any workflow."""
+    d = await finished_run(env, url)
+    acts = DeliveryActivities(
+        Deliveries(env.store),
+        env.sealer,
+        policy or UrlPolicy(allow_loopback=True),
+        send_timeout=send_timeout,
+        verify=verify,
+    )
+    out = await ActivityEnvironment().run(
+        acts.deliver_webhook, c.DeliveryAttemptIn(delivery_id=d.delivery_id, attempt=1, retry_in_secs=5)
+    )
+    return d, out
+
+
+@pytest.mark.timeout(120)
+async def test_a_receiver_streaming_an_endless_body_is_delivered_without_the_worker_reading_it(env: Env) -> None:
+    async with Receiver(answer="endless") as rx:
+        d = await finished_run(env, rx.url)
+        status, _ = await deliver(env, d)
+        # The worker hung up on a body that never ends instead of reading it.
+        await asyncio.wait_for(rx.hung_up.wait(), timeout=60)
+    assert status == "delivered"
+    (req,) = rx.requests
+    assert_signed(req, d.secret)
+    row = await Deliveries(env.store).get(d.delivery_id)
+    assert row is not None
+    assert (row["status"], row["attempts"], row["last_status_code"]) == ("delivered", 1, 200)
+
+
+@pytest.mark.timeout(120)
+async def test_a_receiver_that_never_finishes_its_answer_fails_the_attempt_at_the_bound(env: Env) -> None:
+    # Each dripped byte arrives well within any per-read timeout; only a bound on the whole attempt ends it.
+    async with Receiver(answer="drip") as rx:
+        d, out = await attempt_once(env, rx.url, send_timeout=1.0)
+        await asyncio.wait_for(rx.hung_up.wait(), timeout=60)
+    assert out.outcome == "retry" and out.status_code is None
+    assert out.error == "request failed: the receiver did not answer within 1 s"
+    assert len(rx.requests) == 1
+    row = await Deliveries(env.store).get(d.delivery_id)
+    assert row is not None
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert row["last_error"] == out.error and row["next_attempt_at"] is not None
+
+
+async def test_the_request_goes_to_the_admitted_address_with_the_original_host(env: Env) -> None:
+    # Only the policy's resolver knows the name: a client that resolved it again would not get through.
+    async with Receiver() as rx:
+        url = f"http://hook.invalid:{rx.port}/hook?k=v"
+        d, out = await attempt_once(env, url, policy=resolving({"hook.invalid": ["127.0.0.1"]}))
+    assert out.outcome == "delivered" and out.status_code == 200
+    (req,) = rx.requests
+    assert req.headers["host"] == f"hook.invalid:{rx.port}"
+    assert_signed(req, d.secret)
+
+
+async def test_an_admitted_address_that_refuses_the_connection_falls_through_to_the_next(env: Env) -> None:
+    async with Receiver() as rx:
+        dead = f"127.0.0.{2 + rx.port % 200}"  # loopback, but nothing listens on it at this port
+        url = f"http://hook.invalid:{rx.port}/hook"
+        _, out = await attempt_once(env, url, policy=resolving({"hook.invalid": [dead, "127.0.0.1"]}))
+    assert out.outcome == "delivered"
+    (req,) = rx.requests
+    assert req.headers["host"] == f"hook.invalid:{rx.port}"
+
+
+async def test_https_to_a_pinned_address_verifies_the_certificate_against_the_original_name(
+    env: Env, tmp_path: Path
+) -> None:
+    server, client = tls_contexts(tmp_path, "hook.invalid")
+    policy = resolving({"hook.invalid": ["127.0.0.1"], "other.invalid": ["127.0.0.1"]})
+    async with Receiver(tls=server) as rx:
+        # The name the certificate was issued for: it is sent as SNI and the certificate matches it.
+        d, ok = await attempt_once(env, f"https://hook.invalid:{rx.port}/hook", policy=policy, verify=client)
+        # Same address, same certificate, another name: verification refuses before anything is sent.
+        _, wrong = await attempt_once(env, f"https://other.invalid:{rx.port}/hook", policy=policy, verify=client)
+    assert ok.outcome == "delivered"
+    assert wrong.outcome == "retry" and wrong.error is not None and "certificate" in wrong.error.lower()
+    (req,) = rx.requests
+    assert req.headers["host"] == f"hook.invalid:{rx.port}"
+    assert_signed(req, d.secret)
