@@ -205,9 +205,17 @@ async def principal(request: Request, svc: ServicesDep) -> Principal:
         raise Unauthorized()
     if hmac.compare_digest(sha256_hex(token), svc.admin_digest):
         return Principal(tenant_id=svc.tenant_id, kind="operator")
+    found = await user_principal(svc, token)
+    if found is None:
+        raise Unauthorized()
+    return found
+
+
+async def user_principal(svc: Services, token: str) -> Principal | None:
+    """The PAT's member as of right now (user, membership and org live), or None."""
     row = await Identity(svc.store).resolve_pat(token)
     if row is None:
-        raise Unauthorized()
+        return None
     return Principal(
         tenant_id=row["tenant_id"],
         kind="user",

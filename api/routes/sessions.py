@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from temporalio.client import WorkflowHandle
 
 from activities import contracts as c
-from api.deps import Principal, PrincipalDep, Services, ServicesDep
+from api.deps import Principal, PrincipalDep, Services, ServicesDep, _bearer, user_principal
 from api.routes.agents import workspace_doc
 from api.schemas import (
     ARTIFACT_FIELDS,
@@ -186,6 +186,15 @@ async def stream(run_id: str, request: Request, who: PrincipalDep, svc: Services
     if not raw.isdigit():
         raise BadRequest("Last-Event-ID must be a non-negative integer sequence number")
     start = int(raw)
+    # A member's stream is re-authorized as it runs: deactivation or a lost role ends it.
+    pat = None if who.is_operator else _bearer(request)
+
+    async def still_allowed() -> bool:
+        if pat is None:
+            return True
+        now = await user_principal(svc, pat)
+        row = await svc.store.get_run(who.tenant_id, run_id)
+        return now is not None and row is not None and now.sees_run(row)
 
     async def body() -> AsyncIterator[str]:
         last = start
@@ -193,6 +202,8 @@ async def stream(run_id: str, request: Request, who: PrincipalDep, svc: Services
         quiet_since = loop.time()
         with svc.hub.subscribe(run_id) as woken:
             while True:
+                if not await still_allowed():
+                    return
                 woken.clear()
                 rows = await svc.store.events_after(run_id, last, STREAM_BATCH)
                 for row in rows:

@@ -377,3 +377,26 @@ async def test_only_the_owner_decides_an_approval_that_would_run_under_their_per
             (alice["user_id"], "human"),
             (bob["user_id"], "human"),
         ]
+
+
+async def test_a_members_event_stream_ends_when_the_member_is_deactivated(api: httpx.AsyncClient, stack: Stack) -> None:
+    carol = await add_user(stack)
+    async with as_user(stack, await mint(stack, carol["email"])) as c:
+        agent = await make_agent(api, [{"sleep_ms": 600000}])
+        r = await c.post("/v1/sessions", json={"agent": agent, "task": "t"})
+        assert r.status_code == 201, r.text
+        run_id = r.json()["session"]["id"]
+        async with c.stream("GET", f"/v1/sessions/{run_id}/events/stream") as stream:
+            assert stream.status_code == 200
+            chunks = stream.aiter_text()
+            assert "session.created" in await anext(chunks)
+            r = await api.post(f"/v1/admin/orgs/default/members/{carol['id']}/deactivate")
+            assert r.status_code == 200
+
+            async def rest() -> str:
+                return "".join([chunk async for chunk in chunks])
+
+            # The stream closes by itself (a run's stream otherwise never ends): within a re-check or two.
+            await asyncio.wait_for(rest(), timeout=30)
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})
