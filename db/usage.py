@@ -51,7 +51,8 @@ class Ask:
 
 @dataclass(frozen=True)
 class Verdict:
-    """``admitted`` | ``checked`` (no reservation needed) | ``inactive`` | ``exhausted`` | ``refused``."""
+    """``admitted`` | ``checked`` (no reservation needed) | ``inactive`` | ``exhausted`` | ``refused`` |
+    ``unauthorized`` (the caller's token is no longer valid)."""
 
     kind: str
     reservation_id: str | None = None
@@ -69,12 +70,14 @@ class Metering:
         self.ceiling = ceiling
         self.ttl_secs = ttl_secs
 
-    async def admit(self, spec: RunSpec, ask: Ask | None) -> Verdict:
+    async def admit(self, spec: RunSpec, ask: Ask | None, token_sha256: str | None = None) -> Verdict:
         """Checks in the facade's order under the run's row lock; ``ask=None`` means the body was refused
         (it is reported only after the session and budget checks, and nothing is reserved).
 
-        One round trip: ``llm_admit`` (migration 0005) locks the run's row, reads its spend and inserts
-        the reservation when it fits. ``core.usage`` holds the same rule; it words the refusals here.
+        One round trip: ``llm_admit`` (migrations 0005, 0009) checks the caller's token when given (still
+        an unrevoked, unexpired llm token of this run, else ``unauthorized``), locks the run's row, reads
+        its spend and inserts the reservation when it fits. ``core.usage`` holds the same rule; it words
+        the refusals here.
         """
         caps = spec.budgets
         reserve = ask is not None and ask.reserve
@@ -82,7 +85,7 @@ class Metering:
         cost = self.prices.estimate(ask.model, ask.input_tokens, ask.output_tokens) if ask is not None else None
         async with self.store.pool.acquire() as conn:
             row = await conn.fetchrow(
-                "SELECT * FROM llm_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                "SELECT * FROM llm_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
                 uuid.UUID(spec.run_id),
                 ACTIVE,
                 reserve,
@@ -96,8 +99,11 @@ class Metering:
                 None if caps.max_cost_usd is None else Decimal(str(caps.max_cost_usd)),
                 self.ceiling,
                 float(self.ttl_secs),
+                token_sha256,
             )
         verdict = row["verdict"]
+        if verdict == "unauthorized":
+            return Verdict("unauthorized")
         if verdict == "inactive":
             return Verdict("inactive")
         spend = Spend(

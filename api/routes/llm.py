@@ -31,7 +31,7 @@ from api.deps import Services, ServicesDep, _bearer, wrong_audience_response
 from api.routes.sessions import run_handle
 from core.redaction import MARK
 from core.runspec import RunSpec
-from core.tokens import Audience
+from core.tokens import Audience, token_digest
 from core.usage import BodyMeter, Dialect, SseMeter, declared_max_output
 from db.usage import Ask, Metering
 from workflows.run import RunWorkflow
@@ -62,6 +62,7 @@ FETCHED_SOURCES = frozenset({"url", "file"})
 TOOL_USE_BLOCKS = ("tool_use", "server_tool_use", "mcp_tool_use")  # their "input" is free-form model JSON
 MAX_CONTENT_DEPTH = 64
 FETCH_REFUSAL = "the provider would fetch it outside the sandbox"
+MAX_REMEMBERED_TOKENS = 65536
 PASS_HEADERS = ("content-type", "request-id", "x-request-id", "retry-after")
 ERROR_KINDS = {
     400: "invalid_request_error",
@@ -204,6 +205,14 @@ class Facade:
         self.svc = svc
         self._client: httpx.AsyncClient | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # token sha256 → (run id, audience): fixed when a token is minted, so it can be kept; whether the
+        # token is still valid (revoked, expired) is checked by every admission, in the same statement.
+        self.tokens: dict[str, tuple[str, str]] = {}
+
+    def remember(self, digest: str, run_id: str, audience: str) -> None:
+        if len(self.tokens) >= MAX_REMEMBERED_TOKENS:
+            self.tokens.clear()
+        self.tokens[digest] = (run_id, audience)
 
     @property
     def metering(self) -> Metering:
@@ -272,12 +281,21 @@ async def facade(rest: str, request: Request, svc: ServicesDep) -> Response:
     path = rest.strip("/")
     guess = Dialect.OPENAI if path.endswith("responses") else Dialect.ANTHROPIC
     token = request.headers.get("x-api-key") or _bearer(request)
-    row = await svc.store.resolve_token(token) if token else None
-    if row is None or row["expired"] or row["revoked"]:
+    if not token:
         return llm_error(guess, 401, "unauthorized")
-    if row["audience"] != Audience.LLM.value:
+    fac = facade_of(request.app)
+    digest = token_digest(token)
+    known = fac.tokens.get(digest)
+    if known is None:
+        # First sight of this token in this process: resolve it (and check it) now.
+        row = await svc.store.resolve_token(token)
+        if row is None or row["expired"] or row["revoked"]:
+            return llm_error(guess, 401, "unauthorized")
+        known = (str(row["session_id"]), str(row["audience"]))
+        fac.remember(digest, *known)
+    run_id, audience = known
+    if audience != Audience.LLM.value:
         return wrong_audience_response()
-    run_id = str(row["session_id"])
     spec = await svc.store.run_spec(run_id)
     dialect = dialect_of(spec.harness)
     upstream_path = ROUTES[dialect].get(path)
@@ -305,8 +323,10 @@ async def facade(rest: str, request: Request, svc: ServicesDep) -> Response:
         )
     except FacadeError as exc:
         refusal = exc
-    fac = facade_of(request.app)
-    verdict = await fac.metering.admit(spec, ask)
+    verdict = await fac.metering.admit(spec, ask, digest)
+    if verdict.kind == "unauthorized":
+        fac.tokens.pop(digest, None)
+        return llm_error(dialect, 401, "unauthorized")
     if verdict.kind == "inactive":
         return llm_error(dialect, 400, "session is not active")
     if verdict.kind == "exhausted":

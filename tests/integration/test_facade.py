@@ -22,6 +22,7 @@ import pytest
 from api.routes.llm import FacadeError, inspect_body
 from cli.stack import Stack
 from core.usage import Dialect
+from db.engine import asyncpg_dsn
 from tests.integration.conftest import LLM_UPSTREAM_KEY
 from tests.integration.helpers import (
     events,
@@ -269,6 +270,29 @@ async def test_wrong_audience_and_missing_tokens_are_refused(
             probe = await sandbox.head("/internal/llm")
             assert probe.status_code == 200
     assert llm_upstream.requests == []
+
+
+async def test_a_token_revoked_after_use_is_refused_on_its_next_request(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    async with held_run(api) as run_id:
+        token = await llm_token(stack, run_id)
+        async with sandbox_client(stack, token) as sandbox:
+            ok = await sandbox.post(MESSAGES, content=body(stream=False), headers={"content-type": "application/json"})
+            assert ok.status_code == 200
+            conn = await asyncpg.connect(asyncpg_dsn(stack.database_url or ""))
+            try:
+                await conn.execute(
+                    "UPDATE api_tokens SET revoked_at = now() WHERE session_id = $1 AND audience = 'llm'",
+                    uuid.UUID(run_id),
+                )
+            finally:
+                await conn.close()
+            r = await sandbox.post(MESSAGES, content=body(stream=False), headers={"content-type": "application/json"})
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        report = await cost(api, run_id)
+        assert report["usage"]["requests"] == 1 and report["reservations"]["active"] == 0
+    assert len(llm_upstream.requests) == 1
 
 
 async def test_a_model_other_than_the_frozen_one_is_422_and_nothing_is_reserved(
