@@ -215,10 +215,12 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         f"{added_ttfb:.2f} ms, {'met' if met_ttfb else '**missed**'}; added p50 on the total under "
         f"{TARGET_TOTAL:.0%} — {added_total:.1%}, {'met' if met_total else '**missed**'}.",
         "",
-        "What the facade adds before the first byte: resolving the token (one query), one admission "
-        "transaction under the run's row lock (lock, spend read, reservation insert) and a second HTTP "
-        "hop to the upstream; after it, every chunk goes through one in-process queue while the meter "
-        "reads it. The charge is written after the stream ends and is not in these figures.",
+        "What the facade adds before the first byte: one admission statement (the token's validity, the "
+        "run's advisory lock, spend read, reservation insert; the token's run is remembered after its first "
+        "use), a second HTTP hop to the upstream and the hop from the client to the API; after it, every "
+        "chunk goes through one in-process queue while the meter reads it. The charge is written after the "
+        "stream ends and is not in these figures, but the next call's admission shares the API's event "
+        "loop with it (calls here are back to back).",
         "",
         f"Correctness: {out.check.facade} facade and {out.check.direct} direct streams complete (warm-up "
         f"included), {len(out.check.bad)} failures; {out.events} `model.response` events for "
