@@ -64,6 +64,7 @@ from core.contract import (
     ENV_MODEL,
     ENV_SYSTEM_PROMPT,
     ENV_TASK,
+    ENV_TOKEN_TTL_SECS,
     ENV_WORKSPACE,
     EXIT_AGENT_ERROR,
     EXIT_AUDIENCE_MISMATCH,
@@ -74,7 +75,7 @@ from core.contract import (
 from core.events import AGENT_MESSAGE, RUN_ERROR
 from core.tools import canonicalize
 from runner.gateway import AudienceMismatch, ControlPlane, Credentials, GatewayError, log
-from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat
+from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
 from runner.relay import Relay
 from runner.replay import env_number, report_failure
 
@@ -117,6 +118,7 @@ class Settings:
     socket_path: str
     max_turns: int
     heartbeat_s: float
+    token_ttl_s: float
     brokered: dict[str, list[dict[str, Any]]]
 
     @classmethod
@@ -134,6 +136,7 @@ class Settings:
             socket_path=socket_path,
             max_turns=int(env_number(environ, ENV_MAX_TURNS, DEFAULT_MAX_TURNS)) or DEFAULT_MAX_TURNS,
             heartbeat_s=env_number(environ, ENV_HEARTBEAT_SECS, DEFAULT_HEARTBEAT_SECS) or DEFAULT_HEARTBEAT_SECS,
+            token_ttl_s=env_number(environ, ENV_TOKEN_TTL_SECS, 0.0),
             brokered=brokered_tools(environ.get(ENV_CAPABILITIES)),
         )
 
@@ -327,7 +330,13 @@ class ClaudeHarness:
     def run(self) -> int:
         settings = self._settings
         self._say("system", f"{HARNESS} runner starting (autonomy={settings.autonomy}, model={settings.model})")
-        heartbeat = Heartbeat(self._gateway, settings.heartbeat_s, on_quiesce=self._quiesce, on_fatal=self._abort)
+        heartbeat = Heartbeat(
+            self._gateway,
+            settings.heartbeat_s,
+            on_quiesce=self._quiesce,
+            on_fatal=self._abort,
+            renew_every_s=renewal_interval(settings.token_ttl_s),
+        )
         heartbeat.start()
         try:
             summary, failure = self._run_agent()

@@ -89,6 +89,8 @@ class ControlPlane(Protocol):
 
     def heartbeat(self) -> str | None: ...
 
+    def renew_tokens(self) -> bool: ...
+
     def permission(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> PermissionResponse: ...
 
     def tools_call(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> dict[str, Any]: ...
@@ -223,6 +225,23 @@ class Gateway:
         except ValueError:
             log("heartbeat answer unreadable")
             return None
+
+    def renew_tokens(self) -> bool:
+        """Extend the run's four tokens (``/internal/token/renew``, control token); True when renewed."""
+        try:
+            response = self._client.post(
+                "/internal/token/renew",
+                json={},
+                headers={"authorization": f"Bearer {self._control}"},
+                timeout=DEFAULT_TIMEOUT_S,
+            )
+        except httpx.TransportError as exc:
+            log(f"token renewal failed: {type_name(exc)}")
+            return False
+        if not response.is_success:
+            log(f"token renewal refused: HTTP {response.status_code}: {error_text(response)}")
+            return False
+        return True
 
     def permission(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> PermissionResponse:
         """Ask the gate whether a tool call may run; blocks while a human decides.

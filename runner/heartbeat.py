@@ -9,12 +9,20 @@ quiescing cannot be cooperative; the callback is expected to end the process.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from core.contract import EXIT_AUDIENCE_MISMATCH
 from runner.gateway import AudienceMismatch, ControlPlane, log
 
 DEFAULT_HEARTBEAT_SECS = 10.0
+
+
+def renewal_interval(token_ttl_secs: float | None) -> float | None:
+    """Renew at a third of the tokens' lifetime: two chances more before they would lapse."""
+    if token_ttl_secs is None or token_ttl_secs <= 0:
+        return None
+    return token_ttl_secs / 3
 
 
 class Heartbeat:
@@ -27,9 +35,13 @@ class Heartbeat:
         *,
         on_quiesce: Callable[[], None],
         on_fatal: Callable[[int], None],
+        renew_every_s: float | None = None,
     ) -> None:
         self._gateway = gateway
         self._interval_s = interval_s
+        # Tokens are minted with a TTL; a run that outlives it renews them well before they lapse.
+        self._renew_every_s = renew_every_s
+        self._renewed_at = time.monotonic()
         self._on_quiesce = on_quiesce
         self._on_fatal = on_fatal
         self._stopped = threading.Event()
@@ -62,4 +74,10 @@ class Heartbeat:
             if action == "quiesce":
                 self._on_quiesce()
                 return
+            if self._renew_every_s is not None and time.monotonic() - self._renewed_at >= self._renew_every_s:
+                try:
+                    if self._gateway.renew_tokens():
+                        self._renewed_at = time.monotonic()
+                except Exception as exc:  # retried on the next beat
+                    log(f"token renewal error: {exc}")
             self._stopped.wait(self._interval_s)

@@ -28,6 +28,7 @@ from core.contract import (
     ENV_HEARTBEAT_SECS,
     ENV_REPLAY_DELAY_MS,
     ENV_REPLAY_SCRIPT,
+    ENV_TOKEN_TTL_SECS,
     ENV_WORKSPACE,
     EXIT_AGENT_ERROR,
     EXIT_OK,
@@ -38,7 +39,7 @@ from core.events import AGENT_MESSAGE, RUN_ERROR
 from core.tools import canonicalize
 from runner import tools
 from runner.gateway import AudienceMismatch, ControlPlane, GatewayError, log
-from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat
+from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
 
 DEFAULT_TRANSCRIPT: Final[str] = (files("runner") / "transcripts" / "demo.json").read_text(encoding="utf-8")
 DEFAULT_DELAY_MS = 400.0
@@ -278,7 +279,13 @@ def run(
         end_process(EXIT_OK)
 
     interval = env_number(environ, ENV_HEARTBEAT_SECS, DEFAULT_HEARTBEAT_SECS) or DEFAULT_HEARTBEAT_SECS
-    heartbeat = Heartbeat(gateway, interval, on_quiesce=quiesce, on_fatal=end_process)
+    heartbeat = Heartbeat(
+        gateway,
+        interval,
+        on_quiesce=quiesce,
+        on_fatal=end_process,
+        renew_every_s=renewal_interval(env_number(environ, ENV_TOKEN_TTL_SECS, 0.0)),
+    )
     heartbeat.start()
     try:
         steps = load_script(environ)
