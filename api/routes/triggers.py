@@ -11,17 +11,17 @@ import logging
 import secrets
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import asyncpg
-from fastapi import APIRouter, Body, Header
+from fastapi import APIRouter, Body, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from api.deps import OperatorDep, Services, ServicesDep, TriggerDep
+from api.deps import Principal, PrincipalDep, Services, ServicesDep, TriggerDep
 from api.routes.agents import workspace_doc
 from api.routes.connections import sealer_of
 from api.schemas import WorkspaceIn
-from core.errors import BadRequest, Conflict, DomainError, NotFound, Unavailable
+from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound, Unavailable
 from core.policy import Budgets
 from core.schedule import validate_schedule
 from core.triggers import (
@@ -212,13 +212,24 @@ async def _check_capabilities(svc: Services, agent_id: str, keep: list[str] | No
         raise BadRequest(f"capabilities can only narrow: {', '.join(extra)} not attached to this agent's revision")
 
 
+async def trigger_manager(who: PrincipalDep) -> Principal:
+    """Managing subscriptions: the operator, or a member with the admin or owner role (spec §0.4)."""
+    if not who.mutates_resources:
+        raise Forbidden("managing trigger subscriptions requires the admin or owner role")
+    return who
+
+
+ManagerDep = Annotated[Principal, Depends(trigger_manager)]
+
+
 async def _event_connection(svc: Services, tenant_id: str, connection_id: str) -> str:
     try:
         uuid.UUID(connection_id)
     except ValueError:
         raise BadRequest(f"unknown connection {connection_id}") from None
     row = await svc.connections.get(tenant_id, connection_id)
-    if row is None:
+    if row is None or row.get("owner_type", "organization") != "organization":
+        # A personal connection is its owner's alone (and invisible to everyone else).
         raise BadRequest(f"unknown connection {connection_id}")
     if row["status"] != "active":
         raise BadRequest(f"connection {connection_id} is {row['status']} — reconnect it first")
@@ -250,7 +261,7 @@ def _refusal(outcome: FireOutcome) -> DomainError:
 
 
 @router.post("", summary="Create a trigger subscription (token and callback secret shown once)")
-async def create_trigger(body: TriggerCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Returns the ``fbx_trig_`` token and, with a callback_url, the ``fbx_whsec_`` secret — never again."""
     kind = subscription_kind(body.schedule is not None, body.connection is not None)
     if kind != "event" and (body.events is not None or body.repositories is not None or body.publish is not None):
@@ -309,7 +320,7 @@ async def create_trigger(body: TriggerCreate, op: OperatorDep, svc: ServicesDep)
 
 
 @router.get("", summary="List trigger subscriptions (never a secret)")
-async def list_triggers(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def list_triggers(op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Ordered by name; schedules listed alongside."""
     rows = await Triggers(svc.store).all(op.tenant_id)
     return {
@@ -320,7 +331,7 @@ async def list_triggers(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
 
 
 @router.get("/{subscription_id}", summary="A subscription with its recent runs, deliveries and invocations")
-async def get_trigger(subscription_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def get_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Sessions (20), deliveries (20), invocations incl. skip rows (30); never a secret."""
     row = await _subscription(svc, op.tenant_id, subscription_id)
     db = Triggers(svc.store)
@@ -341,7 +352,7 @@ async def get_trigger(subscription_id: str, op: OperatorDep, svc: ServicesDep) -
 
 @router.patch("/{subscription_id}", summary="Edit a subscription (kind and agent are immutable)")
 async def patch_trigger(
-    subscription_id: str, op: OperatorDep, svc: ServicesDep, body: dict[str, Any] = Body(...)
+    subscription_id: str, op: ManagerDep, svc: ServicesDep, body: dict[str, Any] = Body(...)
 ) -> dict[str, Any]:
     """Unknown fields → 400 listing the mutable set; a concurrent edit → 409. A new callback_url
     mints a new secret, returned once; ``""`` clears the callback."""
@@ -412,19 +423,19 @@ async def _set_enabled(svc: Services, tenant_id: str, subscription_id: str, enab
 
 
 @router.post("/{subscription_id}/enable", summary="Enable a subscription")
-async def enable_trigger(subscription_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def enable_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """A schedule resumes (its missed-run policy decides about the gap)."""
     return await _set_enabled(svc, op.tenant_id, subscription_id, True)
 
 
 @router.post("/{subscription_id}/disable", summary="Disable a subscription")
-async def disable_trigger(subscription_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def disable_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Invokes get 409; a schedule is paused and its clock does not advance."""
     return await _set_enabled(svc, op.tenant_id, subscription_id, False)
 
 
 @router.post("/{subscription_id}/rotate_token", summary="Mint a new trigger token and revoke the old ones")
-async def rotate_token(subscription_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def rotate_token(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """The new token (shown once) still polls runs created before the rotation."""
     row = await _subscription(svc, op.tenant_id, subscription_id)
     token = trigger_token(secrets.token_hex(32))
@@ -433,7 +444,7 @@ async def rotate_token(subscription_id: str, op: OperatorDep, svc: ServicesDep) 
 
 
 @router.post("/{subscription_id}/run-now", summary="Fire an api or schedule subscription now")
-async def run_now(subscription_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def run_now(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """``{{fire_time}}`` renders as now; the concurrency policy applies."""
     row = await _subscription(svc, op.tenant_id, subscription_id)
     if row["kind"] == "event":

@@ -400,3 +400,24 @@ async def test_a_members_event_stream_ends_when_the_member_is_deactivated(api: h
             await asyncio.wait_for(rest(), timeout=30)
         await api.post(f"/v1/sessions/{run_id}/cancel")
         await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_members_with_the_admin_or_owner_role_manage_triggers_and_plain_members_cannot(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    admin_user, member = await add_user(stack, "admin"), await add_user(stack)
+    agent = await make_agent(api, [{"sleep_ms": 1}])
+    async with (
+        as_user(stack, await mint(stack, admin_user["email"])) as a,
+        as_user(stack, await mint(stack, member["email"])) as m,
+    ):
+        r = await a.post("/v1/triggers", json={"agent": agent, "name": unique("t"), "task_template": "hi"})
+        assert r.status_code == 200, r.text
+        sid = r.json()["subscription"]["id"]
+        assert sid in {s["id"] for s in (await a.get("/v1/triggers")).json()["subscriptions"]}
+        for method, path in (("GET", "/v1/triggers"), ("POST", f"/v1/triggers/{sid}/disable")):
+            r = await m.request(method, path)
+            assert r.status_code == 403 and "admin or owner role" in r.json()["error"], r.text
+        r = await m.post("/v1/triggers", json={"agent": agent, "name": unique("t"), "task_template": "hi"})
+        assert r.status_code == 403
+        assert (await api.get(f"/v1/triggers/{sid}")).json()["subscription"]["enabled"] is True
