@@ -360,7 +360,7 @@ class ClaudeHarness:
         """The relay, the CLI's environment and the agent loop; everything is torn down on the way out."""
         settings = self._settings
         home = tempfile.mkdtemp(prefix="fluidbox-claude-")
-        relay = Relay(settings.socket_path, api_key=self._llm_token)
+        relay = Relay(settings.socket_path, api_key=self._llm_token, path_prefix=LLM_PATH)
         try:
             relay.start()
             scrub_process_env(cli_env(base_url=relay.url + LLM_PATH, model=settings.model, home=home))

@@ -41,9 +41,13 @@ class RelayError(RuntimeError):
 class Relay:
     """Pipes ``127.0.0.1:<port>`` onto the Unix socket at ``socket_path``."""
 
-    def __init__(self, socket_path: str, host: str = "127.0.0.1", *, api_key: str | None = None) -> None:
+    def __init__(
+        self, socket_path: str, host: str = "127.0.0.1", *, api_key: str | None = None, path_prefix: str | None = None
+    ) -> None:
         self._socket_path = socket_path
         self._api_key = api_key.encode("ascii") if api_key else None
+        # With a key, only requests under this path are forwarded: the token the relay adds is for them.
+        self._prefix = path_prefix.encode("ascii") if path_prefix else None
         self._host = host
         self._port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -139,7 +143,9 @@ class Relay:
                 await _refuse(client_r, client_w, f"fluidbox relay: the control plane is unreachable ({exc.strerror})")
                 return
             forward = (
-                _pipe(client_r, upstream_w) if self._api_key is None else _requests(client_r, upstream_w, self._api_key)
+                _pipe(client_r, upstream_w)
+                if self._api_key is None
+                else _requests(client_r, upstream_w, self._api_key, self._prefix)
             )
             await asyncio.gather(forward, _pipe(upstream_r, client_w))
         except asyncio.CancelledError:
@@ -188,7 +194,9 @@ class BadRequest(Exception):
 _DROPPED_HEADERS = (b"x-api-key", b"authorization")
 
 
-async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, api_key: bytes) -> None:
+async def _requests(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, api_key: bytes, prefix: bytes | None = None
+) -> None:
     """Forward HTTP/1.1 requests one after another, each with its credential headers replaced."""
     try:
         while True:
@@ -198,7 +206,7 @@ async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
                 if exc.partial.strip():
                     raise BadRequest("connection closed inside a request head") from None
                 break
-            head_out, length, chunked = rewrite_head(head, api_key)
+            head_out, length, chunked = rewrite_head(head, api_key, prefix)
             writer.write(head_out)
             if chunked:
                 await _copy_chunked(reader, writer)
@@ -211,13 +219,18 @@ async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         writer.close()
 
 
-def rewrite_head(head: bytes, api_key: bytes) -> tuple[bytes, int, bool]:
+def rewrite_head(head: bytes, api_key: bytes, prefix: bytes | None = None) -> tuple[bytes, int, bool]:
     """The request head with its credential headers replaced; returns (head, content length, chunked).
 
     Raises:
-        BadRequest: a malformed header line or content length.
+        BadRequest: a malformed header line or content length, or a target outside ``prefix``.
     """
     lines = head[:-4].split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3:
+        raise BadRequest("malformed request line")
+    if prefix is not None and not (parts[1] == prefix or parts[1].startswith(prefix + b"/")):
+        raise BadRequest("the relay forwards the LLM facade only")
     out = [lines[0]]
     length, chunked = 0, False
     for line in lines[1:]:

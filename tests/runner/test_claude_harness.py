@@ -240,3 +240,14 @@ def test_the_final_result_becomes_the_summary_or_the_failure() -> None:
     assert outcome(_result(subtype="error_max_turns", errors=["max turns"]))[1] == (
         "claude-agent-sdk agent ended with an error: max turns"
     )
+
+
+def test_with_a_path_prefix_the_relay_adds_its_token_to_nothing_else(uds_server: UdsServer) -> None:
+    with Relay(str(uds_server.path), api_key=TOKEN, path_prefix="/echo") as relay:
+        with httpx.Client(base_url=relay.url) as client:
+            assert client.post("/echo", content=b"x").status_code == 200
+        # Another route of the control plane: never forwarded (the token is for the facade only).
+        with httpx.Client(base_url=relay.url) as client, pytest.raises(httpx.HTTPError):
+            client.get("/stream")
+        with httpx.Client(base_url=relay.url) as client, pytest.raises(httpx.HTTPError):
+            client.get("/echoes")
