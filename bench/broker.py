@@ -32,8 +32,8 @@ Writes the ``bench:broker`` section of ``docs/benchmarks.md`` and prints it.
                                      [--quick] [--no-write]
 
 Reuses ``bench/gate.py``: ``say``, ``Round``, ``Client``/``make_client``, ``collect_tokens``,
-``cancel_runs``, ``BenchError``, ``NOT_STARTING`` and ``write_doc`` (with its markers swapped for
-this section's, as ``bench/policy.py`` does).
+``cancel_runs``, ``BenchError``, ``NOT_STARTING`` and ``publish`` (which writes this section between
+its own markers).
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ import shutil
 import ssl
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,8 +72,6 @@ from integrations import mcp_client  # noqa: E402
 from integrations.headers import auth_headers  # noqa: E402
 from integrations.mcp_pool import SessionPool  # noqa: E402
 from tests.mcp_servers import RunningServer, basic, serve  # noqa: E402
-
-BEGIN, END = "<!-- bench:broker -->", "<!-- /bench:broker -->"
 
 # Target from the issue: p50(brokered) <= 1.5 * p50(direct) + 15 ms.
 TARGET_FACTOR = 1.5
@@ -621,17 +618,6 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def broker_markers() -> Iterator[None]:
-    """``gate.write_doc`` writes between ``gate.BEGIN`` and ``gate.END``: point them at this section."""
-    saved = gb.BEGIN, gb.END
-    gb.BEGIN, gb.END = BEGIN, END
-    try:
-        yield
-    finally:
-        gb.BEGIN, gb.END = saved
-
-
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -697,13 +683,7 @@ async def bench(args: argparse.Namespace) -> int:
                     say(f"FAIL: {p}")
                 return 1
 
-            section = render(args, out)
-            say("")
-            say(section)
-            if args.write:
-                with broker_markers():
-                    gb.write_doc(section)
-                say(f"\n• wrote {gb.DOC.relative_to(ROOT)}")
+            gb.publish(render(args, out), "broker", args.write)
             ok = True
             return 0
         except (gb.BenchError, StackError) as exc:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import os
@@ -42,7 +41,6 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,7 +55,6 @@ from bench.gate import say  # noqa: E402
 from cli.stack import Stack, StackError  # noqa: E402
 from tests.llm_upstream import Upstream, Usage, running_upstream, text  # noqa: E402
 
-BEGIN, END = "<!-- bench:facade -->", "<!-- /bench:facade -->"
 TARGET_TTFB_MS = 3.0  # added p50 to the first byte
 TARGET_TOTAL = 0.05  # added p50 on the whole stream, as a fraction of the direct p50
 DECLARED = Usage(input=1200, output=80, cache_read=300, cache_write=20)
@@ -230,16 +227,6 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def facade_markers() -> Iterator[None]:
-    saved = gb.BEGIN, gb.END
-    gb.BEGIN, gb.END = BEGIN, END
-    try:
-        yield
-    finally:
-        gb.BEGIN, gb.END = saved
-
-
 async def setup_run(api: httpx.AsyncClient, within: float) -> str:
     agent = {
         "name": "bench-llm",
@@ -320,13 +307,7 @@ async def bench(args: argparse.Namespace, up: Upstream) -> int:
             for p in problems:
                 say(f"FAIL: {p}")
             return 1
-        section = render(args, out)
-        say("")
-        say(section)
-        if args.write:
-            with facade_markers():
-                gb.write_doc(section)
-            say(f"\n• wrote {gb.DOC.relative_to(ROOT)}")
+        gb.publish(render(args, out), "facade", args.write)
         ok = True
         return 0
     except (gb.BenchError, StackError) as exc:

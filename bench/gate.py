@@ -45,7 +45,6 @@ from db.engine import create_pool  # noqa: E402
 from db.store import Store  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- bench:gate -->", "<!-- /bench:gate -->"
 
 # Targets from the issue: the gate's p50 within 5x of a bare request, its p99 under 10x.
 TARGET_P50_RATIO = 5.0
@@ -424,17 +423,28 @@ def render(args: argparse.Namespace, results: list[Result], tally: Tally) -> str
     return "\n".join(lines)
 
 
-def write_doc(section: str) -> None:
-    block = f"{BEGIN}\n{section}\n{END}"
+def write_doc(section: str, name: str) -> None:
+    """Put ``section`` between this benchmark's markers in docs/benchmarks.md (appended the first time)."""
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{begin}\n{section}\n{end}"
     text = DOC.read_text() if DOC.exists() else INTRO
-    if BEGIN in text and END in text:
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
+    if begin in text and end in text:
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
         text = head + block + tail
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text(text)
+
+
+def publish(section: str, name: str, write: bool) -> None:
+    """Print a benchmark's section and, unless told not to, write it into docs/benchmarks.md."""
+    say("")
+    say(section)
+    if write:
+        write_doc(section, name)
+        say(f"\n• wrote {DOC.relative_to(ROOT)}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -468,12 +478,7 @@ async def bench(args: argparse.Namespace) -> int:
             for ex in tally.examples:
                 say(f"  {ex}")
             return 1
-        section = render(args, results, tally)
-        say("")
-        say(section)
-        if args.write:
-            write_doc(section)
-            say(f"\n• wrote {DOC.relative_to(ROOT)}")
+        publish(render(args, results, tally), "gate", args.write)
         ok = True
         return 0
     except BenchError as exc:

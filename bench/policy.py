@@ -39,7 +39,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,8 +57,6 @@ from cli.stack import Stack, StackError  # noqa: E402
 from core.gate import decide  # noqa: E402
 from core.policy import Policy, evaluate, parse_policy  # noqa: E402
 from core.runspec import RunSpec, WorkspaceSpec  # noqa: E402
-
-BEGIN, END = "<!-- bench:policy -->", "<!-- /bench:policy -->"
 
 # Target from the issue: a 500-rule evaluation under 100 µs p50, in process.
 TARGET_P50_US = 100.0
@@ -758,17 +756,6 @@ def render_http(args: argparse.Namespace, http: OverHttp, bash_rule: int | None,
     return lines
 
 
-@contextlib.contextmanager
-def policy_markers() -> Iterator[None]:
-    """bench/gate.py's ``write_doc`` reads its section markers from module globals."""
-    saved = gb.BEGIN, gb.END
-    gb.BEGIN, gb.END = BEGIN, END
-    try:
-        yield
-    finally:
-        gb.BEGIN, gb.END = saved
-
-
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -779,13 +766,7 @@ def bench(args: argparse.Namespace) -> int:
     except (gb.BenchError, StackError) as exc:
         say(f"FAIL: {exc}")
         return 1
-    section = render(args, ip, http)
-    say("")
-    say(section)
-    if args.write:
-        with policy_markers():
-            gb.write_doc(section)
-        say(f"\n• wrote {gb.DOC.relative_to(ROOT)}")
+    gb.publish(render(args, ip, http), "policy", args.write)
     return 0
 
 

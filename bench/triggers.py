@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import os
 import platform
@@ -28,7 +27,6 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +41,6 @@ from bench import gate as gb  # noqa: E402
 from cli.stack import Stack  # noqa: E402
 from db.engine import asyncpg_dsn  # noqa: E402
 
-BEGIN, END = "<!-- bench:triggers -->", "<!-- /bench:triggers -->"
 KINDS = ("sessions", "invoke")
 
 
@@ -215,17 +212,6 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def markers() -> Iterator[None]:
-    """``gate.write_doc`` writes between ``gate.BEGIN`` and ``gate.END``: point them at this section."""
-    saved = gb.BEGIN, gb.END
-    gb.BEGIN, gb.END = BEGIN, END
-    try:
-        yield
-    finally:
-        gb.BEGIN, gb.END = saved
-
-
 async def bench(args: argparse.Namespace) -> int:
     stack = Stack.ephemeral("fbxbt-", {"FLUIDBOX_REPLAY_DELAY_MS": "0", "FLUIDBOX_LOG_LEVEL": "WARNING"})
     clients: list[httpx.AsyncClient] = []
@@ -267,16 +253,11 @@ async def bench(args: argparse.Namespace) -> int:
         runs_in_db = await count_runs(stack.database_url or "")
         check.created -= 2 * args.clients  # the warm-up runs are not part of the reported total
         out = Outcome(rounds, idle_lat, check, runs_in_db)
-        section = render(args, out)
-        print("\n" + section + "\n")
         if check.errors:
             for e in check.errors:
                 say(f"ERROR {e}")
             return 1
-        if args.write:
-            with markers():
-                gb.write_doc(section)
-            say(f"• wrote {gb.DOC.relative_to(ROOT)}")
+        gb.publish(render(args, out), "triggers", args.write)
         return 0
     finally:
         for cl in clients:
