@@ -75,7 +75,7 @@ async def services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(services)]
 
 
-def _bearer(request: Request) -> str | None:
+def bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
@@ -90,7 +90,7 @@ class Operator:
 
 
 async def operator(request: Request, svc: ServicesDep) -> Operator:
-    token = _bearer(request)
+    token = bearer(request)
     if token is None or not hmac.compare_digest(sha256_hex(token), svc.admin_digest):
         if token is not None and await Identity(svc.store).resolve_pat(token) is not None:
             raise Forbidden(OPERATOR_ONLY)
@@ -124,7 +124,7 @@ class RunPrincipal:
 async def run_token(
     request: Request, svc: Services, session_id: str, audience: Audience, *, allow_revoked: bool = False
 ) -> RunPrincipal:
-    token = _bearer(request)
+    token = bearer(request)
     if token is None:
         raise Unauthorized()
     row: dict[str, Any] | None = await svc.store.resolve_token(token)
@@ -146,7 +146,7 @@ class TriggerPrincipal:
 async def trigger_principal(subscription_id: str, request: Request, svc: ServicesDep) -> TriggerPrincipal:
     """A live ``fbx_trig_`` token of exactly this subscription; anything else (the admin token, a
     revoked token, another subscription's token) is 401."""
-    token = _bearer(request)
+    token = bearer(request)
     if token is None or not token.startswith("fbx_trig_"):
         raise Unauthorized()
     row = await Triggers(svc.store).resolve_token(token)
@@ -200,7 +200,7 @@ class Principal:
 
 async def principal(request: Request, svc: ServicesDep) -> Principal:
     """The admin token, or a ``fbx_pat_`` token whose user, membership and org are live right now."""
-    token = _bearer(request)
+    token = bearer(request)
     if token is None:
         raise Unauthorized()
     if hmac.compare_digest(sha256_hex(token), svc.admin_digest):

@@ -13,12 +13,12 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
-from api.deps import ServicesDep, run_token
+from api.deps import ServicesDep, bearer, run_token
 from api.routes.sessions import run_handle
 from core import events as ev
 from core.contract import EventPost, HeartbeatResponse, PermissionRequest, PermissionResponse, ResultPost
 from core.digests import input_digest
-from core.errors import BadRequest, Unavailable
+from core.errors import BadRequest, Unauthorized, Unavailable
 from core.states import RunStatus, accepts_work, is_terminal
 from core.tokens import Audience
 from core.tools import split_mcp
@@ -187,8 +187,6 @@ async def result(run_id: str, body: ResultPost, request: Request, svc: ServicesD
     """Records the wind-down intent; the server alone decides the terminal status."""
     principal = await run_token(request, svc, run_id, Audience.CONTROL, allow_revoked=True)
     if principal.revoked and not is_terminal(principal.status):
-        from core.errors import Unauthorized
-
         raise Unauthorized()
     outcome = body.outcome if body.outcome in ("completed", "failed", "cancelled", "budget_exceeded") else "failed"
     reason = None if outcome == "completed" else f"runner reported {body.outcome}"
@@ -209,13 +207,9 @@ async def renew(
     request: Request, svc: ServicesDep, body: dict[str, Any] = Body(default_factory=dict)
 ) -> dict[str, Any]:
     """Extends all four tokens of the run (at most 3 h from now)."""
-    from api.deps import _bearer
-
-    token = _bearer(request) or ""
+    token = bearer(request) or ""
     row = await svc.store.resolve_token(token)
     if row is None:
-        from core.errors import Unauthorized
-
         raise Unauthorized()
     principal = await run_token(request, svc, row["session_id"], Audience.CONTROL)
     ttl = body.get("ttl_secs", svc.settings.token_ttl_secs)

@@ -27,7 +27,7 @@ import httpx
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from api.deps import Services, ServicesDep, _bearer, wrong_audience_response
+from api.deps import Services, ServicesDep, bearer, wrong_audience_response
 from api.routes.sessions import run_handle
 from core.redaction import MARK
 from core.runspec import RunSpec
@@ -280,7 +280,7 @@ async def facade(rest: str, request: Request, svc: ServicesDep) -> Response:
     started = time.perf_counter()
     path = rest.strip("/")
     guess = Dialect.OPENAI if path.endswith("responses") else Dialect.ANTHROPIC
-    token = request.headers.get("x-api-key") or _bearer(request)
+    token = request.headers.get("x-api-key") or bearer(request)
     if not token:
         return llm_error(guess, 401, "unauthorized")
     fac = facade_of(request.app)

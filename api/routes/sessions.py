@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from temporalio.client import WorkflowHandle
 
 from activities import contracts as c
-from api.deps import Principal, PrincipalDep, Services, ServicesDep, _bearer, user_principal
+from api.deps import Principal, PrincipalDep, Services, ServicesDep, bearer, user_principal
 from api.routes.agents import workspace_doc
 from api.schemas import (
     ARTIFACT_FIELDS,
@@ -187,7 +187,7 @@ async def stream(run_id: str, request: Request, who: PrincipalDep, svc: Services
         raise BadRequest("Last-Event-ID must be a non-negative integer sequence number")
     start = int(raw)
     # A member's stream is re-authorized as it runs: deactivation or a lost role ends it.
-    pat = None if who.is_operator else _bearer(request)
+    pat = None if who.is_operator else bearer(request)
 
     async def still_allowed() -> bool:
         if pat is None:
