@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter
@@ -23,8 +22,8 @@ from activities import contracts as c
 from api.deps import READ_ALL_ROLES, Principal, PrincipalDep, ServicesDep
 from api.routes.sessions import run_handle
 from api.schemas import DecisionIn, approval_public
+from core.authority import Authority, classify
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
-from core.tools import split_mcp
 from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.api.approvals")
@@ -40,45 +39,6 @@ DECISIONS = {
 }
 DECIDER_ROLES = READ_ALL_ROLES  # approver, admin, owner decide organization-authority approvals
 ORG_DECIDERS_ONLY = "deciding this approval requires approver, admin, or owner"
-NO_BINDING = (
-    "this approval's brokered surface has no matching run resource binding — refusing to classify its authority"
-)
-NO_CONNECTION = "this approval's connection no longer exists — cannot classify its authority"
-
-
-@dataclass(frozen=True)
-class Authority:
-    """Whose authority an approved call would execute under."""
-
-    kind: str  # personal | organization | credentialless
-    owner_user_id: str | None = None
-    connection: str | None = None  # the personal connection's display name
-
-    @property
-    def public(self) -> str:
-        """What the API shows: ``personal``, or ``organization`` for everything decided by org roles."""
-        return "personal" if self.kind == "personal" else "organization"
-
-
-def classify(row: dict[str, Any]) -> Authority:
-    """From the frozen binding only (never from the caller). Anything inconsistent is refused (409)
-    rather than guessed, so a personal call can never be classified as an organization one."""
-    if not row["tool"].startswith("mcp__"):
-        return Authority("credentialless")
-    if split_mcp(row["tool"]) is None or (row["spec_owner_type"] is None and row["binding_owner_type"] is None):
-        # Not a brokered surface of this run (a sandbox capability server): nothing of anyone's executes.
-        return Authority("organization")
-    if row["binding_owner_type"] is None:
-        raise Conflict(NO_BINDING)
-    if not row["connection_found"]:
-        raise Conflict(NO_CONNECTION)
-    if "user" in (row["binding_owner_type"], row["spec_owner_type"]):
-        owner = row["binding_owner_user_id"] or row["spec_owner_user_id"]
-        if owner is None:
-            raise Conflict(NO_BINDING)
-        name = row["connection_display_name"] or str(row["binding_connection_id"])
-        return Authority("personal", owner_user_id=str(owner), connection=name)
-    return Authority("organization")
 
 
 def refusal(who: Principal, row: dict[str, Any], authority: Authority) -> DomainError | None:
