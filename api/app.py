@@ -141,7 +141,10 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
 
     app.add_middleware(
-        RequestGuard, limit=settings.max_request_body_bytes, llm_limit=settings.llm_max_request_body_bytes
+        RequestGuard,
+        limit=settings.max_request_body_bytes,
+        llm_limit=settings.llm_max_request_body_bytes,
+        facade=llm.serve,
     )
 
     routers = (health, agents, policies, connections, catalog, capabilities, sessions, approvals, triggers, deliveries)

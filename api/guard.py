@@ -2,7 +2,9 @@
 
 For every HTTP request, in order: the body-size ceiling (the LLM facade has its own, larger one),
 JSON-only writes, and the planes rule: a Unix-socket connection (uvicorn reports the server as
-``(path, None)``) is a sandbox's gateway, which serves the runner plane (``/internal``) only.
+``(path, None)``) is a sandbox's gateway, which serves the runner plane (``/internal``) only. Then a
+model call (``POST /internal/llm/…``) goes straight to the facade's own ASGI handler, everything else
+to the router.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 WRITES = frozenset({"POST", "PUT", "PATCH"})
+LLM_PREFIX = "/internal/llm"
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, *, limit: int, llm_limit: int) -> None:
+    def __init__(self, app: ASGIApp, *, limit: int, llm_limit: int, facade: ASGIApp | None = None) -> None:
         self.app = app
         self.limit = limit
         self.llm_limit = llm_limit
+        self.facade = facade
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -27,6 +31,9 @@ class RequestGuard:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
+        target = self.app
+        if self.facade is not None and scope["method"] == "POST" and scope["path"].startswith(LLM_PREFIX + "/"):
+            target = self.facade
         if _header(scope, b"transfer-encoding") is not None:
             # No declared length: read up to the ceiling here, then hand the body on in one piece
             # (every route reads whole JSON bodies anyway).
@@ -41,17 +48,17 @@ class RequestGuard:
                 if len(body) > self.cap(scope["path"]):
                     await self.too_large(scope["path"])(scope, receive, send)
                     return
-            await self.app(scope, _replay(bytes(body), receive), send)
+            await target(scope, _replay(bytes(body), receive), send)
             return
-        await self.app(scope, receive, send)
+        await target(scope, receive, send)
 
     def cap(self, path: str) -> int:
         # A model conversation grows with every turn; the facade takes what the providers take.
-        return self.llm_limit if path.startswith("/internal/llm") else self.limit
+        return self.llm_limit if path.startswith(LLM_PREFIX) else self.limit
 
     def too_large(self, path: str) -> JSONResponse:
         cap = self.cap(path)
-        if path.startswith("/internal/llm"):
+        if path.startswith(LLM_PREFIX):
             message = f"request body is over the {cap} byte limit of the LLM facade"
             return JSONResponse(
                 {"type": "error", "error": {"type": "request_too_large", "message": message}}, status_code=413

@@ -12,7 +12,8 @@ after a warm-up:
 * **facade**: ``POST /internal/llm/v1/messages`` (``stream: true``) over the sandbox gateway's Unix
   socket with the token as ``x-api-key``: token check, one admission transaction (session lock,
   budget pre-check, reservation), forwarding with the real key, the byte-for-byte relay with the
-  usage meter on the side; the charge (``usage_entries`` + ``model.response``) happens after the
+  usage meter on the side (the request guard hands ``POST /internal/llm/…`` straight to the facade's
+  own ASGI handler); the charge (``usage_entries`` + ``model.response``) happens after the
   stream, off the measured path.
 * **direct**: the same request body to the scripted upstream's ``/v1/messages`` over loopback TCP.
 
@@ -214,8 +215,9 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         "",
         "What the facade adds before the first byte: one admission statement (the token's validity, the "
         "run's advisory lock, spend read, reservation insert; the token's run is remembered after its first "
-        "use), a second HTTP hop to the upstream and the hop from the client to the API; after it, every "
-        "chunk goes through one in-process queue while the meter reads it. The charge is written after the "
+        "use), a second HTTP hop to the upstream (one pooled aiohttp session) and the hop from the client to "
+        "the API (plain ASGI ahead of the router); after it, the task that reads each upstream chunk feeds the "
+        "meter and writes the chunk to the client. The charge is written after the "
         "stream ends and is not in these figures, but the next call's admission shares the API's event "
         "loop with it (calls here are back to back).",
         "",

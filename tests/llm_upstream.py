@@ -15,6 +15,7 @@ Usage::
         up.push(tool_use("Bash", {"command": "ls"}))
         up.push(failure(529, "overloaded"))        # provider-shaped error body for that status
         up.push(text("slow").stalled(after=2))     # send 2 SSE events, then wait for up.release()
+        up.push(text("cut").broken(after=2))       # send 2 SSE events, then drop the connection
         up.push(text("x", omit_usage=True))        # a response that carries no usage at all
         ...
         up.requests                                # [Recorded(method, path, query, headers, body, raw)]
@@ -77,6 +78,7 @@ class Turn:
     error_message: str | None = None
     stall_after: int | None = None  # SSE events sent before waiting for release()
     delay: float = 0.0  # seconds between SSE events
+    break_after: int | None = None  # SSE events sent before the connection is dropped mid-stream
 
     def stalled(self, after: int) -> Turn:
         """The same turn, holding its stream after ``after`` events until :meth:`Upstream.release`."""
@@ -84,6 +86,10 @@ class Turn:
 
     def paced(self, delay: float) -> Turn:
         return replace(self, delay=delay)
+
+    def broken(self, after: int) -> Turn:
+        """The same turn, its connection dropped after ``after`` SSE events (no end of the chunked body)."""
+        return replace(self, break_after=after)
 
 
 def text(content: str, *, usage: Usage | None = None, omit_usage: bool = False, chunks: int | None = None) -> Turn:
@@ -116,6 +122,10 @@ def failure(status: int, message: str, *, error_type: str | None = None) -> Turn
     default = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_error"}
     kind = error_type or default.get(status, "overloaded_error" if status == 529 else "api_error")
     return Turn(status=status, error_type=kind, error_message=message)
+
+
+class UpstreamBroke(Exception):
+    """Raised inside a streaming body: the server drops the connection without ending the response."""
 
 
 @dataclass
@@ -450,6 +460,8 @@ class Upstream:
 
     async def _stream(self, events: list[bytes], turn: Turn, rec: Recorded) -> AsyncIterator[bytes]:
         for i, chunk in enumerate(events):
+            if turn.break_after is not None and i == turn.break_after:
+                raise UpstreamBroke(f"dropped after {i} events, as scripted")
             if turn.stall_after is not None and i == turn.stall_after and self._release is not None:
                 await self._release.wait()
             if turn.delay and i:

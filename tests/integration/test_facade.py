@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,7 +21,7 @@ import httpx
 import pytest
 
 from api.routes.llm import FacadeError, inspect_body
-from cli.stack import Stack
+from cli.stack import Stack, free_port, wait_for
 from core.usage import Dialect
 from db.engine import asyncpg_dsn
 from tests.integration.conftest import LLM_UPSTREAM_KEY
@@ -181,6 +182,79 @@ async def test_a_client_that_disconnects_mid_stream_is_still_charged(
         assert {k: response["payload"]["data"][k] for k in METERED} == METERED
         report = await cost(api, run_id)
         assert report["usage"]["requests"] == 1 and report["reservations"]["active"] == 0
+
+
+async def reservation_states(stack: Stack, run_id: str) -> list[tuple[str, str | None]]:
+    conn = await asyncpg.connect(asyncpg_dsn(stack.database_url or ""))
+    try:
+        rows = await conn.fetch(
+            "SELECT state, settle_reason FROM llm_reservations WHERE session_id = $1 ORDER BY created_at",
+            uuid.UUID(run_id),
+        )
+    finally:
+        await conn.close()
+    return [(r["state"], r["settle_reason"]) for r in rows]
+
+
+async def test_an_upstream_stream_that_breaks_ends_with_the_providers_error_event_and_stays_reserved(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(text("an answer cut short by the network", usage=USAGE).broken(after=3))
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        r = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+        assert r.status_code == 200  # the stream had started
+        [seen] = llm_upstream.requests
+        sent = bytes(seen.response)
+        assert sent.count(b"event: ") == 3 and r.content.startswith(sent)  # what arrived passed through as is
+        # ... and then the provider's own mid-stream error, so no client mistakes the stream for complete.
+        tail = r.content[len(sent) :].strip().split(b"\n")
+        assert tail[0] == b"event: error"
+        error = json.loads(tail[1].removeprefix(b"data: "))
+        assert error["type"] == "error" and error["error"]["type"] == "api_error"
+        assert "stream broke" in error["error"]["message"]
+        # Output may have been generated and billed without a usage report: held for expiry, never zero.
+        assert await reservation_states(stack, run_id) == [("reserved", None)]
+        assert (await cost(api, run_id))["usage"]["requests"] == 0
+        # The next call gets a fresh upstream connection and completes.
+        again = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+        assert again.status_code == 200 and b"message_stop" in again.content
+
+
+async def test_an_unreachable_upstream_is_a_502_and_gives_the_reservation_back(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    # A second API process of the same deployment whose upstream URL points at a port nobody listens on.
+    dead = free_port()
+    port = free_port()
+    env = {
+        **stack.env,
+        "FLUIDBOX_BIND": f"127.0.0.1:{port}",
+        "FLUIDBOX_GATEWAY_SOCKET": str(stack.home / "gateway-dead" / "api.sock"),
+        "FLUIDBOX_LLM_UPSTREAM_URL": f"http://127.0.0.1:{dead}",
+    }
+    proc = stack._spawn("api-dead-upstream", [sys.executable, "-m", "api.serve"], env)
+    try:
+        await wait_for(lambda: _ready(port), 60, "the second API", proc)
+        async with held_run(api) as run_id:
+            token = await llm_token(stack, run_id)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as other:
+                r = await other.post(
+                    MESSAGES, content=body(), headers={"content-type": "application/json", "x-api-key": token}
+                )
+            assert r.status_code == 502
+            assert r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error"
+            assert "could not be reached" in r.json()["error"]["message"]
+            # Nothing was sent, so nothing can have been spent: the reservation is given back at once.
+            assert await reservation_states(stack, run_id) == [("released", "upstream unreachable")]
+            assert (await cost(api, run_id))["reservations"]["active"] == 0
+    finally:
+        stack.stop_process("api-dead-upstream")
+    assert llm_upstream.requests == []
+
+
+async def _ready(port: int) -> bool:
+    async with httpx.AsyncClient(timeout=2) as client:
+        return (await client.get(f"http://127.0.0.1:{port}/v1/ready")).status_code == 200
 
 
 async def test_concurrent_requests_against_a_nearly_spent_budget_admit_exactly_what_fits(
