@@ -30,10 +30,12 @@ TOOL_INPUTS: dict[str, tuple[str, ...]] = {
 
 
 class HarnessConfig(_Body):
-    """Harness-specific settings. ``replay`` takes a ``script`` of steps and a pacing ``delay_ms``."""
+    """Harness-specific settings. ``replay`` takes a ``script`` of steps, a pacing ``delay_ms`` and the
+    ``model_api`` the LLM facade speaks for the run (replay runs stand in for either model client)."""
 
     script: list[ReplayStep] | None = Field(default=None, max_length=500)
     delay_ms: int | None = Field(default=None, ge=0, le=60_000)
+    model_api: Literal["anthropic-messages", "openai-responses"] | None = None
 
     @field_validator("script")
     @classmethod

@@ -36,6 +36,11 @@ HARNESSES: dict[str, dict[str, Any]] = {
 }
 # What this build can actually run inside a sandbox today.
 RUNNABLE = frozenset({"replay", "claude-agent-sdk"})
+# The provider API each harness's model client speaks to the LLM facade. A replay agent names one in
+# harness_config.model_api (tests and demos stand in for either kind of model client); default Anthropic.
+ANTHROPIC_MESSAGES = "anthropic-messages"
+OPENAI_RESPONSES = "openai-responses"
+MODEL_APIS: dict[str, str] = {"claude-agent-sdk": ANTHROPIC_MESSAGES, "codex": OPENAI_RESPONSES}
 
 
 def check_harness(harness: str, model: str | None) -> str:
@@ -48,3 +53,19 @@ def check_harness(harness: str, model: str | None) -> str:
     if model not in valid:
         raise Unprocessable(f"model '{model}' is not valid for harness '{harness}' (valid: {', '.join(valid)})")
     return model
+
+
+def check_harness_config(harness: str, config: dict[str, Any]) -> None:
+    """Rules across harness and harness_config (the config's own shape is the API schema's)."""
+    if config.get("model_api") is not None and harness != "replay":
+        raise Unprocessable(
+            f"harness_config.model_api applies to replay agents only: '{harness}' speaks "
+            f"{MODEL_APIS.get(harness, ANTHROPIC_MESSAGES)} to the LLM facade"
+        )
+
+
+def model_api(harness: str, config: dict[str, Any]) -> str:
+    """The provider API a run's model traffic speaks to the LLM facade."""
+    if harness == "replay":
+        return str(config.get("model_api") or ANTHROPIC_MESSAGES)
+    return MODEL_APIS.get(harness, ANTHROPIC_MESSAGES)

@@ -17,7 +17,7 @@ from api.schemas import (
     pick,
 )
 from core.errors import BadRequest, NotFound
-from core.harnesses import check_harness
+from core.harnesses import check_harness, check_harness_config
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
@@ -82,6 +82,7 @@ async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> 
         "capability_bundles": await capability_pins(svc, op.tenant_id, body.capability_bundles),
         "connection_requirements": requirements_doc(body.connection_requirements),
     }
+    check_harness_config(body.harness, body.harness_config.model_dump(exclude_none=True) if body.harness_config else {})
     agent, revision = await svc.store.create_agent(op.tenant_id, body.name, body.description, fields)
     names = await svc.store.policy_names(op.tenant_id)
     return {"agent": pick(agent, AGENT_FIELDS), "revision": _revision_out(revision, names)}
@@ -134,6 +135,7 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
         changes["connection_requirements"] = requirements_doc(body.connection_requirements)
     if "harness_config" in given:
         changes["harness_config"] = body.harness_config.model_dump(exclude_none=True) if body.harness_config else {}
+    check_harness_config(harness, dict(changes.get("harness_config", latest["harness_config"]) or {}))
     revision = await svc.store.append_revision(op.tenant_id, agent["id"], changes)
     names = await svc.store.policy_names(op.tenant_id)
     return {"revision": _revision_out(revision, names)}

@@ -37,6 +37,7 @@ from yarl import URL
 
 from api.deps import Services, bearer, wrong_audience_response
 from api.routes.sessions import run_handle
+from core.harnesses import OPENAI_RESPONSES, model_api
 from core.redaction import MARK
 from core.runspec import RunSpec
 from core.tokens import Audience, token_digest
@@ -106,9 +107,9 @@ def llm_error(dialect: Dialect, status: int, message: str, code: str | None = No
     return JSONResponse({"type": "error", "error": error}, status_code=status)
 
 
-def dialect_of(harness: str) -> Dialect:
-    """codex speaks OpenAI Responses; claude-agent-sdk (and replay, for tests and demos) Anthropic."""
-    return Dialect.OPENAI if harness == "codex" else Dialect.ANTHROPIC
+def dialect_of(spec: RunSpec) -> Dialect:
+    """codex speaks OpenAI Responses, claude-agent-sdk Anthropic Messages, replay what its config names."""
+    return Dialect.OPENAI if model_api(spec.harness, spec.harness_config) == OPENAI_RESPONSES else Dialect.ANTHROPIC
 
 
 def inspect_body(dialect: Dialect, raw: bytes, spec: RunSpec) -> tuple[dict[str, Any], bytes]:
@@ -411,7 +412,7 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
     if audience != Audience.LLM.value:
         return wrong_audience_response()
     spec = await svc.store.run_spec(run_id)
-    dialect = dialect_of(spec.harness)
+    dialect = dialect_of(spec)
     upstream_path = ROUTES[dialect].get(path)
     if upstream_path is None:
         return llm_error(dialect, 404, f"no such {dialect.value} endpoint on the facade: '/{path}'")

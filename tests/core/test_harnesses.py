@@ -6,7 +6,15 @@ import pytest
 
 from core import runspec
 from core.errors import Unprocessable
-from core.harnesses import HARNESSES, RUNNABLE, check_harness
+from core.harnesses import (
+    ANTHROPIC_MESSAGES,
+    HARNESSES,
+    OPENAI_RESPONSES,
+    RUNNABLE,
+    check_harness,
+    check_harness_config,
+    model_api,
+)
 
 
 @pytest.mark.parametrize(
@@ -63,3 +71,18 @@ def test_runspec_harness_names_and_default_models_agree_with_the_harness_table()
 
 def test_runnable_harnesses_are_known_harnesses() -> None:
     assert RUNNABLE <= set(HARNESSES)
+
+
+def test_each_harness_speaks_its_providers_api_and_replay_speaks_what_it_names() -> None:
+    assert model_api("claude-agent-sdk", {}) == ANTHROPIC_MESSAGES
+    assert model_api("codex", {}) == OPENAI_RESPONSES
+    assert model_api("replay", {}) == ANTHROPIC_MESSAGES
+    assert model_api("replay", {"model_api": OPENAI_RESPONSES}) == OPENAI_RESPONSES
+
+
+@pytest.mark.parametrize("harness", ["claude-agent-sdk", "codex"])
+def test_model_api_in_a_model_harness_config_is_refused(harness: str) -> None:
+    check_harness_config(harness, {})
+    with pytest.raises(Unprocessable, match="replay agents only"):
+        check_harness_config(harness, {"model_api": OPENAI_RESPONSES})
+    check_harness_config("replay", {"model_api": OPENAI_RESPONSES})

@@ -32,6 +32,7 @@ from tests.integration.helpers import (
     run_row,
     sandbox_env,
     start_run,
+    unique,
     wait_status,
 )
 from tests.llm_upstream import Upstream, Usage, failure, text
@@ -573,6 +574,105 @@ async def test_the_real_upstream_key_never_reaches_the_sandbox_the_ledger_logs_o
 
 class _Spec:
     model = "gpt-5.4-mini"
+
+
+RESPONSES = "/internal/llm/v1/responses"
+OPENAI_METERED = {"input_tokens": 321, "output_tokens": 54, "cache_read_tokens": 1000, "cache_write_tokens": 0}
+
+
+@asynccontextmanager
+async def openai_run(api: httpx.AsyncClient) -> AsyncIterator[str]:
+    """A held replay run whose model traffic speaks OpenAI Responses (what a Codex run's would)."""
+    name = unique("oai")
+    config = {"script": IDLE, "model_api": "openai-responses"}
+    r = await api.post("/v1/agents", json={"name": name, "harness": "replay", "harness_config": config})
+    assert r.status_code == 201, r.text
+    run_id = await start_run(api, name, workspace=None)
+    await wait_status(api, run_id, {"running"})
+    try:
+        yield run_id
+    finally:
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+
+
+def responses_body(stream: bool = True, **extra: Any) -> bytes:
+    doc = {"model": "replay", "input": [{"role": "user", "content": "say hi"}], "stream": stream, **extra}
+    return json.dumps(doc).encode()
+
+
+async def test_an_openai_responses_run_streams_through_the_facade_and_is_metered_exactly(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(text("hello from the responses api", usage=USAGE), text("plain", usage=USAGE))
+    tools = [{"type": "web_search"}, {"type": "function", "name": "lookup", "parameters": {"type": "object"}}]
+    async with openai_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id), bearer=True) as sb:
+        streamed = await sb.post(
+            RESPONSES,
+            content=responses_body(store=True, tools=tools, max_output_tokens=512),
+            headers={"content-type": "application/json"},
+        )
+        assert streamed.status_code == 200, streamed.text
+        first = llm_upstream.requests[0]
+        assert first.path == "/v1/responses" and streamed.content == bytes(first.response)  # byte for byte
+        assert b"response.completed" in streamed.content
+        # The real key went as OpenAI's bearer; the body was made stateless and lost the provider-run tool.
+        assert first.headers["authorization"] == f"Bearer {LLM_UPSTREAM_KEY}" and "x-api-key" not in first.headers
+        assert first.body["store"] is False and first.body["tools"] == [tools[1]]
+        plain = await sb.post(
+            RESPONSES, content=responses_body(stream=False), headers={"content-type": "application/json"}
+        )
+        assert plain.status_code == 200 and plain.json()["status"] == "completed"
+        # OpenAI reports cached input inside input_tokens: metered split out, as the upstream declared it.
+        found = await wait_event(api, run_id, "model.response", count=2)
+        for event in found:
+            assert {k: event["payload"]["data"][k] for k in OPENAI_METERED} == OPENAI_METERED
+        report = await cost(api, run_id)
+        assert report["usage"]["requests"] == 2 and report["reservations"]["active"] == 0
+
+
+async def test_an_openai_responses_run_gets_openai_shaped_refusals(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    async with openai_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id), bearer=True) as sb:
+        wrong = await sb.post(
+            RESPONSES, content=responses_body(model="gpt-5.4"), headers={"content-type": "application/json"}
+        )
+        assert wrong.status_code == 422
+        assert set(wrong.json()["error"]) == {"message", "type", "param", "code"}
+        assert (
+            wrong.json()["error"]["type"] == "invalid_request_error"
+            and "frozen model" in wrong.json()["error"]["message"]
+        )
+        chained = await sb.post(
+            RESPONSES,
+            content=responses_body(previous_response_id="resp_123"),
+            headers={"content-type": "application/json"},
+        )
+        assert chained.status_code == 422 and "previous_response_id" in chained.json()["error"]["message"]
+        other = await sb.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+        assert other.status_code == 404 and "openai endpoint" in other.json()["error"]["message"]
+        assert (await cost(api, run_id))["reservations"]["active"] == 0
+    assert llm_upstream.requests == []
+
+
+async def test_model_api_is_a_replay_setting_only(api: httpx.AsyncClient) -> None:
+    config = {"model_api": "openai-responses"}
+    r = await api.post(
+        "/v1/agents", json={"name": unique("claude"), "harness": "claude-agent-sdk", "harness_config": config}
+    )
+    assert r.status_code == 422 and "replay agents only" in r.text
+    name = unique("oai")
+    r = await api.post("/v1/agents", json={"name": name, "harness": "replay", "harness_config": config})
+    assert r.status_code == 201
+    # Switching the harness while the config still names a model API is refused too; nothing is appended.
+    r = await api.post(f"/v1/agents/{name}/revisions", json={"harness": "claude-agent-sdk"})
+    assert r.status_code == 422 and "replay agents only" in r.text
+    r = await api.get(f"/v1/agents/{name}")
+    assert r.status_code == 200 and len(r.json()["revisions"]) == 1
+    r = await api.post(
+        "/v1/agents", json={"name": unique("x"), "harness": "replay", "harness_config": {"model_api": "gemini"}}
+    )
+    assert r.status_code == 400 and "model_api" in r.text  # not one of the two APIs: a validation error
 
 
 def test_openai_bodies_are_made_stateless_and_lose_server_tools() -> None:
