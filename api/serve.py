@@ -41,11 +41,12 @@ def main() -> None:
     settings = get_settings()
     host, port = settings.host_port
     sockets = _sockets(host, port, str(settings.socket_path))
-    # loop="auto" and http="auto": uvloop and httptools (both installed with uvicorn[standard]); Server.run
+    # uvloop (loop="auto" picks it) and httptools, both installed with uvicorn[standard]; the facade relies on
+    # httptools' send semantics (a silent no-op after a disconnect, RuntimeError on a short body). Server.run
     # applies the loop choice, where asyncio.run(server.serve()) would silently keep the stock loop.
     app = create_app(settings)
     config = uvicorn.Config(
-        app, loop="auto", http="auto", log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        app, loop="auto", http="httptools", log_level="warning", access_log=False, timeout_graceful_shutdown=5
     )
     uvicorn.Server(config).run(sockets=sockets)
 

@@ -64,6 +64,7 @@ class Settings(BaseSettings):
     llm_max_concurrent_reservations: int = 32
     llm_reservation_ttl_secs: int = 1800
     llm_upstream_timeout_secs: float = 900.0
+    llm_upstream_keepalive_secs: float = 4.0
     llm_sweep_secs: float = 10.0
 
     @property

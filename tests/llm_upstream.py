@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import itertools
 import json
 import socket
@@ -79,6 +80,8 @@ class Turn:
     stall_after: int | None = None  # SSE events sent before waiting for release()
     delay: float = 0.0  # seconds between SSE events
     break_after: int | None = None  # SSE events sent before the connection is dropped mid-stream
+    location: str | None = None  # an error turn's Location header (a redirect)
+    gzip: bool = False  # an error turn's body gzip-compressed (ignoring the client's accept-encoding)
 
     def stalled(self, after: int) -> Turn:
         """The same turn, holding its stream after ``after`` events until :meth:`Upstream.release`."""
@@ -86,6 +89,14 @@ class Turn:
 
     def paced(self, delay: float) -> Turn:
         return replace(self, delay=delay)
+
+    def redirecting(self, location: str) -> Turn:
+        """An error turn that also names a ``Location`` (use with a 3xx status)."""
+        return replace(self, location=location)
+
+    def gzipped(self) -> Turn:
+        """An error turn whose body is sent gzip-compressed whatever the client accepts."""
+        return replace(self, gzip=True)
 
     def broken(self, after: int) -> Turn:
         """The same turn, its connection dropped after ``after`` SSE events (no end of the chunked body)."""
@@ -446,7 +457,14 @@ class Upstream:
             return self._error(openai, 400, "invalid_request_error", "request body is not a JSON object")
         turn = self._next()
         if turn.status != 200:
-            return self._error(openai, turn.status, turn.error_type or "api_error", turn.error_message or "error")
+            error = self._error(openai, turn.status, turn.error_type or "api_error", turn.error_message or "error")
+            if turn.location:
+                error.headers["location"] = turn.location
+            if turn.gzip:
+                error.body = gzip.compress(bytes(error.body))
+                error.headers["content-encoding"] = "gzip"
+                error.headers["content-length"] = str(len(error.body))
+            return error
         model = str(body.get("model", "unknown"))
         if not body.get("stream"):
             doc = openai_response(turn, model) if openai else anthropic_message(turn, model)

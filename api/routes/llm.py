@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from yarl import URL
 
 from api.deps import Services, bearer, wrong_audience_response
 from api.routes.sessions import run_handle
+from core.errors import DomainError
 from core.harnesses import OPENAI_RESPONSES, model_api
 from core.redaction import MARK
 from core.runspec import RunSpec
@@ -74,6 +76,8 @@ MAX_CONTENT_DEPTH = 64
 FETCH_REFUSAL = "the provider would fetch it outside the sandbox"
 MAX_REMEMBERED_TOKENS = 65536
 CONNECT_TIMEOUT_SECS = 10.0
+POOL_WAIT_SECS = 30.0
+CLIENT_SEND_TIMEOUT_SECS = 60.0
 PASS_HEADERS = ("content-type", "request-id", "x-request-id", "retry-after")
 ERROR_KINDS = {
     400: "invalid_request_error",
@@ -233,15 +237,25 @@ class Facade:
         """One pooled HTTP client per process (aiohttp: its C parser halves the time to the upstream's
         headers compared with httpx, measured in bench/facade.py's terms; see docs/decisions.md)."""
         if self._session is None or self._session.closed:
+            settings = self.svc.settings
             timeout = aiohttp.ClientTimeout(
-                total=None, sock_connect=CONNECT_TIMEOUT_SECS, sock_read=self.svc.settings.llm_upstream_timeout_secs
+                total=None,
+                connect=POOL_WAIT_SECS,  # a free pooled connection, then the connection itself
+                sock_connect=CONNECT_TIMEOUT_SECS,
+                sock_read=settings.llm_upstream_timeout_secs,
             )
-            connector = aiohttp.TCPConnector(limit=512, limit_per_host=0, keepalive_timeout=30)
+            # Idle connections are dropped before common upstream idle timeouts (uvicorn-served proxies such as
+            # LiteLLM close at 5 s): a POST on a connection the server just closed fails without any way to
+            # tell whether it was served, and would cost a whole reservation.
+            connector = aiohttp.TCPConnector(
+                limit=512, limit_per_host=0, keepalive_timeout=settings.llm_upstream_keepalive_secs
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=timeout,
                 auto_decompress=False,
                 trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),  # nothing an upstream sets reaches another run's call
                 skip_auto_headers=("User-Agent",),
             )
         return self._session
@@ -283,11 +297,6 @@ async def probe() -> Response:
     return Response(status_code=200)
 
 
-def is_facade_call(scope: Scope) -> bool:
-    """The requests :func:`serve` answers: every ``POST /internal/llm/…``."""
-    return scope["method"] == "POST" and str(scope["path"]).startswith(PREFIX + "/")
-
-
 async def serve(scope: Scope, receive: Receive, send: Send) -> None:
     """The facade, as plain ASGI in front of the router (see :mod:`api.guard`): a model call's first byte
     waits for nothing it does not need (no routing table walk, no dependency solving, no response task)."""
@@ -297,6 +306,8 @@ async def serve(scope: Scope, receive: Receive, send: Send) -> None:
     guess = Dialect.OPENAI if path.endswith("responses") else Dialect.ANTHROPIC
     try:
         answer = await _admit_and_forward(request, path, guess, started)
+    except DomainError as exc:
+        answer = llm_error(guess, exc.status, exc.message)
     except Exception:
         log.exception("the LLM facade failed on a request")
         answer = llm_error(guess, 500, "internal error in the LLM facade")
@@ -367,7 +378,8 @@ class Forward:
 
 
 class _Client:
-    """The client side of a relay: once a send fails (the client left), later sends are skipped."""
+    """The client side of a relay: once a send fails or stalls, later sends are skipped (and the upstream
+    is still read to its end for the meter)."""
 
     def __init__(self, send: Send) -> None:
         self._send = send
@@ -377,10 +389,13 @@ class _Client:
         if not self.listening:
             return
         try:
-            await self._send(message)
-        except (OSError, RuntimeError):
-            # OSError: the client disconnected. RuntimeError: the server refused the message (a body that
-            # ended short of its Content-Length), and will drop the connection itself.
+            # A client that keeps its connection open but stops reading would otherwise hold this task, the
+            # upstream connection and the upstream's generation (its read timer is off while paused).
+            async with asyncio.timeout(CLIENT_SEND_TIMEOUT_SECS):
+                await self._send(message)
+        except Exception:
+            # The client disconnected (OSError), stopped reading (TimeoutError), or the server refused the
+            # message (a body short of its Content-Length): the server drops the connection itself.
             self.listening = False
 
 
@@ -468,7 +483,12 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
         url += f"?{query}"
     reservation = verdict.reservation_id
     try:
-        upstream = await fac.session().post(URL(url, encoded=True), data=forward, headers=headers)
+        # Never follow a redirect: it would carry the real key and the body to wherever the upstream points,
+        # and a 303 would turn a served request into a second one. A 3xx is answered like any error below.
+        async with asyncio.timeout(svc.settings.llm_upstream_timeout_secs):
+            upstream = await fac.session().post(
+                URL(url, encoded=True), data=forward, headers=headers, allow_redirects=False
+            )
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
         # Nothing was sent: the reservation goes back.
         if reservation:
@@ -491,21 +511,50 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
             await fac.metering.release(run_id, reservation, f"upstream refused ({upstream.status})")
         elif reservation:
             await fac.metering.unmetered(run_id, reservation, f"upstream answered {upstream.status}")
+        encoding = upstream.headers.get("content-encoding", "identity").lower()
+        if encoding != "identity":
+            # The upstream ignored accept-encoding: identity. The key scrub must see the plain bytes.
+            try:
+                content = zlib.decompressobj(wbits=47).decompress(content)  # gzip or zlib
+            except zlib.error:
+                return llm_error(dialect, upstream.status, f"the LLM upstream answered {upstream.status}")
         content = content.replace(key.encode(), MARK.encode())
         return Response(content, status_code=upstream.status, headers=passed)
 
+    try:
+        return _forward(fac, upstream, passed, run_id, spec.model, reservation, dialect, started)
+    except BaseException:
+        upstream.close()
+        if reservation:
+            await fac.metering.unmetered(run_id, reservation, "the facade failed while relaying the answer")
+        raise
+
+
+def _forward(
+    fac: Facade,
+    upstream: aiohttp.ClientResponse,
+    passed: dict[str, str],
+    run_id: str,
+    model: str,
+    reservation: str | None,
+    dialect: Dialect,
+    started: float,
+) -> Forward:
     streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
     if streaming:
         passed.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
     elif "content-length" in upstream.headers:
         passed["content-length"] = upstream.headers["content-length"]
+    if upstream.headers.get("content-encoding", "identity").lower() != "identity":
+        # Relayed as sent (the client can decode it); the meter cannot read it, so the reservation is held.
+        passed["content-encoding"] = upstream.headers["content-encoding"]
     meter = (SseMeter(dialect) if streaming else BodyMeter(dialect)) if reservation else None
     return Forward(
         facade=fac,
         upstream=upstream,
-        headers=[(k.encode("latin-1"), v.encode("latin-1")) for k, v in passed.items()],
+        headers=[(k.encode("latin-1", "replace"), v.encode("latin-1", "replace")) for k, v in passed.items()],
         run_id=run_id,
-        model=spec.model,
+        model=model,
         reservation=reservation,
         meter=meter,
         started=started,

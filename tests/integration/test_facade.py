@@ -22,6 +22,7 @@ import pytest
 
 from api.routes.llm import FacadeError, inspect_body
 from cli.stack import Stack, free_port, wait_for
+from core.redaction import MARK
 from core.usage import Dialect
 from db.engine import asyncpg_dsn
 from tests.integration.conftest import LLM_UPSTREAM_KEY
@@ -460,6 +461,32 @@ async def test_upstream_errors_pass_through_and_only_a_refused_key_releases_the_
         assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
         assert (await cost(api, run_id))["reservations"]["active"] == 3  # count_tokens reserves nothing
     assert len(llm_upstream.requests) == 5
+
+
+async def test_an_upstream_redirect_is_never_followed_so_the_key_and_body_go_nowhere_else(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    # Following a 307 would resend the body, and the real key, to wherever the upstream points.
+    elsewhere = f"{llm_upstream.url}/v1/messages?followed=1"
+    llm_upstream.push(failure(307, "moved").redirecting(elsewhere), failure(308, "moved").redirecting(elsewhere))
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        for status in (307, 308):
+            r = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+            assert r.status_code == status and "location" not in r.headers
+        assert [rec.query for rec in llm_upstream.requests] == ["", ""]  # one request each, none followed
+        assert (await cost(api, run_id))["reservations"]["active"] == 2  # not proof of non-dispatch: held
+
+
+async def test_a_compressed_upstream_error_is_scrubbed_of_the_key_too(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    # An upstream (or a proxy) that ignores accept-encoding: identity and echoes the key back, gzipped.
+    llm_upstream.push(failure(400, f"invalid header x-api-key: {LLM_UPSTREAM_KEY}").gzipped())
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        r = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        assert "content-encoding" not in r.headers and LLM_UPSTREAM_KEY not in r.text
+        assert r.json()["error"]["message"] == f"invalid header x-api-key: {MARK}"
 
 
 PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
