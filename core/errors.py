@@ -53,6 +53,12 @@ class Unprocessable(DomainError):
     status = 422
 
 
+class TooBusy(DomainError):
+    """Retry later: a limit on concurrent work was reached (nothing was changed)."""
+
+    status = 429
+
+
 class UpstreamFailed(DomainError):
     status = 502
 

@@ -18,7 +18,7 @@ from api.routes.sessions import run_handle
 from core import events as ev
 from core.contract import EventPost, HeartbeatResponse, PermissionRequest, PermissionResponse, ResultPost
 from core.digests import input_digest
-from core.errors import BadRequest, Unauthorized, Unavailable
+from core.errors import BadRequest, TooBusy, Unauthorized, Unavailable
 from core.states import RunStatus, accepts_work, is_terminal
 from core.tokens import Audience
 from core.tools import split_mcp
@@ -30,6 +30,11 @@ router = APIRouter(prefix="/internal", tags=["internal"])
 RUNNER_EVENT_TYPES = (ev.AGENT_MESSAGE, ev.RUN_ERROR, "tool.completed")
 RUNNER_ACTORS = frozenset({"agent", "harness"})
 INACTIVE = PermissionResponse(decision="deny", message="session is not active")
+# Temporal holds at most 10 updates in flight per workflow: approval waits and brokered calls each use one.
+BUSY = (
+    "too many tool calls of this run are waiting on an approval or a brokered call (the workflow engine holds 10 "
+    "at a time); retry with the same tool_call_id"
+)
 
 
 async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> PermissionResponse:
@@ -52,6 +57,8 @@ async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> Permiss
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return INACTIVE
+        if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
+            raise TooBusy(BUSY) from exc
         # The workflow engine is unreachable: a transient failure the runner retries with the same id.
         log.warning("approval wait for %s/%s could not reach Temporal: %s", run_id, req.tool_call_id, exc)
         raise Unavailable("the workflow engine is unavailable; retry with the same tool_call_id") from exc
@@ -151,6 +158,8 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 raise BadRequest("session is not active") from exc
+            if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
+                raise TooBusy(BUSY) from exc
             raise Unavailable("the workflow engine is unavailable; retry with the same tool_call_id") from exc
         claim = await svc.connections.claim(run_id, req.tool_call_id, digest) or claim
     return _envelope(claim)

@@ -336,3 +336,56 @@ async def test_a_run_whose_starter_died_before_starting_its_workflow_is_started_
     # The API's stranded-run check (FLUIDBOX_STRANDED_AFTER_SECS=3 in the test stack) starts it.
     row = await wait_status(api, spec.run_id, {"completed", "failed"}, timeout=60)
     assert row["status"] == "completed"
+
+
+async def test_more_tool_calls_awaiting_approval_than_temporal_holds_in_flight_wait_their_turn(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    # Temporal holds at most 10 updates in flight per workflow, and each approval wait is one. An 11th
+    # parallel call is told to retry (429, which the runner retries with the same tool_call_id), never denied.
+    run_id = await start_run(api, await make_agent(api, IDLE))
+    await wait_status(api, run_id, {"running"})
+    tool = await issue_token(stack.database_url or "", run_id, "tool")
+
+    def ask(n: int) -> dict[str, object]:
+        return {"tool_call_id": f"par_{n:02d}", "tool": "Bash", "input": {"command": f"./deploy.sh {n}"}}
+
+    async with runner_client(stack, tool) as runner:
+        url = f"/internal/sessions/{run_id}/permission"
+        waiting = [asyncio.create_task(runner.post(url, json=ask(n))) for n in range(10)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+
+        async def statuses() -> dict[str, str]:
+            listed = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+            return {a["tool_call_id"]: a["status"] for a in listed}
+
+        # 'pending' is written inside each approval's update: ten pending = ten updates in flight.
+        while list((await statuses()).values()).count("pending") < 10:
+            assert loop.time() < deadline, "ten approvals never became pending"
+            await asyncio.sleep(0.05)
+        extra = await runner.post(url, json=ask(10))
+        assert extra.status_code == 429, extra.text
+        assert "retry" in extra.json()["error"] and "approval" in extra.json()["error"]
+        assert not any(t.done() for t in waiting)
+        # The gate registered the 11th call (not yet pending: no update holds it). Once a slot frees, the
+        # runner's retry with the same tool_call_id opens that very approval and gets its decision.
+        assert (await statuses())["par_10"] != "pending"
+        approvals = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+        by_call = {a["tool_call_id"]: a for a in approvals}
+        r = await api.post(f"/v1/approvals/{by_call['par_00']['id']}/decision", json={"decision": "approve"})
+        assert r.status_code == 200
+        assert (await asyncio.wait_for(waiting[0], 30)).json() == {"decision": "allow"}
+        retried = asyncio.create_task(runner.post(url, json=ask(10)))
+        deadline = loop.time() + 30
+        while (await statuses())["par_10"] != "pending":
+            assert loop.time() < deadline and not retried.done(), f"the retry never opened its approval: {retried}"
+            await asyncio.sleep(0.05)
+        r = await api.post(f"/v1/approvals/{by_call['par_10']['id']}/decision", json={"decision": "approve"})
+        assert r.status_code == 200
+        assert (await asyncio.wait_for(retried, 30)).json() == {"decision": "allow"}
+        assert len((await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]) == 11  # no second one
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        answers = await asyncio.wait_for(asyncio.gather(*waiting[1:]), 60)
+        assert all(a.json()["decision"] == "deny" for a in answers)
+    await wait_status(api, run_id, {"cancelled"})
