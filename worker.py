@@ -49,7 +49,14 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     pool = await create_pool(settings.database_url, min_size=1, max_size=10)
     client = await connect_client(settings)
     store = Store(pool, redactor_for(settings))
-    provider = make_provider(settings.sandbox_provider, bwrap_path=settings.bwrap_path)
+    provider = make_provider(
+        settings.sandbox_provider,
+        bwrap_path=settings.bwrap_path,
+        limits_mode=settings.sandbox_limits,
+        memory_mb=settings.sandbox_memory_mb,
+        pids=settings.sandbox_pids,
+        syscall_filter=settings.sandbox_syscall_filter,
+    )
     acts = RunActivities(store, provider, settings)
     sessions = SessionPool()
     broker = BrokerActivities(

@@ -116,7 +116,7 @@ class RunActivities:
         await self._advance(
             run_id,
             RunStatus.RUNNING,
-            [ev.system_message(f"sandbox launched ({self.provider.name}, pid {handle.pid})")],
+            [ev.system_message(f"sandbox launched ({self.provider.name}, pid {handle.pid}{_guards(handle)})")],
         )
         return c.StatusOut(status=await self._status(run_id))
 
@@ -318,3 +318,11 @@ def _approval(row: dict[str, object]) -> c.ApprovalRow:
         expires_at=expires.isoformat() if expires is not None else None,  # type: ignore[attr-defined]
         reason=str(row["decision_reason"]) if row.get("decision_reason") else None,
     )
+
+
+def _guards(handle: SandboxHandle) -> str:
+    """What confines the sandbox beyond its namespaces, as the provider recorded it (limits, syscall filter)."""
+    parts = [
+        f"{key.replace('_', ' ')}: {handle.extra[key]}" for key in ("limits", "syscall_filter") if key in handle.extra
+    ]
+    return "".join(f"; {p}" for p in parts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,6 +29,13 @@ class Settings(BaseSettings):
     gateway_socket: Path | None = None
     sandbox_provider: str = "bwrap"
     bwrap_path: str = "bwrap"
+    # Per-sandbox cgroup limits (bwrap): best-effort applies what the host allows and warns about the rest,
+    # required refuses to start a sandbox without them, off applies none. 0 leaves that resource unlimited.
+    sandbox_limits: Literal["best-effort", "required", "off"] = "best-effort"
+    sandbox_memory_mb: int = Field(default=2048, ge=0)
+    sandbox_pids: int = Field(default=512, ge=0)
+    # The sandbox's syscall filter (sandbox/seccomp.py): ptrace, new namespaces, mounts, io_uring, BPF… refused.
+    sandbox_syscall_filter: bool = True
 
     # Run supervision (seconds).
     heartbeat_secs: float = 10.0

@@ -14,6 +14,11 @@ Why it is shaped this way:
 * As real root, ``--uid 1000`` inside maps to uid 0 outside, so file permission checks treat the sandbox
   as the owner of root's files. The root is a read-only tmpfs, every bind but ``/workspace`` is
   read-only, and entries under ``/etc`` that other users cannot read (``/etc/shadow``…) are masked.
+* A syscall filter (``sandbox.seccomp``, through ``--seccomp``) refuses ptrace, new namespaces, mounts,
+  io_uring, BPF and the rest of the kernel surface no tool needs; bwrap installs it last, over everything.
+* Memory and process limits come from a cgroup per sandbox (see ``sandbox.limits``). The launcher joins
+  it before forking bwrap, so bwrap and everything in the sandbox are inside and the worker never is;
+  the handle records the cgroup directories, so whichever worker destroys the sandbox removes them.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import platform
 import shutil
 import signal
 import stat
@@ -34,6 +41,9 @@ from typing import NamedTuple
 
 from core.contract import ENV_SECRETS_FILE, SECRETS_FILE
 from core.ports import SandboxHandle, SandboxSpec, SandboxState
+from sandbox.limits import MIB, CgroupLimiter, Limits, Prepared, cgroup_name, remove_dirs
+from sandbox.seccomp import machine_arch
+from sandbox.seccomp import program as seccomp_program
 
 SANDBOX_UID = 1000
 WORKSPACE = "/workspace"
@@ -41,12 +51,19 @@ CODE_ROOT = "/opt/fluidbox"
 SOCKET_MOUNT = "/run/fluidbox"
 PIDFILE_NAME = "sandbox.pid"
 MASKED_ROOTS = ("/etc",)
+LIMITS_MODES = ("best-effort", "required", "off")
+DEFAULT_MEMORY_MB = 2048
+DEFAULT_PIDS = 512
 
 _LAUNCH_TIMEOUT_SECS = 30.0
 _KILL_WAIT_SECS = 5.0
 _POLL_SECS = 0.01
 
-# Runs as `python -I -S -c _LAUNCHER <log_path> <bwrap argv...>` with an empty environment. The parent
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+# Runs as `python -I -S -c _LAUNCHER <log_path> <bwrap> <cgroup.procs path...>` with an empty environment.
+# It joins the sandbox's cgroups first, so the fork that becomes bwrap starts inside them. The parent
 # learns the outcome of exec through a close-on-exec pipe, then waits (bounded) for bwrap's child in a
 # new pid namespace, prints one JSON line and exits, leaving bwrap reparented and in its own session.
 # bwrap's --info-fd would report the child too, but that fd stays open inside the sandbox.
@@ -71,11 +88,28 @@ def pid_ns(pid):
     except OSError:
         return None
 
-log_path, bwrap = sys.argv[1], sys.argv[2]
+log_path, bwrap, cgroups = sys.argv[1], sys.argv[2], sys.argv[3:]
 request = json.loads(sys.stdin.buffer.read())
+for procs in cgroups:
+    try:
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        print(json.dumps({"error": f"cannot join cgroup {procs}: {exc}", "cgroup": True}))
+        sys.exit(1)
 args_r, args_w = os.pipe()
 secrets_r, secrets_w = os.pipe()
 err_r, err_w = os.pipe()
+# The syscall filter (--seccomp 5), when there is one: a few hundred bytes, so the pipe holds it whole.
+filter_fds = []
+if request.get("seccomp"):
+    seccomp_r, seccomp_w = os.pipe()
+    os.write(seccomp_w, bytes.fromhex(request["seccomp"]))
+    os.close(seccomp_w)
+    filter_fds = [seccomp_r]
 pid = os.fork()
 if pid == 0:
     try:
@@ -85,11 +119,11 @@ if pid == 0:
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        # Move both pipes above 10 first (one may already sit on 3 or 4), then place them on the fds
-        # bwrap is told to read (--args 3, --file 4) and let them survive the exec.
+        # Move the pipes above 10 first (one may already sit on 3, 4 or 5), then place them on the fds
+        # bwrap is told to read (--args 3, --file 4, --seccomp 5) and let them survive the exec.
         import fcntl
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (args_r, secrets_r)]
-        for target, fd in zip((3, 4), high):
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (args_r, secrets_r, *filter_fds)]
+        for target, fd in zip((3, 4, 5), high):
             os.dup2(fd, target)
             os.set_inheritable(target, True)
         os.set_inheritable(err_w, False)
@@ -97,12 +131,12 @@ if pid == 0:
     except BaseException as exc:
         os.write(err_w, repr(exc).encode())
     os._exit(127)
-for fd in (err_w, args_r, secrets_r):
+for fd in (err_w, args_r, secrets_r, *filter_fds):
     os.close(fd)
 # Record the sandbox before anything else can go wrong: if the worker dies from here on, the pidfile
 # is how a retried provisioning and the stack's shutdown still find this sandbox.
 early = {"provider": "bwrap", "run_id": request["run_id"], "pid": pid, "start_time": start_time(pid),
-         "log_path": log_path, "extra": {}}
+         "log_path": log_path, "extra": request["extra"]}
 with open(request["pidfile"] + ".early", "w") as f:
     json.dump(early, f)
 os.replace(request["pidfile"] + ".early", request["pidfile"])
@@ -157,6 +191,10 @@ print(json.dumps({
 
 class SandboxError(RuntimeError):
     """The sandbox could not be started."""
+
+
+class _CgroupJoinError(SandboxError):
+    """The launcher could not enter the sandbox's cgroups; nothing was started."""
 
 
 class HiddenPath(NamedTuple):
@@ -260,11 +298,41 @@ class BubblewrapProvider:
 
     name: str = "bwrap"
 
-    def __init__(self, bwrap_path: str = "bwrap", python_prefixes: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        bwrap_path: str = "bwrap",
+        python_prefixes: list[str] | None = None,
+        *,
+        limits_mode: str = "best-effort",
+        limits: Limits | None = None,
+        limiter: CgroupLimiter | None = None,
+        syscall_filter: bool = True,
+    ) -> None:
+        """``limits_mode``: ``best-effort`` applies what the host allows (warning once about the rest),
+        ``required`` refuses to start a sandbox without every limit, ``off`` applies none.
+        ``syscall_filter``: install ``sandbox.seccomp``'s filter (where the architecture has one).
+
+        Raises:
+            ValueError: an unknown ``limits_mode``.
+        """
+        if limits_mode not in LIMITS_MODES:
+            raise ValueError(f"unknown sandbox limits mode {limits_mode!r}; known: {', '.join(LIMITS_MODES)}")
         self._bwrap_path = bwrap_path
         if python_prefixes is None:
             python_prefixes = [sys.prefix, sys.base_prefix]
         self._python_prefixes = list(dict.fromkeys(os.path.normpath(p) for p in python_prefixes))
+        self._limits_mode = limits_mode
+        self._limits = limits if limits is not None else Limits(DEFAULT_MEMORY_MB * MIB, DEFAULT_PIDS)
+        self._limiter = limiter if limiter is not None else CgroupLimiter()
+        arch = machine_arch()
+        self._filter = seccomp_program(arch) if syscall_filter and arch is not None else None
+        if not syscall_filter:
+            self._filter_note = "off"
+        elif arch is None:
+            self._filter_note = f"none: no filter for the {platform.machine()} architecture"
+            _warn_once(f"sandboxes run without a syscall filter: {self._filter_note}")
+        else:
+            self._filter_note = "on"
 
     @property
     def python_prefixes(self) -> list[str]:
@@ -296,6 +364,7 @@ class BubblewrapProvider:
             "--new-session",
             "--cap-drop",
             "ALL",
+            *(("--seccomp", "5") if self._filter is not None else ()),
             # A tmpfs hides whatever was bound beneath it before, so these come ahead of every bind.
             "--dev",
             "/dev",
@@ -387,8 +456,11 @@ class BubblewrapProvider:
         return await asyncio.to_thread(_find)
 
     async def destroy(self, handle: SandboxHandle, grace_secs: float = 2.0) -> None:
+        gone = True
         if handle.pid > 0 and not await _stop(handle, signal.SIGTERM, grace_secs):
-            await _stop(handle, signal.SIGKILL, _KILL_WAIT_SECS)
+            gone = await _stop(handle, signal.SIGKILL, _KILL_WAIT_SECS)
+        # A cgroup still holding processes cannot go: one attempt then, not a wait for what will not come.
+        await asyncio.to_thread(_remove_cgroups, handle, gone)
         await asyncio.to_thread(_remove_pidfile, handle)
 
     def _create(self, spec: SandboxSpec) -> SandboxHandle:
@@ -412,7 +484,21 @@ class BubblewrapProvider:
                 return existing
             argv = self.build_argv(spec, masked=[p for root in MASKED_ROOTS for p in unreadable_paths(root)])
             argv[0] = bwrap
-            handle = self._launch(spec.run_id, log_path, argv, json.dumps(spec.secrets))
+            prepared, extra = self._prepare_limits(spec.run_id)
+            extra["syscall_filter"] = self._filter_note
+            try:
+                handle = self._launch(spec.run_id, log_path, argv, json.dumps(spec.secrets), prepared, extra)
+            except _CgroupJoinError as err:
+                remove_dirs(prepared.dirs, wait_secs=0)
+                if self._limits_mode == "required":
+                    raise SandboxError(f"sandbox limits are required but cannot be applied: {err}") from None
+                _warn_once(f"sandbox started without limits (FLUIDBOX_SANDBOX_LIMITS=best-effort): {err}")
+                extra = {"limits": f"none: {err}", "syscall_filter": self._filter_note}
+                handle = self._launch(spec.run_id, log_path, argv, json.dumps(spec.secrets), Prepared(), extra)
+            except BaseException:
+                # Whatever did start is recorded in the pidfile with these cgroups; empty ones go now.
+                remove_dirs(prepared.dirs, wait_secs=0)
+                raise
             tmp = pidfile + ".tmp"
             with open(tmp, "w") as f:
                 f.write(handle.model_dump_json())
@@ -421,12 +507,37 @@ class BubblewrapProvider:
         finally:
             os.close(lock_fd)
 
-    def _launch(self, run_id: str, log_path: str, argv: list[str], secrets: str) -> SandboxHandle:
+    def _prepare_limits(self, run_id: str) -> tuple[Prepared, dict[str, str]]:
+        """The sandbox's cgroups, and what goes into its handle about them.
+
+        Raises:
+            SandboxError: ``required`` mode, and a limit cannot be applied (nothing is left behind).
+        """
+        if self._limits_mode == "off":
+            return Prepared(), {"limits": "off"}
+        if not self._limits.wanted():
+            return Prepared(), {"limits": "none: no limit is configured"}
+        self._limiter.sweep(run_id)
+        prepared = self._limiter.prepare(cgroup_name(run_id), self._limits)
+        why = "; ".join(f"{controller}: {reason}" for controller, reason in prepared.missing.items())
+        if why and self._limits_mode == "required":
+            remove_dirs(prepared.dirs, wait_secs=0)
+            raise SandboxError(f"sandbox limits are required but cannot be applied: {why}")
+        if why:
+            _warn_once(f"sandbox limits not applied (FLUIDBOX_SANDBOX_LIMITS=best-effort): {why}")
+        if not prepared.applied:
+            return prepared, {"limits": f"none: {why}"}
+        summary = " ".join(prepared.applied) + (f" (not applied: {why})" if why else "")
+        return prepared, {"limits": summary, "cgroups": json.dumps(list(prepared.dirs))}
+
+    def _launch(
+        self, run_id: str, log_path: str, argv: list[str], secrets: str, prepared: Prepared, extra: dict[str, str]
+    ) -> SandboxHandle:
         split = argv.index("--")  # options go through the pipe; bwrap wants the command on its argv
         # The options travel on stdin and through a pipe into bwrap (--args), so neither the
         # launcher's nor bwrap's command line (visible in /proc) carries the environment or a token.
         proc = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _LAUNCHER, log_path, argv[0]],
+            [sys.executable, "-I", "-S", "-c", _LAUNCHER, log_path, argv[0], *prepared.procs],
             input=json.dumps(
                 {
                     "args": argv[1:split],
@@ -434,6 +545,8 @@ class BubblewrapProvider:
                     "secrets": secrets,
                     "run_id": run_id,
                     "pidfile": _pidfile(log_path),
+                    "extra": extra,
+                    "seccomp": self._filter.hex() if self._filter is not None else "",
                 }
             ).encode(),
             capture_output=True,
@@ -450,9 +563,11 @@ class BubblewrapProvider:
             out = json.loads(lines[-1])
         except (IndexError, ValueError):
             raise SandboxError(f"launcher failed ({proc.returncode}): {proc.stderr.decode()!r}") from None
+        if "error" in out and out.get("cgroup"):
+            raise _CgroupJoinError(out["error"])
         if "error" in out:
             raise SandboxError(f"cannot exec bwrap: {out['error']}")
-        extra = {"child_pid": str(out["child_pid"]), "child_start_time": str(out["child_start_time"])}
+        extra = {**extra, "child_pid": str(out["child_pid"]), "child_start_time": str(out["child_start_time"])}
         if out["exit_status"] is not None:
             # Already over (a fast command, or bwrap refused the spec): status says exited, the log says why.
             extra["exit_status"] = str(out["exit_status"])
@@ -464,6 +579,25 @@ class BubblewrapProvider:
             log_path=log_path,
             extra=extra,
         )
+
+
+def _warn_once(message: str) -> None:
+    # Once per process: every sandbox of a host that lacks a controller would say the same.
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
+def _remove_cgroups(handle: SandboxHandle, gone: bool) -> None:
+    try:
+        dirs = json.loads(handle.extra.get("cgroups", "[]"))
+    except ValueError:
+        dirs = []
+    if isinstance(dirs, list) and all(isinstance(d, str) for d in dirs):
+        if gone:
+            remove_dirs(dirs)
+        else:
+            remove_dirs(dirs, wait_secs=0)
 
 
 def _under(path: str, roots: Iterable[str]) -> bool:

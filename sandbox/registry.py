@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 from core.ports import ExecutionProvider
-from sandbox.bubblewrap import BubblewrapProvider
+from sandbox.bubblewrap import DEFAULT_MEMORY_MB, DEFAULT_PIDS, BubblewrapProvider
+from sandbox.limits import MIB, Limits
 
 KNOWN_PROVIDERS = ("bwrap",)
 
 
-def make_provider(name: str, *, bwrap_path: str = "bwrap") -> ExecutionProvider:
+def make_provider(
+    name: str,
+    *,
+    bwrap_path: str = "bwrap",
+    limits_mode: str = "best-effort",
+    memory_mb: int = DEFAULT_MEMORY_MB,
+    pids: int = DEFAULT_PIDS,
+    syscall_filter: bool = True,
+) -> ExecutionProvider:
     """Build the execution provider called ``name``.
 
+    ``limits_mode`` is ``best-effort``, ``required`` or ``off``; a ``memory_mb`` or ``pids`` of 0 leaves
+    that resource unlimited.
+
     Raises:
-        ValueError: no provider has that name.
+        ValueError: no provider has that name, or an unknown limits mode.
     """
     if name == "bwrap":
-        return BubblewrapProvider(bwrap_path=bwrap_path)
+        limits = Limits(memory_bytes=memory_mb * MIB if memory_mb > 0 else None, pids=pids if pids > 0 else None)
+        return BubblewrapProvider(
+            bwrap_path=bwrap_path, limits_mode=limits_mode, limits=limits, syscall_filter=syscall_filter
+        )
     raise ValueError(f"unknown execution provider {name!r}; known: {', '.join(KNOWN_PROVIDERS)}")

@@ -242,3 +242,18 @@ async def test_the_agent_cannot_read_the_runners_memory(api: httpx.AsyncClient) 
     )
     verdicts = [line for line in said.splitlines() if line.startswith("RUNNER_MEMORY_")]
     assert verdicts == ["RUNNER_MEMORY_DENIED"], said
+
+
+async def test_the_ledger_says_how_the_sandbox_is_confined_and_the_agent_runs_under_the_syscall_filter(
+    api: httpx.AsyncClient,
+) -> None:
+    policy = await make_policy(api, {"defaults": {"tool_action": "allow"}, "tools": []})
+    probe = "grep -E '^Seccomp:' /proc/self/status"
+    agent = await make_agent(api, [{"tool": "Bash", "input": {"command": probe}}], policy=policy)
+    run_id = await start_run(api, agent, workspace=None)
+    await wait_status(api, run_id, {"completed"})
+    said = [e["payload"]["data"].get("text", "") for e in await events(api, run_id) if e["type"] == "agent.message"]
+    [launched] = [s for s in said if s.startswith("sandbox launched")]
+    # The limits are whatever this host's cgroups allow (named either way); the filter is always on here.
+    assert "; limits: " in launched and launched.endswith("; syscall filter: on)"), launched
+    assert any("Seccomp:\t2" in s or "Seccomp: 2" in s for s in said), said  # SECCOMP_MODE_FILTER
