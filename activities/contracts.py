@@ -36,6 +36,11 @@ ALL_ACTIVITIES = (
 )
 
 
+# The workflow rejects new updates with this error type while it moves to a fresh history (continue-as-new);
+# callers retry the same update, which then lands on the new run.
+RUN_MOVING = "RunMoving"
+
+
 def workflow_id(run_id: str) -> str:
     return f"run-{run_id}"
 
@@ -45,6 +50,8 @@ class Timing(BaseModel):
     heartbeat_stale_secs: float = 60.0
     quiesce_secs: float = 30.0
     approval_recheck_secs: float = 30.0
+    # Continue-as-new after this many updates (approval waits, brokered calls); Temporal allows 2,000 per run.
+    move_after_updates: int = 1500
 
 
 class RunInput(BaseModel):
@@ -52,6 +59,11 @@ class RunInput(BaseModel):
     agent_name: str
     max_wall_clock_secs: int | None = None
     timing: Timing = Field(default_factory=Timing)
+    # Set when the run continues as new: it is already provisioned; the wall clock keeps its deadline.
+    resumed: bool = False
+    deadline: str | None = None  # ISO 8601, UTC
+    status: str | None = None
+    decisions: dict[str, str] = Field(default_factory=dict)  # approval decisions signalled, not yet consumed
 
 
 class RunRef(BaseModel):
@@ -111,7 +123,7 @@ class ApprovalWait(BaseModel):
 
 
 class ApprovalVerdict(BaseModel):
-    decision: str  # allow | deny
+    decision: str  # allow | deny | moved (the run moved to a new history: wait again with the same update)
     message: str | None = None
 
 

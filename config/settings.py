@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     liveness_check_secs: float = 5.0
     quiesce_secs: float = 30.0
     approval_recheck_secs: float = 30.0
+    # A run's workflow continues as new after this many approval waits and brokered calls (Temporal: 2,000 max).
+    run_move_after_updates: int = Field(default=1500, ge=1, le=1900)
     replay_delay_ms: int = 400
     token_ttl_secs: int = 3 * 3600
 

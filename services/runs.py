@@ -67,6 +67,7 @@ def timing(settings: Settings) -> c.Timing:
         heartbeat_stale_secs=settings.heartbeat_stale_secs,
         quiesce_secs=settings.quiesce_secs,
         approval_recheck_secs=settings.approval_recheck_secs,
+        move_after_updates=settings.run_move_after_updates,
     )
 
 

@@ -2,6 +2,12 @@
 
 provision → supervise (signals, approval updates, the wall-clock timer) → finalize. Every side effect
 is an activity called by name; the workflow only decides what happens next.
+
+A long run moves to a fresh history (continue-as-new) after ``Timing.move_after_updates`` updates or
+when Temporal suggests it: Temporal allows 2,000 updates and 51,200 events per run. While it moves it
+refuses new updates (``RunMoving``), answers its approval waits ``moved`` (the caller waits again with
+the same update, on the new run), lets brokered calls finish, then continues as new with the wall-clock
+deadline, the status and any unconsumed approval decisions. The new run skips provisioning.
 """
 
 from __future__ import annotations
@@ -25,12 +31,17 @@ ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 @workflow.defn(name="RunWorkflow")
 class RunWorkflow:
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, inp: c.RunInput) -> None:
+        # The input is known before any handler runs: a continued run's first task may carry an update.
+        self._inp = inp
         self._wake = False
         self._closing = False
-        self._decisions: dict[str, str] = {}
-        self._status = "created"
+        self._decisions: dict[str, str] = dict(inp.decisions)
+        self._status = inp.status or "created"
         self._brokering = 0  # brokered calls executing right now
+        self._updates = 0  # updates accepted by this run (Temporal caps them per run)
+        self._moving = False  # continuing as new: new updates are refused, approval waits answer "moved"
 
     # ---- messages ------------------------------------------------------------------------------
 
@@ -51,6 +62,7 @@ class RunWorkflow:
     @workflow.update
     async def broker_call(self, call: c.BrokerCall) -> c.BrokerOut:
         """Execute one allowed brokered call in the control plane. Update id carries the attempt."""
+        self._updates += 1
         self._brokering += 1
         try:
             # A local activity: it runs in the worker that holds this workflow task, saving a task
@@ -70,8 +82,7 @@ class RunWorkflow:
 
     @broker_call.validator
     def _validate_broker_call(self, call: c.BrokerCall) -> None:
-        if self._closing:
-            raise ApplicationError("session is not active", type="SessionNotActive")
+        self._accepting()
 
     @workflow.query
     def status(self) -> str:
@@ -80,11 +91,15 @@ class RunWorkflow:
     @workflow.update
     async def await_approval(self, wait: c.ApprovalWait) -> c.ApprovalVerdict:
         """Hold one tool call until a human decides or its TTL passes. Update id = tool_call_id."""
+        self._updates += 1
         ref = c.ApprovalIn(run_id=self._inp.run_id, tool_call_id=wait.tool_call_id)
         row = await self._act(c.OPEN_APPROVAL, ref, c.ApprovalRow)
         if row.status == "pending":
             self._set_status("awaiting_approval")
-            row = await self._wait_for_decision(ref, row)
+            decided = await self._wait_for_decision(ref, row)
+            if decided is None:
+                return c.ApprovalVerdict(decision="moved")
+            row = decided
             resumed = await self._act(c.RESUME_AFTER_APPROVAL, c.RunRef(run_id=self._inp.run_id), c.StatusOut)
             if not self._closing:
                 self._set_status(resumed.status)  # still awaiting_approval while another call waits
@@ -94,10 +109,16 @@ class RunWorkflow:
 
     @await_approval.validator
     def _validate_approval(self, wait: c.ApprovalWait) -> None:
+        self._accepting()
+
+    def _accepting(self) -> None:
         if self._closing:
             raise ApplicationError("session is not active", type="SessionNotActive")
+        if self._moving:
+            raise ApplicationError("the run is moving to a fresh workflow history; retry", type=c.RUN_MOVING)
 
-    async def _wait_for_decision(self, ref: c.ApprovalIn, row: c.ApprovalRow) -> c.ApprovalRow:
+    async def _wait_for_decision(self, ref: c.ApprovalIn, row: c.ApprovalRow) -> c.ApprovalRow | None:
+        """The decided row, or None when the run is moving (the wait resumes on the new run)."""
         deadline = datetime.fromisoformat(row.expires_at) if row.expires_at else workflow.now()
         recheck = self._inp.timing.approval_recheck_secs
         while True:
@@ -105,7 +126,7 @@ class RunWorkflow:
             if remaining > 0:
                 try:
                     await workflow.wait_condition(
-                        lambda: ref.tool_call_id in self._decisions or self._closing,
+                        lambda: ref.tool_call_id in self._decisions or self._closing or self._moving,
                         timeout=min(recheck, remaining),
                     )
                 except TimeoutError:
@@ -115,6 +136,8 @@ class RunWorkflow:
                 return c.ApprovalRow(approval_id=row.approval_id, status=status, reason=f"human decision: {status}")
             if self._closing:
                 return c.ApprovalRow(approval_id=row.approval_id, status="denied", reason="session is not active")
+            if self._moving:
+                return None
             if (deadline - workflow.now()).total_seconds() <= 0:
                 return await self._act(c.EXPIRE_APPROVAL, ref, c.ApprovalRow)
             # A slow re-read: a decision whose signal was lost still reaches the run.
@@ -126,8 +149,11 @@ class RunWorkflow:
 
     @workflow.run
     async def run(self, inp: c.RunInput) -> str:
-        self._inp = inp
         ref = c.RunRef(run_id=inp.run_id)
+        if inp.resumed:
+            # Continued as new: the sandbox runs, the ledger has everything; pick up where the last run was.
+            await self._supervise()
+            return await self._finalize()
         try:
             out = await self._act(c.PROVISION, ref, c.StatusOut, timeout=timedelta(minutes=5), retry=PROVISION_RETRY)
             self._set_status(out.status)
@@ -149,9 +175,12 @@ class RunWorkflow:
             summary="watch the runner's heartbeat and the sandbox",
         )
         budget = self._inp.max_wall_clock_secs
+        deadline = self._deadline(budget)
+        remaining = (deadline - workflow.now()).total_seconds() if deadline else None
         try:
             await workflow.wait_condition(
-                lambda: self._wake or supervisor.done(), timeout=timedelta(seconds=budget) if budget else None
+                lambda: self._wake or supervisor.done() or self._should_move(),
+                timeout=timedelta(seconds=max(remaining, 0.001)) if remaining is not None else None,
             )
         except TimeoutError:
             await self._act(
@@ -166,6 +195,8 @@ class RunWorkflow:
                 ),
                 c.StatusOut,
             )
+        if not self._wake and not supervisor.done() and self._should_move():
+            await self._move(supervisor, deadline)
         if supervisor.done() and not self._wake:
             try:
                 seen = supervisor.result()
@@ -175,6 +206,32 @@ class RunWorkflow:
                 await self._fail(seen.message or "runner lost")
         else:
             supervisor.cancel()
+
+    def _deadline(self, budget: int | None) -> datetime | None:
+        if self._inp.deadline:
+            return datetime.fromisoformat(self._inp.deadline)
+        return workflow.now() + timedelta(seconds=budget) if budget else None
+
+    def _should_move(self) -> bool:
+        return self._updates >= self._inp.timing.move_after_updates or workflow.info().is_continue_as_new_suggested()
+
+    async def _move(self, supervisor: workflow.ActivityHandle[c.SuperviseOut], deadline: datetime | None) -> None:
+        """Continue as new: refuse new updates, release approval waits, let brokered calls finish."""
+        self._moving = True
+        supervisor.cancel()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(
+            c.RunInput(
+                run_id=self._inp.run_id,
+                agent_name=self._inp.agent_name,
+                max_wall_clock_secs=self._inp.max_wall_clock_secs,
+                timing=self._inp.timing,
+                resumed=True,
+                deadline=deadline.isoformat() if deadline else None,
+                status=self._status,
+                decisions=self._decisions,
+            )
+        )
 
     async def _fail(self, reason: str) -> None:
         await self._act(

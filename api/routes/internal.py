@@ -5,11 +5,14 @@ Every route authenticates a run-scoped token and checks its audience first.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Body, Request
 from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
@@ -30,11 +33,36 @@ router = APIRouter(prefix="/internal", tags=["internal"])
 RUNNER_EVENT_TYPES = (ev.AGENT_MESSAGE, ev.RUN_ERROR, "tool.completed")
 RUNNER_ACTORS = frozenset({"agent", "harness"})
 INACTIVE = PermissionResponse(decision="deny", message="session is not active")
+MOVE_PATIENCE_SECS = 60.0
+T = TypeVar("T")
 # Temporal holds at most 10 updates in flight per workflow: approval waits and brokered calls each use one.
 BUSY = (
     "too many tool calls of this run are waiting on an approval or a brokered call (the workflow engine holds 10 "
     "at a time); retry with the same tool_call_id"
 )
+
+
+async def while_moving(call: Callable[[], Awaitable[T]], moved: Callable[[T], bool]) -> T:
+    """Run a workflow update again while the run moves to a fresh history (continue-as-new): refused
+    with ``RunMoving``, or an approval wait answered ``moved``. A move takes a workflow task or two; past
+    MOVE_PATIENCE_SECS the caller gets 503 and retries with the same tool_call_id."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + MOVE_PATIENCE_SECS
+    pause = 0.02
+    while True:
+        try:
+            result = await call()
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            if not (isinstance(cause, ApplicationError) and cause.type == c.RUN_MOVING):
+                raise
+        else:
+            if not moved(result):
+                return result
+        if loop.time() > deadline:
+            raise Unavailable("the run is moving to a fresh workflow history; retry with the same tool_call_id")
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 1.0)
 
 
 async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> PermissionResponse:
@@ -46,10 +74,13 @@ async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> Permiss
         return PermissionResponse(decision="deny", message=outcome.message)
     try:
         handle = run_handle(await svc.temporal(), run_id)
-        verdict: c.ApprovalVerdict = await handle.execute_update(
-            RunWorkflow.await_approval,
-            c.ApprovalWait(tool_call_id=req.tool_call_id),
-            id=f"approval:{req.tool_call_id}",
+        verdict: c.ApprovalVerdict = await while_moving(
+            lambda: handle.execute_update(
+                RunWorkflow.await_approval,
+                c.ApprovalWait(tool_call_id=req.tool_call_id),
+                id=f"approval:{req.tool_call_id}",
+            ),
+            lambda v: v.decision == "moved",
         )
     except WorkflowUpdateFailedError as exc:
         log.info("approval wait for %s/%s ended: %s", run_id, req.tool_call_id, exc)
@@ -148,10 +179,13 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
         attempt = claim["attempts"] + (0 if claim["state"] == "claimed" else 1)
         try:
             handle = run_handle(await svc.temporal(), run_id)
-            await handle.execute_update(
-                RunWorkflow.broker_call,
-                c.BrokerCall(tool_call_id=req.tool_call_id, input_digest=digest),
-                id=f"broker:{req.tool_call_id}:{digest}:{attempt}",
+            await while_moving(
+                lambda: handle.execute_update(
+                    RunWorkflow.broker_call,
+                    c.BrokerCall(tool_call_id=req.tool_call_id, input_digest=digest),
+                    id=f"broker:{req.tool_call_id}:{digest}:{attempt}",
+                ),
+                lambda _: False,
             )
         except WorkflowUpdateFailedError as exc:
             log.warning("brokered call %s/%s did not complete: %s", run_id, req.tool_call_id, exc)

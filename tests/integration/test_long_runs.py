@@ -1,0 +1,86 @@
+"""Long runs move to a fresh workflow history (continue-as-new): a stack of its own that moves every 2 updates.
+
+Temporal caps a workflow run at 2,000 updates (each approval wait and each brokered call is one) and
+51,200 history events. Here the threshold is 2, so a run with five approvals moves at least twice,
+once with an approval pending across the move, and must look exactly like a run that never moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus
+
+from activities.contracts import workflow_id
+from cli.stack import Stack, admin_token
+from tests.integration.conftest import FAST
+from tests.integration.helpers import events, make_agent, make_policy, start_run, types, wait_status
+
+pytestmark = pytest.mark.stack
+
+MOVE_AFTER = 2
+STEPS = 5
+
+
+@pytest.fixture(scope="module")
+async def moving() -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
+    st = Stack.ephemeral("fbxm-", {**FAST, "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": str(MOVE_AFTER)})
+    try:
+        await st.start()
+        token = admin_token(st.home)[0]
+        async with httpx.AsyncClient(
+            base_url=st.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
+        ) as client:
+            yield st, client
+    finally:
+        st.stop()
+        shutil.rmtree(st.home, ignore_errors=True)
+
+
+async def pending_approval(api: httpx.AsyncClient, run_id: str, decided: set[str]) -> dict[str, object]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:
+        rows = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+        fresh = [r for r in rows if r["status"] == "pending" and r["id"] not in decided]
+        if fresh:
+            return dict(fresh[0])
+        assert loop.time() < deadline, f"no new pending approval: {rows}"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_run_with_more_updates_than_one_history_holds_moves_and_completes_unchanged(
+    moving: tuple[Stack, httpx.AsyncClient],
+) -> None:
+    stack, api = moving
+    policy = await make_policy(api, {"defaults": {"tool_action": "approve"}})
+    script = [{"tool": "Bash", "input": {"command": f"echo step-{n}"}} for n in range(STEPS)]
+    run_id = await start_run(api, await make_agent(api, script, policy=policy), workspace=None)
+    decided: set[str] = set()
+    for _ in range(STEPS):
+        approval = await pending_approval(api, run_id, decided)
+        r = await api.post(f"/v1/approvals/{approval['id']}/decision", json={"decision": "approve"})
+        assert r.status_code == 200, r.text
+        decided.add(str(approval["id"]))
+    row = await wait_status(api, run_id, {"completed", "failed"}, timeout=90)
+    evs = await events(api, run_id)
+    assert row["status"] == "completed", [e["payload"] for e in evs if e["type"] in ("run.error", "status.changed")]
+
+    # Every step was asked once, approved once and ran: the moves left no trace in the ledger.
+    assert types(evs).count("approval.requested") == STEPS
+    decisions = [e["payload"]["data"] for e in evs if e["type"] == "tool.decision"]
+    assert [(d["verdict"], d["source"]) for d in decisions] == [("allow", "human")] * STEPS
+    said = "\n".join(e["payload"]["data"].get("text", "") for e in evs if e["type"] == "agent.message")
+    assert all(f"step-{n}" in said for n in range(STEPS))
+
+    # Temporal shows the moves: several runs under the run's workflow id, all but the last continued as new.
+    client = await Client.connect(stack.temporal_address or "", namespace="default")
+    runs = [w async for w in client.list_workflows(f'WorkflowId = "{workflow_id(run_id)}"')]
+    statuses = sorted(str(w.status.name) for w in runs if w.status is not None)
+    assert len(runs) >= 1 + (STEPS - 1) // MOVE_AFTER, statuses
+    assert statuses.count(WorkflowExecutionStatus.COMPLETED.name) == 1
+    assert statuses.count(WorkflowExecutionStatus.CONTINUED_AS_NEW.name) == len(runs) - 1
