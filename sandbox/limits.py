@@ -405,7 +405,7 @@ def is_sandbox_cgroup(path: str) -> bool:
 
 
 def remove_dirs(dirs: Iterable[str], *, wait_secs: float = _REMOVE_WAIT_SECS) -> bool:
-    """Remove sandbox cgroups (and their ``fluidbox`` parent once it is empty); True if none is left.
+    """Remove sandbox cgroups (never their shared ``fluidbox`` parent); True if none is left.
 
     Ending the processes inside is the caller's job: while the kernel still counts tasks in one, this
     retries for up to ``wait_secs``. A cgroup already gone counts as removed; nothing here raises.
@@ -431,7 +431,8 @@ def remove_dirs(dirs: Iterable[str], *, wait_secs: float = _REMOVE_WAIT_SECS) ->
                     log.warning("could not remove cgroup %s: %s", path, _why(err))
                 ok = False
                 break
-        # Shared by every sandbox: removed only once the last one is gone (rmdir refuses otherwise).
-        with contextlib.suppress(OSError):
-            os.rmdir(os.path.dirname(os.path.normpath(path)))
+        # The shared ``fluidbox`` parent stays: removing it while another sandbox is being prepared (between
+        # its mkdir and its controller delegation) would leave that sandbox without limits.
+        if not ok and wait_secs <= 0:
+            log.warning("cgroup %s is left behind: processes may still be inside", path)
     return ok

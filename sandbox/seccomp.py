@@ -6,8 +6,10 @@ remove it. The sandbox already has no capabilities and no network; the filter ta
 interfaces an agent's tools have no business with and that widen the attack surface or reach across
 processes:
 
-* **Reading or steering other processes** — ``ptrace``, ``process_vm_readv``/``writev``, ``kcmp``: the
-  runner holds the run's tokens in its memory; it is already non-dumpable, and now no tool can even ask.
+* **Reading or steering other processes** — ``ptrace``, ``process_vm_readv``/``writev``, ``pidfd_getfd``,
+  ``process_madvise``, ``kcmp``. The runner holds the run's tokens in its memory and is non-dumpable,
+  which is what keeps ``/proc/<runner>/mem`` and its fds closed to the agent's tools; the filter takes
+  these calls away from every process in the sandbox besides.
 * **New namespaces** — ``unshare``, ``setns``, and ``clone`` with ``CLONE_NEWUSER``: a nested user
   namespace hands its creator a full capability set inside it, the start of many kernel exploits.
   ``clone3`` answers ``ENOSYS`` (its flags live in memory a filter cannot read), so libc falls back to
@@ -15,6 +17,9 @@ processes:
 * **Mounts, modules, keys, kexec, clocks, swap, quotas, reboot, BPF, perf, io_uring,
   userfaultfd, handle-based opens, the kernel log** — the rest of Docker's default deny list, for the
   same reasons.
+
+Syscalls newer than the tables (number 451 and up, ``map_shadow_stack`` excepted) answer ``ENOSYS``,
+as on an older kernel, so a new kernel interface is never open by omission.
 
 Everything denied fails with ``EPERM`` (``ENOSYS`` for ``clone3``), never a kill, so a tool that probes
 for a feature gets an error it can handle. A syscall made through another ABI than the native one (i386
@@ -64,7 +69,9 @@ DENIED = (
     "open_by_handle_at",
     "open_tree",
     "perf_event_open",
+    "pidfd_getfd",
     "pivot_root",
+    "process_madvise",
     "process_vm_readv",
     "process_vm_writev",
     "ptrace",
@@ -89,6 +96,10 @@ DENIED = (
 
 CLONE_NEWUSER = 0x10000000
 X32_SYSCALL_BIT = 0x40000000
+# Syscalls newer than these tables (the same numbers on every architecture since 5.x) answer ENOSYS, as if
+# the kernel were older, so libc falls back; except map_shadow_stack, which glibc's CET support needs.
+FIRST_UNKNOWN = 451
+ALLOWED_NEW = (453,)  # map_shadow_stack
 
 
 @dataclass(frozen=True)
@@ -140,7 +151,9 @@ X86_64 = Arch(
         "open_by_handle_at": 304,
         "open_tree": 428,
         "perf_event_open": 298,
+        "pidfd_getfd": 438,
         "pivot_root": 155,
+        "process_madvise": 440,
         "process_vm_readv": 310,
         "process_vm_writev": 311,
         "ptrace": 101,
@@ -197,7 +210,9 @@ AARCH64 = Arch(
         "open_by_handle_at": 265,
         "open_tree": 428,
         "perf_event_open": 241,
+        "pidfd_getfd": 438,
         "pivot_root": 41,
+        "process_madvise": 440,
         "process_vm_readv": 270,
         "process_vm_writev": 271,
         "ptrace": 117,
@@ -244,12 +259,15 @@ def program(arch: Arch) -> bytes:
     ]
     if arch.x32_bit:
         ops.append((JGE_K, "eperm", None, X32_SYSCALL_BIT))
+    ops += [(JEQ_K, "allow", None, nr) for nr in ALLOWED_NEW]
+    ops.append((JGE_K, "enosys", None, FIRST_UNKNOWN))
     for name in DENIED:
         if name in arch.numbers:
             ops.append((JEQ_K, "eperm", None, arch.numbers[name]))
     ops += [
         (JEQ_K, "enosys", None, arch.numbers["clone3"]),
         (JEQ_K, "clone", None, arch.numbers["clone"]),
+        "allow",
         (RET_K, None, None, RET_ALLOW),
         "clone",
         (LD_ABS_W, None, None, OFF_ARG0_LOW),

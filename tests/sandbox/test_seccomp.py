@@ -54,7 +54,16 @@ def call(name, *args):
     return 0 if r >= 0 else ctypes.get_errno()
 
 
+def raw(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return 0 if r >= 0 else ctypes.get_errno()
+
+
 seen = {
+    "pidfd_getfd": call("pidfd_getfd", -1, 0, 0),
+    "x32_getpid": raw(0x40000000 | 39, 0) if arch.name == "x86_64" else None,
+    "newer_than_the_tables": raw(458, 0, 0, 0, 0),  # listmount (6.8+), any kernel: ENOSYS under the filter
     "ptrace": call("ptrace", 2, os.getppid(), 0, 0),  # PTRACE_PEEKDATA on a process we do not trace
     "process_vm_readv": call("process_vm_readv", os.getppid(), 0, 0, 0, 0, 0),
     "unshare": call("unshare", 0x10000000),  # CLONE_NEWUSER
@@ -92,9 +101,21 @@ def probe(mode: str) -> dict[str, object]:
 @needs_filter
 def test_the_filter_refuses_what_reaches_across_processes_or_into_the_kernel_and_nothing_else() -> None:
     seen = probe("filtered")
-    eperm = {"ptrace", "process_vm_readv", "unshare", "clone_newuser", "keyctl", "io_uring_setup", "bpf"}
+    eperm = {
+        "ptrace",
+        "process_vm_readv",
+        "pidfd_getfd",
+        "unshare",
+        "clone_newuser",
+        "keyctl",
+        "io_uring_setup",
+        "bpf",
+    }
     assert {k: seen[k] for k in eperm} == dict.fromkeys(eperm, errno.EPERM)
     assert seen["clone3"] == errno.ENOSYS  # libc falls back to clone, which the filter can inspect
+    assert seen["newer_than_the_tables"] == errno.ENOSYS  # as on an older kernel: never open by omission
+    if ARCH is not None and ARCH.name == "x86_64":
+        assert seen["x32_getpid"] == errno.EPERM  # another ABI's numbers mean other calls: refused
     # Ordinary work is untouched: processes (clone without CLONE_NEWUSER), threads, exec, sockets.
     assert seen["fork_exit"] == 3 and seen["thread"] is True
     assert seen["subprocess"] == "42" and seen["socketpair"] == "x"
@@ -107,6 +128,7 @@ def test_without_the_filter_the_same_probes_get_other_answers() -> None:
     assert seen["ptrace"] == errno.ESRCH  # the kernel looked: that process is not traced by us
     assert seen["clone3"] != errno.ENOSYS  # the kernel has clone3 (EFAULT/EINVAL for these arguments)
     assert seen["keyctl"] != errno.EPERM and seen["io_uring_setup"] != errno.EPERM
+    assert seen["pidfd_getfd"] == errno.EBADF  # the kernel looked at the (invalid) pidfd
 
 
 def _header_numbers(path: Path) -> dict[str, int]:
