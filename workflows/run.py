@@ -3,8 +3,8 @@
 provision → supervise (signals, approval updates, the wall-clock timer) → finalize. Every side effect
 is an activity called by name; the workflow only decides what happens next.
 
-A long run moves to a fresh history (continue-as-new) after ``Timing.move_after_updates`` updates or
-when Temporal suggests it: Temporal allows 2,000 updates and 51,200 events per run. While it moves it
+A long run moves to a fresh history (continue-as-new) after ``Timing.move_after_updates`` answered
+updates or when Temporal suggests it: Temporal allows 2,000 updates and 51,200 events per run. While it moves it
 refuses new updates (``RunMoving``), answers its approval waits ``moved`` (the caller waits again with
 the same update, on the new run), lets brokered calls finish, then continues as new with the wall-clock
 deadline, the status and any unconsumed approval decisions. The new run skips provisioning.
@@ -40,7 +40,9 @@ class RunWorkflow:
         self._decisions: dict[str, str] = dict(inp.decisions)
         self._status = inp.status or "created"
         self._brokering = 0  # brokered calls executing right now
-        self._updates = 0  # updates accepted by this run (Temporal caps them per run)
+        # Updates this run has answered for good (not "moved"). Counting answers rather than starts keeps a
+        # run with more waits in flight than the threshold from moving again before anything was decided.
+        self._updates = 0
         self._moving = False  # continuing as new: new updates are refused, approval waits answer "moved"
 
     # ---- messages ------------------------------------------------------------------------------
@@ -62,7 +64,6 @@ class RunWorkflow:
     @workflow.update
     async def broker_call(self, call: c.BrokerCall) -> c.BrokerOut:
         """Execute one allowed brokered call in the control plane. Update id carries the attempt."""
-        self._updates += 1
         self._brokering += 1
         try:
             # A local activity: it runs in the worker that holds this workflow task, saving a task
@@ -79,6 +80,7 @@ class RunWorkflow:
             return cast(c.BrokerOut, result)
         finally:
             self._brokering -= 1
+            self._updates += 1
 
     @broker_call.validator
     def _validate_broker_call(self, call: c.BrokerCall) -> None:
@@ -91,7 +93,6 @@ class RunWorkflow:
     @workflow.update
     async def await_approval(self, wait: c.ApprovalWait) -> c.ApprovalVerdict:
         """Hold one tool call until a human decides or its TTL passes. Update id = tool_call_id."""
-        self._updates += 1
         ref = c.ApprovalIn(run_id=self._inp.run_id, tool_call_id=wait.tool_call_id)
         row = await self._act(c.OPEN_APPROVAL, ref, c.ApprovalRow)
         if row.status == "pending":
@@ -103,6 +104,7 @@ class RunWorkflow:
             resumed = await self._act(c.RESUME_AFTER_APPROVAL, c.RunRef(run_id=self._inp.run_id), c.StatusOut)
             if not self._closing:
                 self._set_status(resumed.status)  # still awaiting_approval while another call waits
+        self._updates += 1
         if row.status in ALLOWED:
             return c.ApprovalVerdict(decision="allow")
         return c.ApprovalVerdict(decision="deny", message=row.reason or "denied by a human")

@@ -30,6 +30,9 @@ FAST = {
     "FLUIDBOX_ALLOW_LOOPBACK_CALLBACKS": "true",
     "FLUIDBOX_STRANDED_AFTER_SECS": "3",
     "FLUIDBOX_STRANDED_CHECK_SECS": "0.5",
+    # Runs move to a fresh workflow history every 3 updates, so every test with several approvals or
+    # brokered calls also proves that a move changes nothing a user can see (production: 1500).
+    "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": "3",
 }
 
 

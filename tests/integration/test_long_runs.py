@@ -18,7 +18,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from activities.contracts import workflow_id
 from cli.stack import Stack, admin_token
 from tests.integration.conftest import FAST
-from tests.integration.helpers import events, make_agent, make_policy, start_run, types, wait_status
+from tests.integration.helpers import events, issue_token, make_agent, make_policy, start_run, types, wait_status
 
 pytestmark = pytest.mark.stack
 
@@ -84,3 +84,56 @@ async def test_a_run_with_more_updates_than_one_history_holds_moves_and_complete
     assert len(runs) >= 1 + (STEPS - 1) // MOVE_AFTER, statuses
     assert statuses.count(WorkflowExecutionStatus.COMPLETED.name) == 1
     assert statuses.count(WorkflowExecutionStatus.CONTINUED_AS_NEW.name) == len(runs) - 1
+
+
+async def test_an_approval_pending_across_a_move_stays_the_same_approval(
+    moving: tuple[Stack, httpx.AsyncClient],
+) -> None:
+    # Three tool calls wait on approval at once (as a model's parallel tool calls would); deciding two of
+    # them moves the run while the third still waits. The runner's request for it never notices.
+    stack, api = moving
+    run_id = await start_run(api, await make_agent(api, [{"sleep_ms": 600000}]), workspace=None)
+    await wait_status(api, run_id, {"running"})
+    tool = await issue_token(stack.database_url or "", run_id, "tool")
+    url = f"/internal/sessions/{run_id}/permission"
+
+    def ask(n: int) -> dict[str, object]:
+        return {"tool_call_id": f"mv_{n}", "tool": "Bash", "input": {"command": f"./deploy.sh {n}"}}
+
+    async with httpx.AsyncClient(
+        base_url=stack.api_url, headers={"authorization": f"Bearer {tool}"}, timeout=90
+    ) as runner:
+        waiting = [asyncio.create_task(runner.post(url, json=ask(n))) for n in range(3)]
+        rows: dict[str, dict[str, object]] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while len(rows) < 3:
+            assert loop.time() < deadline, f"three approvals never became pending: {rows}"
+            listed = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+            rows = {str(a["tool_call_id"]): a for a in listed if a["status"] == "pending"}
+            await asyncio.sleep(0.05)
+        for n in (0, 1):
+            r = await api.post(f"/v1/approvals/{rows[f'mv_{n}']['id']}/decision", json={"decision": "approve"})
+            assert r.status_code == 200
+            assert (await asyncio.wait_for(waiting[n], 60)).json() == {"decision": "allow"}
+        client = await Client.connect(stack.temporal_address or "", namespace="default")
+        deadline = loop.time() + 30
+        while True:  # the run moves once two updates were answered
+            runs = [w async for w in client.list_workflows(f'WorkflowId = "{workflow_id(run_id)}"')]
+            if any(w.status == WorkflowExecutionStatus.CONTINUED_AS_NEW for w in runs):
+                break
+            assert loop.time() < deadline, "the run never moved"
+            await asyncio.sleep(0.1)
+        assert not waiting[2].done()
+        r = await api.post(f"/v1/approvals/{rows['mv_2']['id']}/decision", json={"decision": "deny"})
+        assert r.status_code == 200
+        assert (await asyncio.wait_for(waiting[2], 60)).json()["decision"] == "deny"
+    listed = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+    assert sorted((a["tool_call_id"], a["status"]) for a in listed) == [
+        ("mv_0", "approved_once"),
+        ("mv_1", "approved_once"),
+        ("mv_2", "denied"),
+    ]
+    assert types(await events(api, run_id)).count("approval.requested") == 3
+    await api.post(f"/v1/sessions/{run_id}/cancel")
+    await wait_status(api, run_id, {"cancelled"})
