@@ -106,19 +106,21 @@ class BrokerActivities:
         started = time.monotonic()
         try:
             # Admitted again right before connecting: a name that now resolves somewhere forbidden
-            # is refused with nothing sent (the resolve-then-connect window remains; see urls.py).
-            await self.url_policy.admit(binding["base_url"])
+            # is refused with nothing sent, and the call connects only to the addresses vetted here
+            # (pinned; the name is not resolved again, so a rebinding answer cannot redirect it).
+            admitted = await self.url_policy.admit(binding["base_url"])
         except UrlRefused as err:
             outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
         else:
             headers = auth_headers(token, header_name=binding["header_name"], scheme=binding["scheme"])
             call = self.pool.call_tool if self.pool is not None else mcp_client.call_tool
             outcome = await call(
-                binding["base_url"],
+                admitted.url,
                 headers,
                 split[1],
                 claim["input"],
                 expected_protocol=surface.get("protocol_version"),
+                pin=admitted,
             )
         latency_ms = int((time.monotonic() - started) * 1000)
         # An upstream that echoes the credential back must not carry it into the ledger or the sandbox.

@@ -33,6 +33,11 @@ error response"``…) and drops the HTTP status. This module therefore watches H
 through an ``httpx2`` response hook and recognizes the SDK's stand-in errors, so a dropped
 connection is ``ambiguous`` and only a real server error is ``failed_upstream``.
 
+Pinning: given ``pin`` (the :class:`~integrations.urls.AdmittedUrl` the caller just got for the
+URL), every request connects to one of the admitted addresses, keeping the original ``Host`` and
+TLS server name, and a request for any other origin is refused (:mod:`integrations.pinning`);
+without it the HTTP client resolves the name again when it connects.
+
 Credentials: header values are only ever handed to the HTTP client; no message, log line or
 exception produced here contains them, and URLs are shown without userinfo or query string.
 """
@@ -58,6 +63,8 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from core.digests import document_digest
+from integrations.pinning import PinnedTransport
+from integrations.urls import AdmittedUrl
 
 __all__ = [
     "ACCEPTED_PROTOCOLS",
@@ -251,15 +258,19 @@ def _tls_context() -> ssl.SSLContext:
 
 
 @asynccontextmanager
-async def _open_session(url: str, headers: dict[str, str], timeout: float, wire: _Wire) -> AsyncIterator[ClientSession]:
+async def _open_session(
+    url: str, headers: dict[str, str], timeout: float, wire: _Wire, pin: AdmittedUrl | None = None
+) -> AsyncIterator[ClientSession]:
     # Read timeout is left to the caller's cancel scopes (each phase is bounded there); connect,
     # write and pool waits are bounded here. trust_env=False: no proxy or .netrc from the environment.
+    # With a pin, every request connects to an address admission vetted and nothing is resolved again.
     http = httpx2.AsyncClient(
         headers=headers,
         timeout=httpx2.Timeout(timeout, read=None),
         event_hooks={"response": [wire.on_response]},
         trust_env=False,
         verify=_tls_context(),
+        transport=PinnedTransport(pin, verify=_tls_context()) if pin is not None else None,
     )
     async with http, streamable_http_client(url, http_client=http) as (read, write):
         async with ClientSession(read, write, client_info=CLIENT_INFO) as session:
@@ -334,11 +345,20 @@ async def _list_all_tools(session: ClientSession, max_pages: int) -> list[dict[s
         seen.add(cursor)
 
 
-async def photograph(url: str, headers: dict[str, str], *, timeout: float = 30.0, max_pages: int = 50) -> Photograph:
+async def photograph(
+    url: str,
+    headers: dict[str, str],
+    *,
+    timeout: float = 30.0,
+    max_pages: int = 50,
+    pin: AdmittedUrl | None = None,
+) -> Photograph:
     """Initialize (offering ``2025-11-25``) and list every tool across all ``tools/list`` pages.
 
     ``timeout`` bounds the whole operation (connect, initialize, every page); closing the
-    session afterwards gets a few more seconds at most. Raises a :class:`McpClientError`.
+    session afterwards gets a few more seconds at most. ``pin`` (the admission of ``url``)
+    makes every request connect to its vetted addresses only (see :mod:`integrations.pinning`).
+    Raises a :class:`McpClientError`.
     """
     wire = _Wire()
     photo: Photograph | None = None
@@ -348,7 +368,7 @@ async def photograph(url: str, headers: dict[str, str], *, timeout: float = 30.0
     # so failures are recorded here and raised after the session has closed.
     try:
         with anyio.CancelScope(deadline=anyio.current_time() + timeout) as bound:
-            async with _open_session(url, headers, timeout, wire) as session:
+            async with _open_session(url, headers, timeout, wire, pin) as session:
                 try:
                     version = await _initialize(session)
                     initialized = True
@@ -435,19 +455,22 @@ async def call_tool(
     *,
     expected_protocol: str | None,
     timeout: float = 30.0,
+    pin: AdmittedUrl | None = None,
 ) -> CallOutcome:
     """Execute one ``tools/call`` in a fresh session and classify the outcome (never raises for upstream trouble).
 
     ``expected_protocol`` is the frozen snapshot's version; a server now negotiating anything
     else is refused before the call is sent (the drift message keeps ``{id}`` literal).
-    ``timeout`` bounds initialize and, separately, the ``tools/call`` itself.
+    ``timeout`` bounds initialize and, separately, the ``tools/call`` itself. ``pin`` (the
+    admission of ``url``) makes every request connect to its vetted addresses only; without it
+    the name is resolved again at connect time.
     """
     wire = _Wire()
     outcome: CallOutcome | None = None
     sent = False  # the tools/call request has been handed to the transport
     try:
         with anyio.CancelScope(deadline=anyio.current_time() + 2 * timeout + _TEARDOWN_GRACE) as bound:
-            async with _open_session(url, headers, timeout, wire) as session:
+            async with _open_session(url, headers, timeout, wire, pin) as session:
                 outcome = await _initialize_for_call(session, wire, url, expected_protocol, timeout)
                 if outcome is None:
                     sent = True

@@ -2,8 +2,12 @@
 
 A fresh session per call costs four HTTP exchanges (``initialize``, ``notifications/initialized``,
 ``tools/call``, the closing ``DELETE``); a kept-open one costs one. The pool keeps idle sessions per
-(URL, credential headers, expected protocol) for a short while and lends each to one call at a time,
-so the per-session record of HTTP statuses stays unambiguous.
+(URL, credential headers, expected protocol, pinned addresses) for a short while and lends each to one
+call at a time, so the per-session record of HTTP statuses stays unambiguous.
+
+A session opened with a ``pin`` connects only to the addresses that admission vetted, for its whole
+life. It is lent only to a call for the same URL whose own, fresh admission produced the same set of
+addresses; a pinned session never serves an unpinned call or the reverse.
 
 The execution-claim semantics of ``mcp_client.call_tool`` are kept exactly:
 
@@ -52,6 +56,7 @@ from integrations.mcp_client import (
     _Wire,
     drift_message,
 )
+from integrations.urls import AdmittedUrl, IPAddress
 
 logger = logging.getLogger("fluidbox.mcp.pool")
 
@@ -65,13 +70,15 @@ class _Key:
     url: str
     headers: str  # digest of the headers (they carry the credential)
     protocol: str | None
+    addresses: frozenset[IPAddress] | None  # the pin's vetted addresses; None: resolved at connect time
 
 
 class _Held:
     """One MCP session, opened, kept and closed by its own task."""
 
-    def __init__(self, url: str, headers: dict[str, str], timeout: float) -> None:
+    def __init__(self, url: str, headers: dict[str, str], timeout: float, pin: AdmittedUrl | None) -> None:
         self.url = url
+        self.pin = pin
         self.wire = _Wire()
         self.session: ClientSession | None = None
         self.version: str | None = None
@@ -89,7 +96,7 @@ class _Held:
 
     async def _hold(self, headers: dict[str, str], timeout: float) -> None:
         try:
-            async with _open_session(self.url, headers, timeout, self.wire) as session:
+            async with _open_session(self.url, headers, timeout, self.wire, self.pin) as session:
                 version, failure = await _handshake(session, self.wire, self.url, timeout)
                 if failure is not None:
                     self.failure = failure
@@ -131,11 +138,13 @@ class SessionPool:
         *,
         expected_protocol: str | None,
         timeout: float = 30.0,
+        pin: AdmittedUrl | None = None,
     ) -> CallOutcome:
-        """Same contract as ``mcp_client.call_tool`` (never raises for upstream trouble)."""
-        key = _Key(url, document_digest(sorted(headers.items())), expected_protocol)
+        """Same contract as ``mcp_client.call_tool`` (never raises for upstream trouble), ``pin`` included."""
+        addresses = frozenset(pin.addresses) if pin is not None else None
+        key = _Key(url, document_digest(sorted(headers.items())), expected_protocol, addresses)
         for _ in range(2):
-            held, reused = await self._acquire(key, headers, timeout)
+            held, reused = await self._acquire(key, headers, timeout, pin)
             if held.failure is not None:
                 self._discard(held)
                 return held.failure
@@ -153,7 +162,9 @@ class SessionPool:
             return outcome
         return _before_send(f"MCP server at {_safe_url(url)} dropped two sessions in a row before tools/call")
 
-    async def _acquire(self, key: _Key, headers: dict[str, str], timeout: float) -> tuple[_Held, bool]:
+    async def _acquire(
+        self, key: _Key, headers: dict[str, str], timeout: float, pin: AdmittedUrl | None
+    ) -> tuple[_Held, bool]:
         self._sweep()
         idle = self._idle.get(key, [])
         while idle:
@@ -161,7 +172,7 @@ class SessionPool:
             if held.alive:
                 return held, True
             self._discard(held)
-        held = _Held(key.url, headers, timeout)
+        held = _Held(key.url, headers, timeout, pin)
         self._all.add(held)
         self.opened += 1
         await held.ready.wait()

@@ -27,12 +27,14 @@ What is refused, and why it is checked the way it is:
 
 Residual risks the caller must own:
 
-- **DNS rebinding.** Admission resolves the name now; the HTTP client resolves it again at
-  connect time, and a hostile DNS server (TTL 0) can answer a public address first and
-  ``127.0.0.1`` second. Re-admit immediately before each outbound connection to narrow the
-  window; closing it needs the client to connect to :attr:`AdmittedUrl.addresses` (with
-  the original Host/SNI) or to check the peer address after connecting
-  (:meth:`UrlPolicy.permits`).
+- **DNS rebinding.** Admission resolves the name now; an HTTP client that connects by name
+  resolves it again, and a hostile DNS server (TTL 0) can answer a public address first and
+  ``127.0.0.1`` second. Closing the window needs the client to connect to
+  :attr:`AdmittedUrl.addresses` with the original Host/SNI, as result deliveries
+  (``activities.delivery.post_pinned``) and brokered MCP calls
+  (:class:`integrations.pinning.PinnedTransport`, the ``pin`` argument of ``mcp_client`` and
+  ``mcp_pool``) do, or to check the peer address after connecting (:meth:`UrlPolicy.permits`).
+  A caller that hands only the URL on is still exposed.
 - **Redirects.** Every redirect target is a new URL and must be admitted again (or
   redirects disabled).
 - **Proxies.** With ``HTTP(S)_PROXY`` honoured (httpx ``trust_env``), the proxy resolves and

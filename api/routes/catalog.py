@@ -182,7 +182,7 @@ async def probe(body: ProbeIn, op: OperatorDep, svc: ServicesDep) -> dict[str, A
     out: dict[str, Any] = {"url": admitted.url, "transport": "streamable_http", "reachable": True,
                            "tools_preview": [], "tools_truncated": False, "oauth": None, "notes": []}  # fmt: skip
     try:
-        photo = await mcp_client.photograph(admitted.url, {}, timeout=10)
+        photo = await mcp_client.photograph(admitted.url, {}, timeout=10, pin=admitted)
     except mcp_client.AuthRejected:
         meta = await _oauth_metadata(admitted.url)
         out |= {"auth_mode": "oauth" if meta else "api_key", "oauth_available": bool(meta), "static_possible": True}

@@ -16,7 +16,7 @@ from core.errors import BadRequest, Forbidden, NotFound, Unavailable, UpstreamFa
 from db.connections import credential_context
 from integrations import mcp_client
 from integrations.headers import auth_headers
-from integrations.urls import UrlRefused
+from integrations.urls import AdmittedUrl, UrlRefused
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
 
@@ -62,9 +62,11 @@ def snapshot_public(row: dict[str, Any], *, with_schemas: bool = False) -> dict[
     }
 
 
-async def take_photograph(url: str, headers: dict[str, str], *, rolled_back: bool) -> dict[str, Any]:
+async def take_photograph(
+    url: str, headers: dict[str, str], *, rolled_back: bool, pin: AdmittedUrl | None = None
+) -> dict[str, Any]:
     try:
-        photo = await mcp_client.photograph(url, headers)
+        photo = await mcp_client.photograph(url, headers, pin=pin)
     except mcp_client.AuthRejected as err:
         suffix = " (connection rolled back)" if rolled_back else ""
         raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
@@ -139,7 +141,7 @@ async def connect_static(
     except UrlRefused as err:
         raise BadRequest(str(err)) from None
     headers = auth_headers(token, header_name=header_name, scheme=scheme)
-    photo = await take_photograph(admitted.url, headers, rolled_back=True)
+    photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
     sealed = sealer.seal(token, context=credential_context(tenant_id))
     fields = {
         "provider": "mcp_http",
@@ -198,6 +200,6 @@ async def refresh(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> di
     blob, _ = await svc.connections.credential(connection_id)
     token = sealer.open(blob, context=credential_context(who.tenant_id)).decode()
     headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
-    photo = await take_photograph(admitted.url, headers, rolled_back=False)
+    photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
     snapshot = await svc.connections.refresh(connection_id, row["authorization_generation"], photo)
     return {"snapshot": snapshot_public(snapshot)}
