@@ -794,3 +794,52 @@ def test_anthropic_tool_use_input_is_not_mistaken_for_content_and_depth_is_bound
     with pytest.raises(FacadeError) as err:
         inspect_body(Dialect.ANTHROPIC, b"[" * 100_000, _Replay())  # type: ignore[arg-type]
     assert err.value.status == 400
+
+
+async def test_the_runs_spend_row_stays_equal_to_the_sum_of_its_usage_entries(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    # Admission reads one row per run (session_spend, kept by a trigger) instead of summing every entry.
+    llm_upstream.push(text("one", usage=USAGE), text("two", usage=Usage(input=5, output=7)))
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        for _ in range(2):
+            r = await sandbox.post(MESSAGES, content=body(), headers={"content-type": "application/json"})
+            assert r.status_code == 200
+        await wait_event(api, run_id, "model.response", count=2)
+        conn = await asyncpg.connect(asyncpg_dsn(stack.database_url or ""))
+        try:
+            rid = uuid.UUID(run_id)
+            spend = await conn.fetchrow(
+                "SELECT used_tokens, used_cost, entries FROM session_spend WHERE session_id = $1", rid
+            )
+            assert (spend["used_tokens"], spend["used_cost"], spend["entries"]) == (
+                321 + 54 + 1000 + 77 + 5 + 7,
+                None,
+                2,
+            )
+            # Priced entries from any writer add up; unpriced ones leave the cost alone (as sum() would).
+            for cost in ("0.50", None, "0.25"):
+                await conn.execute(
+                    "INSERT INTO usage_entries (id, session_id, model, input_tokens, cost_usd, source, external_id)"
+                    " VALUES ($1, $2, 'replay', 10, $3::numeric, 'litellm_callback', $4)",
+                    uuid.uuid4(),
+                    rid,
+                    cost,
+                    f"ext-{uuid.uuid4()}",
+                )
+            spend = await conn.fetchrow(
+                "SELECT used_tokens, used_cost, entries FROM session_spend WHERE session_id = $1", rid
+            )
+            summed = await conn.fetchrow(
+                "SELECT sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens) AS t,"
+                " sum(cost_usd) AS c, count(*) AS n FROM usage_entries WHERE session_id = $1",
+                rid,
+            )
+            assert (spend["used_tokens"], spend["used_cost"], spend["entries"]) == (
+                summed["t"],
+                summed["c"],
+                summed["n"],
+            )
+            assert str(spend["used_cost"]) == "0.75"
+        finally:
+            await conn.close()
