@@ -1,4 +1,7 @@
-"""Record RunWorkflow histories for the replay test: ``python -m tests.workflows.record``.
+"""Record RunWorkflow histories for the replay test: ``python -m tests.workflows.record [moved]``.
+
+``moved`` records only the histories of a run that continued as new (its first run, which ends in
+``ContinuedAsNew``, and the resumed run that completes it).
 
 Re-record deliberately (and commit the JSON) only when a workflow change is meant to be
 incompatible and is guarded by ``workflow.patched``.
@@ -78,6 +81,45 @@ async def record() -> None:
         shutil.rmtree(home, ignore_errors=True)
 
 
+async def record_moved() -> None:
+    stack = Stack.ephemeral("fbxr-", {**FAST, "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": "2"})
+    home = stack.home
+    try:
+        token = await stack.start()
+        client = await connect_client(Settings(temporal_address=stack.temporal_address))
+        async with httpx.AsyncClient(
+            base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
+        ) as api:
+            policy = await make_policy(api, {"defaults": {"tool_action": "approve"}})
+            script = [{"tool": "Bash", "input": {"command": f"echo {n}"}} for n in range(3)]
+            run_id = await start_run(api, await make_agent(api, script, policy=policy), workspace=None)
+            decided: set[str] = set()
+            for _ in range(3):
+                while True:
+                    rows = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
+                    fresh = [r for r in rows if r["status"] == "pending" and r["id"] not in decided]
+                    if fresh:
+                        break
+                    await asyncio.sleep(0.05)
+                await api.post(f"/v1/approvals/{fresh[0]['id']}/decision", json={"decision": "approve"})
+                decided.add(fresh[0]["id"])
+            await wait_status(api, run_id, {"completed"})
+        handle = client.get_workflow_handle(c.workflow_id(run_id))
+        await handle.result()
+        runs = [w async for w in client.list_workflows(f'WorkflowId = "{c.workflow_id(run_id)}"')]
+        first = min(runs, key=lambda w: w.start_time)
+        last = max(runs, key=lambda w: w.start_time)
+        for name, execution in (("moved_first", first), ("moved_last", last)):
+            history = await client.get_workflow_handle(execution.id, run_id=execution.run_id).fetch_history()
+            (OUT / f"run_{name}.json").write_text(history.to_json())
+            print(f"recorded {name}: {len(history.events)} events")
+    finally:
+        stack.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    asyncio.run(record())
+    import sys
+
+    asyncio.run(record_moved() if sys.argv[1:] == ["moved"] else record())
     os._exit(0)
