@@ -179,12 +179,14 @@ class RunWorkflow:
         budget = self._inp.max_wall_clock_secs
         deadline = self._deadline(budget)
         remaining = (deadline - workflow.now()).total_seconds() if deadline else None
+        timed_out = False
         try:
             await workflow.wait_condition(
                 lambda: self._wake or supervisor.done() or self._should_move(),
                 timeout=timedelta(seconds=max(remaining, 0.001)) if remaining is not None else None,
             )
         except TimeoutError:
+            timed_out = True
             await self._act(
                 c.REQUEST_FINALIZATION,
                 c.FinalizationIn(
@@ -197,7 +199,7 @@ class RunWorkflow:
                 ),
                 c.StatusOut,
             )
-        if not self._wake and not supervisor.done() and self._should_move():
+        if not timed_out and not self._wake and not supervisor.done() and self._should_move():
             await self._move(supervisor, deadline)
         if supervisor.done() and not self._wake:
             try:
