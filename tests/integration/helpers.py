@@ -4,16 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
+from cli.stack import Stack, admin_token
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_REPO = ROOT / "examples" / "demo-repo"
 TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}
+
+
+@asynccontextmanager
+async def own_stack(prefix: str, env: dict[str, str]) -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
+    """A whole stack of its own (for settings the session's stack must not share), with an admin client."""
+    st = Stack.ephemeral(prefix, env)
+    try:
+        await st.start()
+        token = admin_token(st.home)[0]
+        async with httpx.AsyncClient(
+            base_url=st.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
+        ) as client:
+            yield st, client
+    finally:
+        st.stop()
+        shutil.rmtree(st.home, ignore_errors=True)
 
 
 def unique(prefix: str) -> str:

@@ -8,7 +8,6 @@ once with an approval pending across the move, and must look exactly like a run 
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator
 
 import httpx
@@ -16,9 +15,18 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.contracts import workflow_id
-from cli.stack import Stack, admin_token
+from cli.stack import Stack
 from tests.integration.conftest import FAST
-from tests.integration.helpers import events, issue_token, make_agent, make_policy, start_run, types, wait_status
+from tests.integration.helpers import (
+    events,
+    issue_token,
+    make_agent,
+    make_policy,
+    own_stack,
+    start_run,
+    types,
+    wait_status,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -28,17 +36,8 @@ STEPS = 5
 
 @pytest.fixture(scope="module")
 async def moving() -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
-    st = Stack.ephemeral("fbxm-", {**FAST, "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": str(MOVE_AFTER)})
-    try:
-        await st.start()
-        token = admin_token(st.home)[0]
-        async with httpx.AsyncClient(
-            base_url=st.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
-        ) as client:
-            yield st, client
-    finally:
-        st.stop()
-        shutil.rmtree(st.home, ignore_errors=True)
+    async with own_stack("fbxm-", {**FAST, "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": str(MOVE_AFTER)}) as stack:
+        yield stack
 
 
 async def pending_approval(api: httpx.AsyncClient, run_id: str, decided: set[str]) -> dict[str, object]:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
-from cli.stack import Stack, admin_token
 from tests.integration.conftest import FAST
-from tests.integration.helpers import events, make_agent, make_policy, start_run, wait_status
+from tests.integration.helpers import events, make_agent, make_policy, own_stack, start_run, wait_status
 
 pytestmark = pytest.mark.stack
 
@@ -19,17 +17,8 @@ TTL_SECS = 4
 
 @pytest.fixture(scope="module")
 async def short_lived() -> AsyncIterator[httpx.AsyncClient]:
-    st = Stack.ephemeral("fbxr-", {**FAST, "FLUIDBOX_TOKEN_TTL_SECS": str(TTL_SECS)})
-    try:
-        await st.start()
-        token = admin_token(st.home)[0]
-        async with httpx.AsyncClient(
-            base_url=st.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
-        ) as client:
-            yield client
-    finally:
-        st.stop()
-        shutil.rmtree(st.home, ignore_errors=True)
+    async with own_stack("fbxr-", {**FAST, "FLUIDBOX_TOKEN_TTL_SECS": str(TTL_SECS)}) as (_, client):
+        yield client
 
 
 async def test_a_run_longer_than_its_token_ttl_renews_its_tokens_and_completes(

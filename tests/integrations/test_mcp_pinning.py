@@ -95,15 +95,6 @@ async def admit(url: str, *addresses: str) -> AdmittedUrl:
     return await UrlPolicy(allow_loopback=True, resolver=resolving(*addresses)).admit(url)
 
 
-@pytest.fixture
-async def pool() -> AsyncIterator[SessionPool]:
-    p = SessionPool()
-    try:
-        yield p
-    finally:
-        await p.aclose()
-
-
 def text(result: dict[str, object] | None) -> str:
     assert result is not None
     content = result["content"]

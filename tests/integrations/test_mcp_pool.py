@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -14,15 +13,6 @@ from tests import mcp_servers as servers
 pytestmark = pytest.mark.timeout(60)
 
 TOKEN = "tok-pool-1b2c3d-secret"
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[SessionPool]:
-    p = SessionPool()
-    try:
-        yield p
-    finally:
-        await p.aclose()
 
 
 def text(outcome_result: dict[str, object] | None) -> str:
