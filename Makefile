@@ -61,6 +61,7 @@ bench: install
 	$(BIN)/python bench/broker.py
 	$(BIN)/python bench/facade.py
 	$(BIN)/python bench/triggers.py
+	$(BIN)/python bench/sandbox.py
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR) .fluidbox .pytest_cache .mypy_cache .ruff_cache
