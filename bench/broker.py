@@ -47,7 +47,6 @@ import logging
 import os
 import platform
 import secrets
-import shutil
 import ssl
 import sys
 import time
@@ -678,9 +677,7 @@ async def bench(args: argparse.Namespace) -> int:
             measured = sum(1 for s in target.samples if s.measured)
             if split.matched != measured:
                 problems.append(f"timestamps found for {split.matched} of {measured} measured brokered calls")
-            if problems:
-                for p in problems:
-                    say(f"FAIL: {p}")
+            if gb.failed(problems):
                 return 1
 
             gb.publish(render(args, out), "broker", args.write)
@@ -693,19 +690,8 @@ async def bench(args: argparse.Namespace) -> int:
             if target is not None:
                 await target.client.http.aclose()
                 await target.pool.aclose()
-            if api is not None:
-                if run_id is not None:
-                    say("• cancelling the run")
-                    if await gb.cancel_runs(api, [run_id], within=90):
-                        say("  the run is still winding down; stopping anyway")
-                await api.aclose()
-            await exits.aclose()  # the MCP server, after the run no longer uses it
-            say("• stopping the stack")
-            stack.stop()
-            if ok:
-                shutil.rmtree(home, ignore_errors=True)
-            else:
-                say(f"  logs kept in {stack.logs}")
+            await gb.wind_down(stack, api, [run_id] if run_id else [], ok)
+            await exits.aclose()  # the MCP server, once the run no longer uses it
     return 1  # not reached: the try block returns
 
 

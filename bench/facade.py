@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import secrets
-import shutil
 import statistics
 import sys
 import time
@@ -305,9 +304,7 @@ async def bench(args: argparse.Namespace, up: Upstream) -> int:
             problems.append(f"{events} model.response events ({exact} exact) for {check.facade} facade calls")
         if out.requests_seen != check.facade + check.direct:
             problems.append(f"the upstream saw {out.requests_seen} requests for {check.facade + check.direct} calls")
-        if problems:
-            for p in problems:
-                say(f"FAIL: {p}")
+        if gb.failed(problems):
             return 1
         gb.publish(render(args, out), "facade", args.write)
         ok = True
@@ -318,18 +315,7 @@ async def bench(args: argparse.Namespace, up: Upstream) -> int:
     finally:
         for c in clients:
             await c.aclose()
-        if api is not None:
-            if run_id is not None:
-                say("• cancelling the run")
-                if await gb.cancel_runs(api, [run_id], within=90):
-                    say("  the run is still winding down; stopping anyway")
-            await api.aclose()
-        say("• stopping the stack")
-        stack.stop()
-        if ok:
-            shutil.rmtree(stack.home, ignore_errors=True)
-        else:
-            say(f"  logs kept in {stack.logs}")
+        await gb.wind_down(stack, api, [run_id] if run_id else [], ok)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -438,6 +438,30 @@ def write_doc(section: str, name: str) -> None:
     DOC.write_text(text)
 
 
+def failed(problems: list[str]) -> bool:
+    """Print each problem of a benchmark's correctness check; True when there was any."""
+    for problem in problems:
+        say(f"FAIL: {problem}")
+    return bool(problems)
+
+
+async def wind_down(stack: Stack, api: httpx.AsyncClient | None, run_ids: list[str], ok: bool) -> None:
+    """Cancel the benchmark's runs, close its API client and stop the stack; keep its home (logs) on failure."""
+    if api is not None:
+        if run_ids:
+            say(f"• cancelling {len(run_ids)} run(s)")
+            left = await cancel_runs(api, run_ids, within=90)
+            if left:
+                say(f"  {left} run(s) still winding down; stopping anyway")
+        await api.aclose()
+    say("• stopping the stack")
+    stack.stop()
+    if ok:
+        shutil.rmtree(stack.home, ignore_errors=True)
+    else:
+        say(f"  logs kept in {stack.logs}")
+
+
 def publish(section: str, name: str, write: bool) -> None:
     """Print a benchmark's section and, unless told not to, write it into docs/benchmarks.md."""
     say("")
@@ -485,19 +509,7 @@ async def bench(args: argparse.Namespace) -> int:
         say(f"FAIL: {exc}")
         return 1
     finally:
-        if api is not None:
-            if ids:
-                say(f"• cancelling {len(ids)} runs")
-                left = await cancel_runs(api, ids, within=90)
-                if left:
-                    say(f"  {left} runs still winding down; stopping anyway")
-            await api.aclose()
-        say("• stopping the stack")
-        stack.stop()
-        if ok:
-            shutil.rmtree(home, ignore_errors=True)
-        else:
-            say(f"  logs kept in {stack.logs}")
+        await wind_down(stack, api, ids, ok)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,6 @@ import gc
 import os
 import platform
 import random
-import shutil
 import statistics
 import sys
 import time
@@ -571,19 +570,7 @@ async def over_http(args: argparse.Namespace) -> OverHttp:
         ok = True
         return OverHttp(results, tally)
     finally:
-        if api is not None:
-            if ids:
-                say(f"• cancelling {len(ids)} runs")
-                left = await gb.cancel_runs(api, ids, within=90)
-                if left:
-                    say(f"  {left} runs still winding down; stopping anyway")
-            await api.aclose()
-        say("• stopping the stack")
-        stack.stop()
-        if ok:
-            shutil.rmtree(home, ignore_errors=True)
-        else:
-            say(f"  logs kept in {stack.logs}")
+        await gb.wind_down(stack, api, ids, ok)
 
 
 def large_yaml() -> str:

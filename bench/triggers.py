@@ -22,7 +22,6 @@ import asyncio
 import datetime as dt
 import os
 import platform
-import shutil
 import statistics
 import sys
 import time
@@ -216,6 +215,7 @@ async def bench(args: argparse.Namespace) -> int:
     stack = Stack.ephemeral("fbxbt-", {"FLUIDBOX_REPLAY_DELAY_MS": "0", "FLUIDBOX_LOG_LEVEL": "WARNING"})
     clients: list[httpx.AsyncClient] = []
     api: httpx.AsyncClient | None = None
+    ok = False
     try:
         say(f"• starting the stack in {stack.home}")
         admin = await stack.start()
@@ -258,14 +258,12 @@ async def bench(args: argparse.Namespace) -> int:
                 say(f"ERROR {e}")
             return 1
         gb.publish(render(args, out), "triggers", args.write)
+        ok = True
         return 0
     finally:
         for cl in clients:
             await cl.aclose()
-        if api is not None:
-            await api.aclose()
-        stack.stop()
-        shutil.rmtree(stack.home, ignore_errors=True)
+        await gb.wind_down(stack, api, [], ok)
 
 
 def main(argv: list[str] | None = None) -> int:
