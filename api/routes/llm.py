@@ -329,7 +329,6 @@ class Forward:
     reservation: str | None
     meter: SseMeter | BodyMeter | None
     started: float
-
     dialect: Dialect
     streaming: bool
 

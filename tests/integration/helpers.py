@@ -89,18 +89,31 @@ async def wait_status(api: httpx.AsyncClient, run_id: str, statuses: set[str], t
         await asyncio.sleep(0.1)
 
 
-async def wait_pending(api: httpx.AsyncClient, run_id: str, timeout: float = 60) -> dict[str, Any]:
+async def wait_pending(
+    api: httpx.AsyncClient, run_id: str, timeout: float = 60, skip: set[str] | None = None
+) -> dict[str, Any]:
+    """The run's first pending approval whose id is not in ``skip`` (waiting for one to appear)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
         rows = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
-        pending = [r for r in rows if r["status"] == "pending"]
+        pending = [r for r in rows if r["status"] == "pending" and r["id"] not in (skip or set())]
         if pending:
             return dict(pending[0])
         status = (await run_row(api, run_id))["status"]
         assert status not in TERMINAL, f"run ended ({status}) before asking for approval"
         await asyncio.sleep(0.1)
     raise AssertionError("no approval was requested in time")
+
+
+async def approve_in_turn(api: httpx.AsyncClient, run_id: str, count: int) -> None:
+    """Approve the run's next ``count`` approvals one by one, as each is asked."""
+    decided: set[str] = set()
+    for _ in range(count):
+        approval = await wait_pending(api, run_id, skip=decided)
+        r = await api.post(f"/v1/approvals/{approval['id']}/decision", json={"decision": "approve"})
+        assert r.status_code == 200, r.text
+        decided.add(str(approval["id"]))
 
 
 async def events(api: httpx.AsyncClient, run_id: str, after: int = 0) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ import asyncpg
 import httpx
 import pytest
 
+from api.routes import llm
 from api.routes.llm import FacadeError, inspect_body
 from cli.stack import Stack, free_port, wait_for
 from core.redaction import MARK
@@ -843,3 +844,21 @@ async def test_the_runs_spend_row_stays_equal_to_the_sum_of_its_usage_entries(
             assert str(spend["used_cost"]) == "0.75"
         finally:
             await conn.close()
+
+
+async def test_a_client_that_stops_reading_is_dropped_after_the_write_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sandbox that keeps its connection open but never reads must not hold the relay (and the upstream
+    # connection) forever: past the write deadline the relay stops writing to it and only drains the upstream.
+    monkeypatch.setattr(llm, "CLIENT_SEND_TIMEOUT_SECS", 0.05)
+    written: list[bytes] = []
+    never = asyncio.Event()
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["body"] == b"second":
+            await never.wait()  # the server's write buffer is full: its send waits for the peer to read
+        written.append(message["body"])
+
+    client = llm._Client(send)  # type: ignore[arg-type]
+    for chunk in (b"first", b"second", b"third"):
+        await client.send({"type": "http.response.body", "body": chunk, "more_body": True})
+    assert written == [b"first"] and not client.listening

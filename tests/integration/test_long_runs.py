@@ -8,7 +8,9 @@ once with an approval pending across the move, and must look exactly like a run 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 
 import httpx
 import pytest
@@ -18,6 +20,7 @@ from activities.contracts import workflow_id
 from cli.stack import Stack
 from tests.integration.conftest import FAST
 from tests.integration.helpers import (
+    approve_in_turn,
     events,
     issue_token,
     make_agent,
@@ -40,18 +43,6 @@ async def moving() -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
         yield stack
 
 
-async def pending_approval(api: httpx.AsyncClient, run_id: str, decided: set[str]) -> dict[str, object]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while True:
-        rows = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
-        fresh = [r for r in rows if r["status"] == "pending" and r["id"] not in decided]
-        if fresh:
-            return dict(fresh[0])
-        assert loop.time() < deadline, f"no new pending approval: {rows}"
-        await asyncio.sleep(0.05)
-
-
 async def test_a_run_with_more_updates_than_one_history_holds_moves_and_completes_unchanged(
     moving: tuple[Stack, httpx.AsyncClient],
 ) -> None:
@@ -59,12 +50,7 @@ async def test_a_run_with_more_updates_than_one_history_holds_moves_and_complete
     policy = await make_policy(api, {"defaults": {"tool_action": "approve"}})
     script = [{"tool": "Bash", "input": {"command": f"echo step-{n}"}} for n in range(STEPS)]
     run_id = await start_run(api, await make_agent(api, script, policy=policy), workspace=None)
-    decided: set[str] = set()
-    for _ in range(STEPS):
-        approval = await pending_approval(api, run_id, decided)
-        r = await api.post(f"/v1/approvals/{approval['id']}/decision", json={"decision": "approve"})
-        assert r.status_code == 200, r.text
-        decided.add(str(approval["id"]))
+    await approve_in_turn(api, run_id, STEPS)
     row = await wait_status(api, run_id, {"completed", "failed"}, timeout=90)
     evs = await events(api, run_id)
     assert row["status"] == "completed", [e["payload"] for e in evs if e["type"] in ("run.error", "status.changed")]
@@ -143,3 +129,37 @@ async def test_an_approval_pending_across_a_move_stays_the_same_approval(
     assert types(await events(api, run_id)).count("approval.requested") == 3
     await api.post(f"/v1/sessions/{run_id}/cancel")
     await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_a_moved_run_keeps_its_wall_clock_deadline(moving: tuple[Stack, httpx.AsyncClient]) -> None:
+    # The wall clock is the workflow's timer: a move must carry its deadline, not start a fresh budget.
+    stack, api = moving
+    budget = 20
+    policy = await make_policy(api, {"defaults": {"tool_action": "approve"}})
+    # Five approvals move the run twice: a resumed run that reset the deadline would hand a new one on.
+    script = [{"tool": "Bash", "input": {"command": f"echo {n}"}} for n in range(5)] + [{"sleep_ms": 600000}]
+    agent = await make_agent(api, script, policy=policy)
+    run_id = await start_run(api, agent, workspace=None, budgets={"max_wall_clock_secs": budget})
+    await approve_in_turn(api, run_id, 5)
+    row = await wait_status(api, run_id, {"budget_exceeded", "failed", "completed"}, timeout=90)
+    assert row["status"] == "budget_exceeded", row
+    exceeded = [e["payload"]["data"] for e in await events(api, run_id) if e["type"] == "budget.exceeded"]
+    assert [e["budget"] for e in exceeded] == ["max_wall_clock_secs"]
+
+    client = await Client.connect(stack.temporal_address or "", namespace="default")
+    runs = sorted(
+        [w async for w in client.list_workflows(f'WorkflowId = "{workflow_id(run_id)}"')], key=lambda w: w.start_time
+    )
+    inputs = []
+    for w in runs:
+        history = await client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        inputs.append(json.loads(started.input.payloads[0].data))
+    assert len(inputs) >= 3 and inputs[0]["deadline"] is None  # the first run fixes it when supervision starts
+    resumed = inputs[1:]
+    assert all(i["resumed"] for i in resumed)
+    deadlines = {i["deadline"] for i in resumed}
+    assert len(deadlines) == 1, deadlines  # every move carries the same one
+    # ... fixed before the last run began, so that run did not get a fresh budget of its own.
+    deadline = datetime.fromisoformat(deadlines.pop())
+    assert deadline < runs[-1].start_time + timedelta(seconds=budget)

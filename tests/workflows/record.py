@@ -21,7 +21,7 @@ from cli.stack import Stack
 from config.settings import Settings
 from config.temporal import connect_client
 from tests.integration.conftest import FAST
-from tests.integration.helpers import make_agent, make_policy, start_run, wait_pending, wait_status
+from tests.integration.helpers import approve_in_turn, make_agent, make_policy, start_run, wait_pending, wait_status
 from tests.mcp_servers import basic, serve
 
 OUT = Path(__file__).resolve().parent / "histories"
@@ -93,16 +93,7 @@ async def record_moved() -> None:
             policy = await make_policy(api, {"defaults": {"tool_action": "approve"}})
             script = [{"tool": "Bash", "input": {"command": f"echo {n}"}} for n in range(3)]
             run_id = await start_run(api, await make_agent(api, script, policy=policy), workspace=None)
-            decided: set[str] = set()
-            for _ in range(3):
-                while True:
-                    rows = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
-                    fresh = [r for r in rows if r["status"] == "pending" and r["id"] not in decided]
-                    if fresh:
-                        break
-                    await asyncio.sleep(0.05)
-                await api.post(f"/v1/approvals/{fresh[0]['id']}/decision", json={"decision": "approve"})
-                decided.add(fresh[0]["id"])
+            await approve_in_turn(api, run_id, 3)
             await wait_status(api, run_id, {"completed"})
         handle = client.get_workflow_handle(c.workflow_id(run_id))
         await handle.result()
