@@ -10,7 +10,7 @@ from core.runspec import RunSpec
 
 
 def runner_secrets(tokens: dict[str, str]) -> dict[str, str]:
-    """The run-scoped tokens, handed over in a file the runner deletes (never argv or env).
+    """The run-scoped tokens, handed over on a pipe only the runner reads (never a file, argv or env).
 
     The llm-audience token is the model harness's API key for the LLM facade (the replay harness ignores it).
     """

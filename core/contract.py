@@ -29,8 +29,10 @@ ENV_TOKEN_TTL_SECS = "FLUIDBOX_TOKEN_TTL_SECS"  # the run tokens' lifetime; the 
 ENV_CAPABILITIES = "FLUIDBOX_CAPABILITIES"
 ENV_MAX_TURNS = "FLUIDBOX_MAX_TURNS"
 
-ENV_SECRETS_FILE = "FLUIDBOX_SECRETS_FILE"
-SECRETS_FILE = "/tmp/fluidbox-secrets.json"
+# The run's tokens arrive as one JSON object on an inherited pipe (never a file, argv or the environment);
+# FLUIDBOX_SECRETS_FD names the descriptor, which the runner reads to its end and closes.
+ENV_SECRETS_FD = "FLUIDBOX_SECRETS_FD"
+SECRETS_FD = 4
 
 TOKEN_ENV_VARS = (ENV_SESSION_TOKEN, ENV_TOOL_TOKEN, ENV_LLM_TOKEN, "ANTHROPIC_API_KEY")
 

@@ -21,8 +21,8 @@ class SandboxSpec(BaseModel):
     socket_dir: str  # host dir holding the gateway socket, bound read-only at /run/fluidbox
     code_dirs: list[str] = Field(default_factory=list)  # host dirs of python packages, bound under /opt/fluidbox
     env: dict[str, str] = Field(default_factory=dict)  # the complete environment (nothing is inherited)
-    # Written to a sandbox-private file (SECRETS_FILE) through a pipe: never on a command line or in an
-    # environment, where /proc/<pid>/cmdline or /proc/<pid>/environ would show them to the agent.
+    # Handed to the sandboxed command on an inherited pipe (core.contract.SECRETS_FD): never a file, a command
+    # line or an environment, where /proc/<pid>/cmdline or /proc/<pid>/environ would show them to the agent.
     secrets: dict[str, str] = Field(default_factory=dict)
     argv: list[str]  # command run inside the sandbox, cwd /workspace
     log_path: str  # host file receiving the sandbox's stdout and stderr

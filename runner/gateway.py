@@ -34,7 +34,7 @@ from core.contract import (
     ENV_CONTROL_SOCKET,
     ENV_CONTROL_URL,
     ENV_LLM_TOKEN,
-    ENV_SECRETS_FILE,
+    ENV_SECRETS_FD,
     ENV_SESSION_ID,
     ENV_SESSION_TOKEN,
     ENV_TOOL_TOKEN,
@@ -103,21 +103,30 @@ def log(message: str) -> None:
     print(f"fluidbox-runner: {message}", file=sys.stderr, flush=True)
 
 
-def _read_secrets_file(path: str | None) -> dict[str, str]:
-    """Read the tokens the sandbox was handed in a private file, then delete the file at once,
-    before any tool runs, so nothing the agent starts can read them from disk."""
-    if not path:
+def _read_secrets_fd(value: str | None) -> dict[str, str]:
+    """Read the tokens the sandbox was handed on an inherited pipe, to its end, and close it.
+
+    The caller has made this process non-dumpable first (``runner.harness.guard_memory``): from here on
+    the tokens live only in memory that nothing else in the sandbox may read.
+    """
+    if not value:
         return {}
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        fd = int(value)
+    except ValueError:
+        raise MissingEnv(f"{ENV_SECRETS_FD} is not a descriptor number: {value!r}") from None
+    chunks: list[bytes] = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        data = json.loads(b"".join(chunks))
     except (OSError, ValueError) as exc:
-        raise MissingEnv(f"cannot read the secrets file {path}: {exc}") from None
+        raise MissingEnv(f"cannot read the secrets from descriptor {fd}: {exc}") from None
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            os.close(fd)
     if not isinstance(data, dict):
-        raise MissingEnv(f"the secrets file {path} does not hold a JSON object")
+        raise MissingEnv(f"the secrets on descriptor {fd} are not a JSON object")
     return {str(k): str(v) for k, v in data.items()}
 
 
@@ -131,7 +140,7 @@ def take_credentials(environ: MutableMapping[str, str]) -> Credentials:
         MissingEnv: no session id or no control token.
     """
     tokens = {name: (environ.pop(name, None) or "").strip() for name in TOKEN_ENV_VARS}
-    for name, value in _read_secrets_file(environ.pop(ENV_SECRETS_FILE, None)).items():
+    for name, value in _read_secrets_fd(environ.pop(ENV_SECRETS_FD, None)).items():
         if name in tokens and value:
             tokens[name] = value.strip()
     session_id = (environ.get(ENV_SESSION_ID) or "").strip()

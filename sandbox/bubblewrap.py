@@ -11,9 +11,17 @@ Why it is shaped this way:
   sandbox, and SIGKILL to that init is what tears the whole namespace down.
 * bwrap itself is exec'd with an empty environment: the sandbox's pid 1 is a fork of bwrap, and its
   ``/proc/1/environ`` is readable from inside.
-* As real root, ``--uid 1000`` inside maps to uid 0 outside, so file permission checks treat the sandbox
-  as the owner of root's files. The root is a read-only tmpfs, every bind but ``/workspace`` is
-  read-only, and entries under ``/etc`` that other users cannot read (``/etc/shadow``…) are masked.
+* The sandbox never maps onto host root. A root worker starts bwrap as an unprivileged account
+  (``sandbox.account``), so the agent's uid is that account's on the host: what it writes is that
+  account's, a setuid bit it sets grants nothing, and ``/proc/sys`` is closed to it (and bound read-only
+  in every case). The root is a read-only tmpfs, every bind but ``/workspace`` is read-only, and entries
+  under ``/etc`` that other users cannot read (``/etc/shadow``…) are masked.
+* The run's tokens reach only the runner: a pipe inherited on fd 4 that it reads after making itself
+  non-dumpable. bwrap never reads it, so its pid 1 in the sandbox (dumpable, readable by the agent)
+  never holds a copy.
+* The workspace is handed to the sandbox account before start and taken back after destroy
+  (``sandbox.hostfs``): owned by the control plane again, setuid/setgid bits cleared, devices,
+  fifos and sockets removed.
 * A syscall filter (``sandbox.seccomp``, through ``--seccomp``) refuses ptrace, new namespaces, mounts,
   io_uring, BPF and the rest of the kernel surface no tool needs; bwrap installs it last, over everything.
 * Memory and process limits come from a cgroup per sandbox (see ``sandbox.limits``). The launcher joins
@@ -35,12 +43,14 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from core.contract import ENV_SECRETS_FILE, SECRETS_FILE
+from core.contract import ENV_SECRETS_FD, SECRETS_FD
 from core.ports import SandboxHandle, SandboxSpec, SandboxState
+from sandbox import hostfs
+from sandbox.account import DEFAULT_SANDBOX_USER, Account, AccountError, ensure_account
 from sandbox.limits import MIB, CgroupLimiter, Limits, Prepared, cgroup_name, remove_dirs
 from sandbox.seccomp import machine_arch
 from sandbox.seccomp import program as seccomp_program
@@ -50,6 +60,10 @@ WORKSPACE = "/workspace"
 CODE_ROOT = "/opt/fluidbox"
 SOCKET_MOUNT = "/run/fluidbox"
 PIDFILE_NAME = "sandbox.pid"
+# Where a root launcher gathers the host paths a sandbox binds, in a mount namespace of its own (see _LAUNCHER).
+STAGE_ROOT = "/run/fluidbox-sandbox"
+# Kernel knobs no sandbox may write, whoever it maps to: bound read-only over the sandbox's own /proc.
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger")
 MASKED_ROOTS = ("/etc",)
 LIMITS_MODES = ("best-effort", "required", "off")
 DEFAULT_MEMORY_MB = 2048
@@ -67,8 +81,40 @@ _warned: set[str] = set()
 # learns the outcome of exec through a close-on-exec pipe, then waits (bounded) for bwrap's child in a
 # new pid namespace, prints one JSON line and exits, leaving bwrap reparented and in its own session.
 # bwrap's --info-fd would report the child too, but that fd stays open inside the sandbox.
+#
+# Started by root, the child that becomes bwrap first gives itself a private mount namespace in which the
+# host paths the sandbox binds are bind-mounted under one world-traversable directory (a root-only parent
+# such as /root would stop the sandbox account), then drops to the sandbox account and execs bwrap, which
+# therefore maps the sandbox onto that account and never onto root. The host's mounts are untouched.
+#
+# The run's tokens travel in a pipe left open on fd 4 for the sandboxed command (the runner reads it and
+# closes it): bwrap never reads them, so its in-sandbox pid 1, which the agent can read, never holds a copy.
 _LAUNCHER = r"""
 import json, os, sys, time
+
+def stage(plan):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    def check(rc, what):
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+    MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+    check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
+    check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    root = plan["root"].encode()
+    check(libc.mount(b"tmpfs", root, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=64k"), "mount the stage")
+    for source, staged in plan["binds"]:
+        os.mkdir(staged, 0o755)
+        check(libc.mount(source.encode(), staged.encode(), None, MS_BIND | MS_REC, None), f"bind {source}")
+
+def drop(account):
+    uid, gid = account
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid:
+        raise OSError("the privilege drop did not take")
 
 def fields(pid):
     try:
@@ -119,14 +165,18 @@ if pid == 0:
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        # Move the pipes above 10 first (one may already sit on 3, 4 or 5), then place them on the fds
-        # bwrap is told to read (--args 3, --file 4, --seccomp 5) and let them survive the exec.
+        # Move the pipes above 10 first (one may already sit on 3, 4 or 5), then place them where bwrap reads
+        # (--args 3, --seccomp 5) and where the sandboxed command finds its secrets (4), surviving the exec.
         import fcntl
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (args_r, secrets_r, *filter_fds)]
         for target, fd in zip((3, 4, 5), high):
             os.dup2(fd, target)
             os.set_inheritable(target, True)
         os.set_inheritable(err_w, False)
+        if request.get("stage"):
+            stage(request["stage"])
+        if request.get("account"):
+            drop(request["account"])
         os.execve(bwrap, [bwrap, "--args", "3", "--", *request["command"]], {})
     except BaseException as exc:
         os.write(err_w, repr(exc).encode())
@@ -307,10 +357,14 @@ class BubblewrapProvider:
         limits: Limits | None = None,
         limiter: CgroupLimiter | None = None,
         syscall_filter: bool = True,
+        sandbox_user: str | None = DEFAULT_SANDBOX_USER,
     ) -> None:
         """``limits_mode``: ``best-effort`` applies what the host allows (warning once about the rest),
         ``required`` refuses to start a sandbox without every limit, ``off`` applies none.
         ``syscall_filter``: install ``sandbox.seccomp``'s filter (where the architecture has one).
+        ``sandbox_user``: the account a root worker starts sandboxes as (created on first use). ``None``
+        starts them as this process's own user, which for root maps the sandbox onto host root: it exists
+        only to measure what the account costs (``bench/sandbox.py``), never for real runs.
 
         Raises:
             ValueError: an unknown ``limits_mode``.
@@ -324,6 +378,8 @@ class BubblewrapProvider:
         self._limits_mode = limits_mode
         self._limits = limits if limits is not None else Limits(DEFAULT_MEMORY_MB * MIB, DEFAULT_PIDS)
         self._limiter = limiter if limiter is not None else CgroupLimiter()
+        self._sandbox_user = sandbox_user
+        self._account: Account | None = None
         arch = machine_arch()
         self._filter = seccomp_program(arch) if syscall_filter and arch is not None else None
         if not syscall_filter:
@@ -338,10 +394,14 @@ class BubblewrapProvider:
     def python_prefixes(self) -> list[str]:
         return list(self._python_prefixes)
 
-    def build_argv(self, spec: SandboxSpec, *, masked: Sequence[HiddenPath] = ()) -> list[str]:
+    def build_argv(
+        self, spec: SandboxSpec, *, masked: Sequence[HiddenPath] = (), staged: Mapping[str, str] | None = None
+    ) -> list[str]:
         """The full bwrap command line for ``spec``, with each ``masked`` path hidden inside.
 
-        Pure: it reads nothing from the host, so ``create`` passes ``masked`` (see ``unreadable_paths``).
+        Pure: it reads nothing from the host, so ``create`` passes ``masked`` (see ``unreadable_paths``)
+        and ``staged``: where each host path the sandbox binds is found by bwrap when a root launcher
+        gathered them first (see ``stage_plan``); a path it does not name is bound from where it is.
 
         Raises:
             ValueError: a relative path, an empty command, or two code dirs with the same name.
@@ -351,6 +411,11 @@ class BubblewrapProvider:
         for path in (spec.workspace_dir, spec.socket_dir, *spec.code_dirs, *self._python_prefixes):
             if not os.path.isabs(path):
                 raise ValueError(f"sandbox paths must be absolute, got {path!r}")
+        staged = staged or {}
+
+        def source(path: str) -> str:
+            return staged.get(path, path)
+
         argv = [
             self._bwrap_path,
             "--unshare-all",
@@ -370,6 +435,7 @@ class BubblewrapProvider:
             "/dev",
             "--proc",
             "/proc",
+            *(arg for path in PROC_READ_ONLY for arg in ("--ro-bind-try", path, path)),
             "--tmpfs",
             "/tmp",
             "--dir",
@@ -400,7 +466,7 @@ class BubblewrapProvider:
                 argv += ["--ro-bind", "/dev/null", hidden.path]
         prefixes = [p for p in self._python_prefixes if not _under(p, ("/usr", "/etc"))]
         for prefix in prefixes:
-            argv += ["--ro-bind", prefix, prefix]
+            argv += ["--ro-bind", source(prefix), prefix]
         seen: dict[str, str] = {}
         for code_dir in spec.code_dirs:
             base = os.path.basename(os.path.normpath(code_dir))
@@ -409,23 +475,18 @@ class BubblewrapProvider:
             if base in seen:
                 raise ValueError(f"code dirs {seen[base]!r} and {code_dir!r} would both mount at {base!r}")
             seen[base] = code_dir
-            argv += ["--ro-bind", code_dir, f"{CODE_ROOT}/{base}"]
+            argv += ["--ro-bind", source(code_dir), f"{CODE_ROOT}/{base}"]
         argv += [
             "--ro-bind",
-            spec.socket_dir,
+            source(spec.socket_dir),
             SOCKET_MOUNT,
             "--bind",
-            spec.workspace_dir,
+            source(spec.workspace_dir),
             WORKSPACE,
             "--remount-ro",
             "/",
             "--chdir",
             WORKSPACE,
-            "--perms",
-            "0600",
-            "--file",
-            "4",
-            SECRETS_FILE,
             "--clearenv",
         ]
         env = {
@@ -434,7 +495,7 @@ class BubblewrapProvider:
             "PYTHONPATH": CODE_ROOT,
             "PYTHONDONTWRITEBYTECODE": "1",
             **spec.env,
-            ENV_SECRETS_FILE: SECRETS_FILE,
+            ENV_SECRETS_FD: str(SECRETS_FD),
         }
         for key, value in env.items():
             argv += ["--setenv", key, value]
@@ -461,6 +522,11 @@ class BubblewrapProvider:
             gone = await _stop(handle, signal.SIGKILL, _KILL_WAIT_SECS)
         # A cgroup still holding processes cannot go: one attempt then, not a wait for what will not come.
         await asyncio.to_thread(_remove_cgroups, handle, gone)
+        if gone:
+            # Nothing of the sandbox runs any more, so nothing can race the walk.
+            await asyncio.to_thread(_take_back_workspace, handle)
+        else:
+            log.warning("sandbox of run %s did not stop; its workspace stays with the sandbox account", handle.run_id)
         await asyncio.to_thread(_remove_pidfile, handle)
 
     def _create(self, spec: SandboxSpec) -> SandboxHandle:
@@ -472,7 +538,8 @@ class BubblewrapProvider:
                 raise SandboxError(f"not a directory: {path!r}")
         log_path = os.path.abspath(spec.log_path)
         run_dir = os.path.dirname(log_path)
-        os.makedirs(run_dir, exist_ok=True)
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        os.chmod(run_dir, 0o700)  # the log, the pidfile and the workspace are the control plane's alone
         pidfile = _pidfile(log_path)
         lock_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -482,19 +549,35 @@ class BubblewrapProvider:
             existing = _read_pidfile(pidfile)
             if existing is not None and existing.run_id == spec.run_id and _status(existing) == "running":
                 return existing
-            argv = self.build_argv(spec, masked=[p for root in MASKED_ROOTS for p in unreadable_paths(root)])
+            account = self._sandbox_account()
+            staged = stage_plan(self._bound_paths(spec)) if account is not None else {}
+            argv = self.build_argv(
+                spec, masked=[p for root in MASKED_ROOTS for p in unreadable_paths(root)], staged=staged
+            )
             argv[0] = bwrap
+            launch = _Launch(
+                run_id=spec.run_id,
+                log_path=log_path,
+                argv=argv,
+                secrets=json.dumps(spec.secrets),
+                account=account,
+                staged=staged,
+            )
+            who = {"workspace_dir": spec.workspace_dir, "user": account.name if account else _own_user()}
+            if account is not None:
+                os.makedirs(STAGE_ROOT, mode=0o755, exist_ok=True)
+                hostfs.give(spec.workspace_dir, account.uid, account.gid)
             prepared, extra = self._prepare_limits(spec.run_id)
-            extra["syscall_filter"] = self._filter_note
+            extra.update(who, syscall_filter=self._filter_note)
             try:
-                handle = self._launch(spec.run_id, log_path, argv, json.dumps(spec.secrets), prepared, extra)
+                handle = self._launch(launch, prepared, extra)
             except _CgroupJoinError as err:
                 remove_dirs(prepared.dirs, wait_secs=0)
                 if self._limits_mode == "required":
                     raise SandboxError(f"sandbox limits are required but cannot be applied: {err}") from None
                 _warn_once(f"sandbox started without limits (FLUIDBOX_SANDBOX_LIMITS=best-effort): {err}")
-                extra = {"limits": f"none: {err}", "syscall_filter": self._filter_note}
-                handle = self._launch(spec.run_id, log_path, argv, json.dumps(spec.secrets), Prepared(), extra)
+                extra = {"limits": f"none: {err}", "syscall_filter": self._filter_note, **who}
+                handle = self._launch(launch, Prepared(), extra)
             except BaseException:
                 # Whatever did start is recorded in the pidfile with these cgroups; empty ones go now.
                 remove_dirs(prepared.dirs, wait_secs=0)
@@ -506,6 +589,26 @@ class BubblewrapProvider:
             return handle
         finally:
             os.close(lock_fd)
+
+    def _sandbox_account(self) -> Account | None:
+        """The account to start sandboxes as: only when this process is root (never map onto root).
+
+        Raises:
+            SandboxError: the account does not exist and cannot be created.
+        """
+        if os.geteuid() != 0 or self._sandbox_user is None:
+            return None
+        if self._account is None:
+            try:
+                self._account = ensure_account(self._sandbox_user)
+            except AccountError as err:
+                raise SandboxError(str(err)) from None
+        return self._account
+
+    def _bound_paths(self, spec: SandboxSpec) -> list[str]:
+        """Every host path bound into the sandbox apart from /usr and /etc (readable by anyone)."""
+        prefixes = [p for p in self._python_prefixes if not _under(p, ("/usr", "/etc"))]
+        return [*prefixes, *spec.code_dirs, spec.socket_dir, spec.workspace_dir]
 
     def _prepare_limits(self, run_id: str) -> tuple[Prepared, dict[str, str]]:
         """The sandbox's cgroups, and what goes into its handle about them.
@@ -530,23 +633,25 @@ class BubblewrapProvider:
         summary = " ".join(prepared.applied) + (f" (not applied: {why})" if why else "")
         return prepared, {"limits": summary, "cgroups": json.dumps(list(prepared.dirs))}
 
-    def _launch(
-        self, run_id: str, log_path: str, argv: list[str], secrets: str, prepared: Prepared, extra: dict[str, str]
-    ) -> SandboxHandle:
+    def _launch(self, launch: _Launch, prepared: Prepared, extra: dict[str, str]) -> SandboxHandle:
+        argv, log_path, run_id = launch.argv, launch.log_path, launch.run_id
         split = argv.index("--")  # options go through the pipe; bwrap wants the command on its argv
         # The options travel on stdin and through a pipe into bwrap (--args), so neither the
         # launcher's nor bwrap's command line (visible in /proc) carries the environment or a token.
+        account = launch.account
         proc = subprocess.run(
             [sys.executable, "-I", "-S", "-c", _LAUNCHER, log_path, argv[0], *prepared.procs],
             input=json.dumps(
                 {
                     "args": argv[1:split],
                     "command": argv[split + 1 :],
-                    "secrets": secrets,
+                    "secrets": launch.secrets,
                     "run_id": run_id,
                     "pidfile": _pidfile(log_path),
                     "extra": extra,
                     "seccomp": self._filter.hex() if self._filter is not None else "",
+                    "account": [account.uid, account.gid] if account is not None else None,
+                    "stage": {"root": STAGE_ROOT, "binds": sorted(launch.staged.items())} if launch.staged else None,
                 }
             ).encode(),
             capture_output=True,
@@ -567,6 +672,9 @@ class BubblewrapProvider:
             raise _CgroupJoinError(out["error"])
         if "error" in out:
             raise SandboxError(f"cannot exec bwrap: {out['error']}")
+        if out["exit_status"] not in (None, 0) and not out["child_pid"] and (refusal := _bwrap_refusal(log_path)):
+            # bwrap itself gave up before starting anything (no user namespaces for the account, a bad bind…).
+            raise SandboxError(f"bwrap refused to start the sandbox: {refusal}")
         extra = {**extra, "child_pid": str(out["child_pid"]), "child_start_time": str(out["child_start_time"])}
         if out["exit_status"] is not None:
             # Already over (a fast command, or bwrap refused the spec): status says exited, the log says why.
@@ -579,6 +687,44 @@ class BubblewrapProvider:
             log_path=log_path,
             extra=extra,
         )
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """Everything one launch needs besides its cgroups (a cgroup join failure relaunches without them)."""
+
+    run_id: str
+    log_path: str
+    argv: list[str]
+    secrets: str
+    account: Account | None
+    staged: Mapping[str, str]
+
+
+def stage_plan(paths: Iterable[str]) -> dict[str, str]:
+    """Where a root launcher gathers each host path for bwrap: one directory under ``STAGE_ROOT`` each."""
+    return {path: f"{STAGE_ROOT}/{i}" for i, path in enumerate(dict.fromkeys(paths))}
+
+
+def _own_user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def _bwrap_refusal(log_path: str) -> str | None:
+    """bwrap's own last complaint in the sandbox log (its lines start with ``bwrap:``), if any."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [line for line in tail.splitlines() if line.startswith("bwrap: ")]
+    return lines[-1].removeprefix("bwrap: ") if lines else None
 
 
 def _warn_once(message: str) -> None:
@@ -598,6 +744,15 @@ def _remove_cgroups(handle: SandboxHandle, gone: bool) -> None:
             remove_dirs(dirs)
         else:
             remove_dirs(dirs, wait_secs=0)
+
+
+def _take_back_workspace(handle: SandboxHandle) -> None:
+    workspace = handle.extra.get("workspace_dir")
+    if not workspace:
+        return
+    changed = hostfs.take_back(workspace)
+    if changed:
+        log.warning("run %s: cleared setuid/setgid bits or removed special files: %s", handle.run_id, changed[:20])
 
 
 def _under(path: str, roots: Iterable[str]) -> bool:

@@ -1,0 +1,222 @@
+"""An attacker's probes from inside real sandboxes, one test each, run as the worker runs (root in CI).
+
+Each test is an escape someone found or could try; it fails if the defect comes back. The surrounding
+guarantees are pinned next door: network, host files, read-only root, environment and command lines in
+``test_bubblewrap.py``; ptrace, new namespaces, mounts and the rest of the kernel surface in
+``test_seccomp.py``; fork bombs and memory in ``test_limits.py``; the diff collector in
+``test_diff_collector.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import stat
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.account import DEFAULT_SANDBOX_USER, lookup
+from sandbox.bubblewrap import CODE_ROOT, STAGE_ROOT, BubblewrapProvider
+from tests.sandbox.test_bubblewrap import PROJECT_ROOT, eventually, make_spec, needs_bwrap, wait_exited
+
+pytestmark = needs_bwrap
+
+# Written to, each of these would let a sandbox run code as host root or weaken the whole host.
+SYSCTLS = [
+    "/proc/sys/kernel/core_pattern",
+    "/proc/sys/kernel/randomize_va_space",
+    "/proc/sys/fs/suid_dumpable",
+    "/proc/sys/vm/drop_caches",
+    "/proc/sys/kernel/modprobe",
+    "/proc/sysrq-trigger",
+]
+
+SYSCTL_PROBE = r"""
+import json, os, sys
+out = {}
+for path in json.loads(sys.argv[1]):
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+        out[path] = "writable"
+    except OSError as exc:
+        out[path] = exc.errno
+with open("/workspace/report.json", "w") as f:
+    json.dump(out, f)
+"""
+
+# The agent's side: look through the memory of every process it may read for a run token.
+MEMORY_SCAN = r"""
+import json, os, re
+pattern = re.compile(rb"fbx_sess_[0-9a-f]{32}")
+readable, found = [], {}
+for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            regions = f.read().splitlines()
+        mem = open(f"/proc/{pid}/mem", "rb", buffering=0)
+    except OSError:
+        continue
+    readable.append(int(pid))
+    hits = set()
+    with mem:
+        for region in regions:
+            span, perms = region.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if not perms.startswith("r") or hi - lo > 512 << 20:
+                continue
+            try:
+                mem.seek(lo)
+                hits.update(m.decode() for m in pattern.findall(mem.read(hi - lo)))
+            except (OSError, ValueError, OverflowError):
+                continue
+    found[pid] = sorted(hits)
+print(json.dumps({"readable": readable, "found": found}))
+"""
+
+# The runner's side, with the runner's own code: make itself non-dumpable, take the tokens, then let the
+# "agent" look while the tokens are held.
+RUNNER_THEN_AGENT = r"""
+import json, os, subprocess, sys
+from runner.harness import guard_memory
+from runner.gateway import take_credentials
+guard_memory()
+creds = take_credentials(os.environ)
+scan = subprocess.run([sys.executable, "/opt/fluidbox/probe/scan.py"], capture_output=True, text=True)
+with open("/workspace/report.json", "w") as f:
+    f.write(scan.stdout or json.dumps({"error": scan.stderr}))
+assert creds.control_token
+"""
+
+PLANT = """
+cp /usr/bin/id /workspace/suid_id && chmod 4755 /workspace/suid_id
+mkdir /workspace/sgid_dir && chmod 2775 /workspace/sgid_dir
+cp /usr/bin/id /workspace/sgid_dir/sgid_id && chmod 2755 /workspace/sgid_dir/sgid_id
+mkfifo /workspace/fifo
+python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind("/workspace/sock")'
+echo done > /workspace/planted
+exec sleep 300
+"""
+
+
+async def run_probe(tmp_path: Path, script: str, *args: str, **spec_kw: Any) -> dict[str, Any]:
+    provider = BubblewrapProvider()
+    code = tmp_path / "code" / "probe"
+    code.mkdir(parents=True)
+    (code / "probe.py").write_text(script)
+    (code / "scan.py").write_text(MEMORY_SCAN)
+    code_dirs = [str(code), *spec_kw.pop("code_dirs", [])]
+    spec = make_spec(tmp_path, [sys.executable, f"{CODE_ROOT}/probe/probe.py", *args], code_dirs=code_dirs, **spec_kw)
+    handle = await provider.create(spec)
+    try:
+        await wait_exited(provider, handle, within=60)
+    finally:
+        await provider.destroy(handle)
+    report = Path(spec.workspace_dir) / "report.json"
+    if not report.exists():
+        pytest.fail(f"the probe wrote no report; sandbox log: {Path(spec.log_path).read_text()}")
+    result: dict[str, Any] = json.loads(report.read_text())
+    return result
+
+
+def host_uid_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for {pid}")
+
+
+async def test_global_sysctls_are_not_writable_from_inside(tmp_path: Path) -> None:
+    # Finding 1: mapped onto host root, a sandbox could open core_pattern for writing (one crash later: root).
+    report = await run_probe(tmp_path, SYSCTL_PROBE, json.dumps(SYSCTLS))
+
+    for path in SYSCTLS:
+        assert report[path] != "writable", f"{path} is writable from inside the sandbox"
+        assert report[path] in (errno.EACCES, errno.EROFS, errno.EPERM, errno.ENOENT), (path, report[path])
+    assert report["/proc/sys/kernel/core_pattern"] in (errno.EACCES, errno.EROFS)
+
+
+async def test_no_process_the_agent_can_read_holds_a_run_token(tmp_path: Path) -> None:
+    # Finding 2: the tokens went through bwrap's --file, so bwrap's pid 1 (dumpable, the agent's uid) held a copy.
+    token = f"fbx_sess_{uuid.uuid4().hex}"
+    report = await run_probe(
+        tmp_path,
+        RUNNER_THEN_AGENT,
+        code_dirs=[str(PROJECT_ROOT / "runner"), str(PROJECT_ROOT / "core")],
+        env={"FLUIDBOX_SESSION_ID": "run-escape"},
+        secrets={"FLUIDBOX_SESSION_TOKEN": token},
+    )
+
+    assert "error" not in report, report
+    # The probe really could read some memory: the sandbox's pid 1 is the agent's uid and dumpable.
+    assert 1 in report["readable"], report
+    # The runner (pid 2) holds the token and is non-dumpable: not readable.
+    assert 2 not in report["readable"], report
+    leaks = {pid: hits for pid, hits in report["found"].items() if hits}
+    assert not leaks, f"run tokens found in the memory of processes the agent can read: {leaks}"
+    assert token not in json.dumps(report)
+
+
+async def test_an_agent_cannot_leave_a_setuid_root_binary_or_special_files_on_the_host(tmp_path: Path) -> None:
+    # Finding 3: files written in /workspace belonged to host root, and a setuid bit on them was honoured.
+    provider = BubblewrapProvider()
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", PLANT])
+    workspace = Path(spec.workspace_dir)
+    handle = await provider.create(spec)
+    try:
+
+        async def planted() -> bool:
+            return (workspace / "planted").exists()
+
+        await eventually(planted, within=30)
+        suid = os.lstat(workspace / "suid_id")
+        # While the sandbox runs, what it writes is the sandbox account's, never root's.
+        assert suid.st_uid != 0, "a file the agent wrote is owned by host root"
+        child = int(handle.extra["child_pid"])
+        assert host_uid_of(child) != 0, "the sandbox's processes run as host root"
+        if os.geteuid() == 0:
+            account = lookup(DEFAULT_SANDBOX_USER)
+            assert account is not None
+            assert (suid.st_uid, host_uid_of(child)) == (account.uid, account.uid)
+    finally:
+        await provider.destroy(handle)
+
+    # Taken back: the control plane's again, no privilege bits, no fifo, no socket.
+    for name in ("suid_id", "sgid_dir", "sgid_dir/sgid_id", "planted"):
+        info = os.lstat(workspace / name)
+        assert info.st_uid == os.geteuid(), name
+        assert not info.st_mode & (stat.S_ISUID | stat.S_ISGID), f"{name} kept a setuid/setgid bit"
+    assert not (workspace / "fifo").exists()
+    assert not (workspace / "sock").exists()
+    assert stat.S_IMODE(os.stat(Path(spec.log_path).parent).st_mode) == 0o700
+
+
+async def test_every_sandbox_process_runs_as_the_sandbox_account_and_no_mount_is_left_behind(tmp_path: Path) -> None:
+    provider = BubblewrapProvider()
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", "sleep 300 & echo started > /workspace/started; wait"])
+    handle = await provider.create(spec)
+    try:
+
+        async def started() -> bool:
+            return (Path(spec.workspace_dir) / "started").exists()
+
+        await eventually(started, within=30)
+        # The host's view: bwrap outside, its init inside and everything below them.
+        members = [handle.pid, int(handle.extra["child_pid"])]
+        members += [int(p) for p in Path(f"/proc/{members[1]}/task/{members[1]}/children").read_text().split()]
+        assert len(members) >= 3
+        uids = {host_uid_of(pid) for pid in members}
+        assert 0 not in uids, "a sandbox process runs as host root"
+        if os.geteuid() == 0:
+            account = lookup(DEFAULT_SANDBOX_USER)
+            assert account is not None and uids == {account.uid}
+            assert handle.extra["user"] == DEFAULT_SANDBOX_USER
+        # The staging mounts live only in the launcher's own mount namespace.
+        assert STAGE_ROOT not in await asyncio.to_thread(Path("/proc/self/mountinfo").read_text)
+    finally:
+        await provider.destroy(handle)
