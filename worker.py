@@ -56,6 +56,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         memory_mb=settings.sandbox_memory_mb,
         pids=settings.sandbox_pids,
         syscall_filter=settings.sandbox_syscall_filter,
+        sandbox_user=settings.sandbox_user,
     )
     acts = RunActivities(store, provider, settings)
     sessions = SessionPool()

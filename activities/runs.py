@@ -17,7 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import contracts as c
-from activities import workspace
+from activities import rundirs, workspace
 from activities.delivery import start_deliveries
 from activities.env import runner_env, runner_secrets
 from config.settings import Settings
@@ -86,7 +86,7 @@ class RunActivities:
         randoms = {aud.value: secrets.token_hex(16) for aud in RUN_AUDIENCES}
         tokens = await self.store.mint_tokens(spec.tenant_id, run_id, self.settings.token_ttl_secs, randoms)
         await self._advance(run_id, RunStatus.INITIALIZING)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(rundirs.make_private, self.settings.runs_dir, run_dir)
         source = spec.workspace.path if spec.workspace.kind == "local_copy" else None
         try:
             base, files = await workspace.prepare(run_dir, source)
@@ -216,6 +216,7 @@ class RunActivities:
             raise ApplicationError("run vanished", non_retryable=True)
         if is_terminal(row["status"]):
             await self._deliver(run_id)  # a retry after the terminal commit still starts the deliveries
+            await self._retire_run_dir(run_id)
             return c.StatusOut(status=row["status"])
         intent = await self.store.finalization(run_id) or {"outcome": "failed", "summary": None, "reason": None}
         await self.store.deny_open_approvals(run_id, "session is not active")
@@ -267,7 +268,14 @@ class RunActivities:
             reason = "cancelled by user"
         _, final = await self.store.finish(run_id, terminal, reason, summary, intent["outcome"], artifacts, new)
         await self._deliver(run_id)
+        await self._retire_run_dir(run_id)
         return c.StatusOut(status=final)
+
+    async def _retire_run_dir(self, run_id: str) -> None:
+        """The diff and artifacts are recorded: the run's directory goes (now, or after the retention)."""
+        await asyncio.to_thread(
+            rundirs.retire, self.settings.runs_dir, self._run_dir(run_id), self.settings.run_dir_retention_secs
+        )
 
     async def _deliver(self, run_id: str) -> None:
         """One DeliveryWorkflow per webhook destination; they never touch the run (idempotent)."""

@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     sandbox_pids: int = Field(default=512, ge=0)
     # The sandbox's syscall filter (sandbox/seccomp.py): ptrace, new namespaces, mounts, io_uring, BPF… refused.
     sandbox_syscall_filter: bool = True
+    # The unprivileged host account a root worker starts sandboxes as (created on first use); a worker that is
+    # not root starts them as itself. Sandboxes never map onto host root.
+    sandbox_user: str = Field(default="fluidbox-sandbox", min_length=1, pattern=r"^[a-z_][a-z0-9_-]*$")
+    # How long a finished run's directory (its workspace copy, baseline and sandbox log) stays on the host after
+    # the diff and artifacts are recorded; 0 removes it at once.
+    run_dir_retention_secs: float = Field(default=0.0, ge=0)
 
     # Run supervision (seconds).
     heartbeat_secs: float = 10.0

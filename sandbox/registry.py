@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from core.ports import ExecutionProvider
+from sandbox.account import DEFAULT_SANDBOX_USER
 from sandbox.bubblewrap import DEFAULT_MEMORY_MB, DEFAULT_PIDS, BubblewrapProvider
 from sandbox.limits import MIB, Limits
 
@@ -17,11 +18,12 @@ def make_provider(
     memory_mb: int = DEFAULT_MEMORY_MB,
     pids: int = DEFAULT_PIDS,
     syscall_filter: bool = True,
+    sandbox_user: str = DEFAULT_SANDBOX_USER,
 ) -> ExecutionProvider:
     """Build the execution provider called ``name``.
 
     ``limits_mode`` is ``best-effort``, ``required`` or ``off``; a ``memory_mb`` or ``pids`` of 0 leaves
-    that resource unlimited.
+    that resource unlimited. ``sandbox_user`` is the account a root worker starts sandboxes as.
 
     Raises:
         ValueError: no provider has that name, or an unknown limits mode.
@@ -29,6 +31,10 @@ def make_provider(
     if name == "bwrap":
         limits = Limits(memory_bytes=memory_mb * MIB if memory_mb > 0 else None, pids=pids if pids > 0 else None)
         return BubblewrapProvider(
-            bwrap_path=bwrap_path, limits_mode=limits_mode, limits=limits, syscall_filter=syscall_filter
+            bwrap_path=bwrap_path,
+            limits_mode=limits_mode,
+            limits=limits,
+            syscall_filter=syscall_filter,
+            sandbox_user=sandbox_user,
         )
     raise ValueError(f"unknown execution provider {name!r}; known: {', '.join(KNOWN_PROVIDERS)}")

@@ -33,6 +33,9 @@ FAST = {
     # Runs move to a fresh workflow history every 3 updates, so every test with several approvals or
     # brokered calls also proves that a move changes nothing a user can see (production: 1500).
     "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": "3",
+    # Finished runs' directories stay for the session (tests read workspaces and sandbox logs afterwards);
+    # production removes them at finalization (tests/activities/test_rundirs.py).
+    "FLUIDBOX_RUN_DIR_RETENTION_SECS": "3600",
 }
 
 

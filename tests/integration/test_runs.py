@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 
 import httpx
 import pytest
 
+from activities import rundirs
+from cli.stack import Stack
 from tests.integration.helpers import (
     DEMO_REPO,
     events,
@@ -257,3 +261,25 @@ async def test_the_ledger_says_how_the_sandbox_is_confined_and_the_agent_runs_un
     # The limits are whatever this host's cgroups allow (named either way); the filter is always on here.
     assert "; limits: " in launched and launched.endswith("; syscall filter: on)"), launched
     assert any("Seccomp:\t2" in s or "Seccomp: 2" in s for s in said), said  # SECCOMP_MODE_FILTER
+
+
+async def test_what_a_run_leaves_on_the_host_is_private_and_grants_no_privilege(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    # Issue 11, finding 3, end to end: an agent's setuid copy of a binary must not survive onto the host.
+    plant = "cp /usr/bin/id suid_id && chmod 4755 suid_id && mkfifo pipe && ls -l suid_id"
+    policy = await make_policy(api, {"defaults": {"tool_action": "allow"}})
+    run_id = await start_run(api, await make_agent(api, [{"tool": "Bash", "input": {"command": plant}}], policy=policy))
+    row = await wait_status(api, run_id, {"completed", "failed"})
+    assert row["status"] == "completed"
+    said = [e["payload"]["data"]["text"] for e in await events(api, run_id) if e["type"] == "agent.message"]
+    assert any(text.startswith("$ cp /usr/bin/id") and "-rwsr-xr-x" in text for text in said), said
+
+    runs, run_dir = stack.home / "runs", stack.home / "runs" / run_id
+    assert stat.S_IMODE(runs.stat().st_mode) == 0o700
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    planted = (run_dir / "workspace" / "suid_id").lstat()
+    assert planted.st_uid == os.geteuid()
+    assert not planted.st_mode & (stat.S_ISUID | stat.S_ISGID)
+    assert not (run_dir / "workspace" / "pipe").exists()
+    assert (run_dir / rundirs.FINISHED_MARK).exists(), "the run's directory is retired after finalization"
