@@ -1,13 +1,16 @@
 """What the sandbox's confinement costs: creating a bwrap sandbox with and without its limits and filter.
 
-Three provider configurations, measured in the same run, rounds interleaved (bare, filter, limits +
-filter, bare, …) so the machine's noise falls on all three alike:
+Provider configurations measured in the same run, rounds interleaved (bare, filter, limits + filter,
+…, then backwards) so the machine's noise falls on all alike:
 
 * **bare**: namespaces, the read-only root and the masks only (``limits_mode="off"``,
   ``syscall_filter=False``);
 * **filter**: plus the seccomp program (``sandbox/seccomp.py``) handed to bwrap through a pipe;
 * **limits + filter**: the default, plus a cgroup per sandbox (``sandbox/limits.py``) made, limited
-  and joined by the launcher before it forks bwrap, and removed on destroy.
+  and joined by the launcher before it forks bwrap, and removed on destroy;
+* as root only, **mapped onto root (before)**: the default as it was before the sandbox account
+  (bwrap started by root itself, so the sandbox was host uid 0), to price the account: the staging
+  mount namespace, the privilege drop and handing the workspace over and back.
 
 Each sample creates a sandbox running ``/bin/true``, waits for it to exit and destroys it. Reported:
 the p50 of ``create`` (until the provider returns the handle: launcher, bwrap, pidfile) and of the
@@ -44,6 +47,11 @@ CONFIGS: dict[str, dict[str, object]] = {
     "filter": {"limits_mode": "off"},
     "limits + filter": {},
 }
+# As root, the default before issue 11: the same confinement, but bwrap started by root itself, so the
+# sandbox mapped onto host uid 0 (no staging mount namespace, no privilege drop, no workspace hand-over).
+MAPPED_TO_ROOT = "limits + filter, mapped onto root (before)"
+if os.geteuid() == 0:
+    CONFIGS[MAPPED_TO_ROOT] = {"sandbox_user": None}
 
 
 async def cycle(provider: BubblewrapProvider, base: Path) -> tuple[float, float, str]:
@@ -108,8 +116,21 @@ def render(samples: int, out: dict[str, list[tuple[float, float]]], limits: str)
             "and removing the cgroups) is about 0.3 ms; most of their cost is the kernel moving the launcher "
             "into the cgroup v1 memory hierarchy (8.6 ms measured by itself on this machine, against 0.1 ms "
             "for pids). Both are paid once per run, against runs that last seconds to hours.",
+            *(account_note(p50) if MAPPED_TO_ROOT in p50 else []),
         ]
     )
+
+
+def account_note(p50: dict[str, tuple[float, float]]) -> list[str]:
+    (c, t), (bc, bt) = p50["limits + filter"], p50[MAPPED_TO_ROOT]
+    return [
+        "",
+        f"**The sandbox account** (root only): creating a sandbox as `fluidbox-sandbox` costs {c / bc:.2f}x "
+        f"the same sandbox mapped onto host root ({(c - bc) * 1000:+.1f} ms), the whole cycle {t / bt:.2f}x: "
+        "a private mount namespace with one bind per host path the sandbox needs, the privilege drop, and "
+        "handing the (here empty) workspace to the account and back. A workspace's hand-over grows with its "
+        "file count (one chown per entry, twice).",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
