@@ -252,14 +252,14 @@ async def diff(run_dir: Path) -> tuple[str, bool]:
         raise WorkspaceError("workspace is gone")
     try:
         tree, _ = await asyncio.to_thread(_snapshot, worktree, baseline)
+        out, cut = await _git(
+            baseline,
+            "diff-tree", "-r", "-p", "--binary", "--no-renames", "--no-textconv", "--no-ext-diff", "--no-color",
+            "HEAD", tree,
+            limit=MAX_DIFF_BYTES,
+        )  # fmt: skip
     except (OSError, RecursionError) as err:
         raise WorkspaceError(f"cannot read the workspace: {err}") from err
-    out, cut = await _git(
-        baseline,
-        "diff-tree", "-r", "-p", "--binary", "--no-renames", "--no-textconv", "--no-ext-diff", "--no-color",
-        "HEAD", tree,
-        limit=MAX_DIFF_BYTES,
-    )  # fmt: skip
     patch = out[:MAX_DIFF_BYTES].decode(errors="replace" if not cut else "ignore")
     if cut:
         return patch + "\n(diff truncated)\n", True
