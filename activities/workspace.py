@@ -180,7 +180,7 @@ def _store(objects: Path, kind: bytes, body: bytes) -> bytes:
     path = objects / name[:2] / name[2:]
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
-        tmp = path.parent / f"tmp_{name[2:]}_{os.getpid()}"
+        tmp = path.parent / f"tmp_{name[2:]}_{os.urandom(8).hex()}"  # a retried collection may race this one
         tmp.write_bytes(zlib.compress(raw, 1))
         os.replace(tmp, path)
     return oid
@@ -203,6 +203,8 @@ def _store_tree(objects: Path, node: Node) -> bytes:
 
 def _snapshot(worktree: Path, baseline: Path) -> tuple[str, dict[str, list[object]]]:
     """Store the tree under ``worktree`` as git objects; its tree id and a manifest of every entry."""
+    if not stat.S_ISDIR(os.lstat(worktree).st_mode):
+        raise WorkspaceError("the workspace is not a directory")
     objects = baseline / "objects"
     root: Node = {}
     manifest: dict[str, list[object]] = {}

@@ -266,3 +266,13 @@ async def test_without_a_baseline_the_listing_still_names_what_changed(tmp_path:
     assert any(line.startswith("modified") and line.endswith(" app.py") for line in lines), listing
     assert any(line.startswith("deleted") and line.endswith(" README.md") for line in lines), listing
     assert any(line.startswith("added") and line.endswith(" zz/.git/HEAD") for line in lines), listing
+
+
+async def test_a_workspace_replaced_by_a_symlink_is_refused_not_followed(tmp_path: Path, source: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    await workspace.prepare(run_dir, str(source))
+    shutil.rmtree(run_dir / "workspace")
+    (run_dir / "workspace").symlink_to(source)
+    with pytest.raises(workspace.WorkspaceError, match="not a directory"):
+        await workspace.diff(run_dir)
