@@ -29,6 +29,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "fluidbox",
@@ -112,26 +113,20 @@ def _readable(path: bytes, st: os.stat_result, bits: int) -> None:
     os.chmod(path, stat.S_IMODE(st.st_mode) | bits)
 
 
-def _read(path: bytes, st: os.stat_result) -> bytes:
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+def _open(path: bytes, st: os.stat_result) -> BinaryIO:
+    """Open a regular file for reading: never through a link, never blocking (on a FIFO swapped in)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
     except PermissionError:
         _readable(path, st, stat.S_IRUSR)
         fd = os.open(path, flags)
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read()
+    return os.fdopen(fd, "rb")
 
 
 def _digest_file(path: bytes, st: os.stat_result) -> str:
     h = hashlib.sha256()
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except PermissionError:
-        _readable(path, st, stat.S_IRUSR)
-        fd = os.open(path, flags)
-    with os.fdopen(fd, "rb") as fh:
+    with _open(path, st) as fh:
         while chunk := fh.read(1024 * 1024):
             h.update(chunk)
     return h.hexdigest()
@@ -147,7 +142,8 @@ def _leaf(full: bytes, rel: bytes, st: os.stat_result) -> Leaf:
             digest = _digest_file(full, st)
             big = f"(fluidbox: file not diffed, too large: {st.st_size} bytes, sha256 {digest})\n"
             return Leaf(rel, mode, big.encode(), st.st_size, digest)
-        data = _read(full, st)
+        with _open(full, st) as fh:
+            data = fh.read(MAX_BLOB_BYTES + 1)
         return Leaf(rel, mode, data, len(data), hashlib.sha256(data).hexdigest())
     kind = stat.S_IFMT(st.st_mode)
     note = f"(fluidbox: not a regular file: {SPECIAL.get(kind, 'unknown type')})\n".encode()
