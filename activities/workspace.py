@@ -58,6 +58,9 @@ MAX_DIFF_BYTES = 1024 * 1024
 MAX_BLOB_BYTES = 16 * 1024 * 1024
 MANIFEST = "baseline.manifest.json"
 TREE_MODE = b"40000"
+MAX_DEPTH = 200
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 SPECIAL = {stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket", stat.S_IFCHR: "char device", stat.S_IFBLK: "block device"}
 
 
@@ -108,64 +111,90 @@ async def _git(baseline: Path, *args: str, limit: int | None = None) -> tuple[by
     return out, cut
 
 
-def _readable(path: bytes, st: os.stat_result, bits: int) -> None:
+def _readable(dfd: int, name: bytes, st: os.stat_result, bits: int) -> None:
     """Give the owner ``bits`` back on an entry the agent locked (the sandbox is gone; the tree is ours)."""
-    os.chmod(path, stat.S_IMODE(st.st_mode) | bits)
+    os.chmod(name, stat.S_IMODE(st.st_mode) | bits, dir_fd=dfd)
 
 
-def _open(path: bytes, st: os.stat_result) -> BinaryIO:
-    """Open a regular file for reading: never through a link, never blocking (on a FIFO swapped in)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+def _open_at(dfd: int, name: bytes, st: os.stat_result, flags: int, bits: int) -> int:
     try:
-        fd = os.open(path, flags)
+        return os.open(name, flags, dir_fd=dfd)
     except PermissionError:
-        _readable(path, st, stat.S_IRUSR)
-        fd = os.open(path, flags)
-    return os.fdopen(fd, "rb")
+        _readable(dfd, name, st, bits)
+        return os.open(name, flags, dir_fd=dfd)
 
 
-def _digest_file(path: bytes, st: os.stat_result) -> str:
-    h = hashlib.sha256()
-    with _open(path, st) as fh:
+def _open(dfd: int, name: bytes, st: os.stat_result) -> BinaryIO:
+    """Open a regular file for reading: never through a link, never blocking (on a FIFO swapped in)."""
+    return os.fdopen(_open_at(dfd, name, st, FILE_FLAGS, stat.S_IRUSR), "rb")
+
+
+def _note(path: bytes, text: str) -> Leaf:
+    data = f"(fluidbox: {text})\n".encode()
+    return Leaf(path, b"100644", data, 0, hashlib.sha256(data).hexdigest())
+
+
+def _leaf(dfd: int, name: bytes, path: bytes, st: os.stat_result) -> Leaf:
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(name, dir_fd=dfd)
+        return Leaf(path, b"120000", target, len(target), hashlib.sha256(target).hexdigest())
+    if not stat.S_ISREG(st.st_mode):
+        return _note(path, f"not a regular file: {SPECIAL.get(stat.S_IFMT(st.st_mode), 'unknown type')}")
+    mode = b"100755" if st.st_mode & stat.S_IXUSR else b"100644"
+    with _open(dfd, name, st) as fh:
+        if st.st_size <= MAX_BLOB_BYTES:
+            data = fh.read(MAX_BLOB_BYTES + 1)
+            return Leaf(path, mode, data, len(data), hashlib.sha256(data).hexdigest())
+        h = hashlib.sha256()
         while chunk := fh.read(1024 * 1024):
             h.update(chunk)
-    return h.hexdigest()
+    big = f"(fluidbox: file not diffed, too large: {st.st_size} bytes, sha256 {h.hexdigest()})\n"
+    return Leaf(path, mode, big.encode(), st.st_size, h.hexdigest())
 
 
-def _leaf(full: bytes, rel: bytes, st: os.stat_result) -> Leaf:
-    if stat.S_ISLNK(st.st_mode):
-        target = os.readlink(full)
-        return Leaf(rel, b"120000", target, len(target), hashlib.sha256(target).hexdigest())
-    if stat.S_ISREG(st.st_mode):
-        mode = b"100755" if st.st_mode & stat.S_IXUSR else b"100644"
-        if st.st_size > MAX_BLOB_BYTES:
-            digest = _digest_file(full, st)
-            big = f"(fluidbox: file not diffed, too large: {st.st_size} bytes, sha256 {digest})\n"
-            return Leaf(rel, mode, big.encode(), st.st_size, digest)
-        with _open(full, st) as fh:
-            data = fh.read(MAX_BLOB_BYTES + 1)
-        return Leaf(rel, mode, data, len(data), hashlib.sha256(data).hexdigest())
-    kind = stat.S_IFMT(st.st_mode)
-    note = f"(fluidbox: not a regular file: {SPECIAL.get(kind, 'unknown type')})\n".encode()
-    return Leaf(rel, b"100644", note, 0, hashlib.sha256(note).hexdigest())
+def _children(dfd: int, rel: bytes, depth: int) -> Iterator[Leaf]:
+    """Every non-directory entry below the open directory ``dfd``; what cannot be read becomes a note.
 
-
-def _walk(root: bytes, rel: bytes = b"") -> Iterator[Leaf]:
-    """Every non-directory entry under ``root``, depth first, links never followed."""
-    here = os.path.join(root, rel) if rel else root
+    Every call is relative to a directory descriptor, so no path is ever resolved through a link and
+    no path length limit applies; depth is bounded so a pathological tree cannot exhaust descriptors.
+    """
     try:
-        names = os.listdir(here)
-    except PermissionError:
-        _readable(here, os.lstat(here), stat.S_IRWXU)
-        names = os.listdir(here)
-    for name in sorted(names):
+        names = sorted(os.fsencode(n) for n in os.listdir(dfd))
+    except OSError as err:
+        if not rel:
+            raise WorkspaceError(f"the workspace is not readable: {err.strerror or err}") from err
+        yield _note(rel, f"directory not readable: {err.strerror or err}")
+        return
+    for name in names:
         path = rel + b"/" + name if rel else name
-        full = os.path.join(root, path)
-        st = os.lstat(full)
-        if stat.S_ISDIR(st.st_mode):
-            yield from _walk(root, path)
-        else:
-            yield _leaf(full, path, st)
+        try:
+            st = os.lstat(name, dir_fd=dfd)
+            if not stat.S_ISDIR(st.st_mode):
+                yield _leaf(dfd, name, path, st)
+                continue
+            if depth >= MAX_DEPTH:
+                yield _note(path, f"directory not walked: deeper than {MAX_DEPTH} levels")
+                continue
+            sub = _open_at(dfd, name, st, DIR_FLAGS, stat.S_IRWXU)
+        except OSError as err:
+            yield _note(path, f"not readable: {err.strerror or err}")
+            continue
+        try:
+            yield from _children(sub, path, depth + 1)
+        finally:
+            os.close(sub)
+
+
+def _walk(root: Path) -> Iterator[Leaf]:
+    """Every non-directory entry under ``root``, depth first, links never followed."""
+    try:
+        fd = os.open(root, DIR_FLAGS)  # O_NOFOLLOW: a root swapped for a link is refused
+    except OSError as err:
+        raise WorkspaceError(f"the workspace is not a readable directory: {err.strerror or err}") from err
+    try:
+        yield from _children(fd, b"", 1)
+    finally:
+        os.close(fd)
 
 
 def _store(objects: Path, kind: bytes, body: bytes) -> bytes:
@@ -199,12 +228,10 @@ def _store_tree(objects: Path, node: Node) -> bytes:
 
 def _snapshot(worktree: Path, baseline: Path) -> tuple[str, dict[str, list[object]]]:
     """Store the tree under ``worktree`` as git objects; its tree id and a manifest of every entry."""
-    if not stat.S_ISDIR(os.lstat(worktree).st_mode):
-        raise WorkspaceError("the workspace is not a directory")
     objects = baseline / "objects"
     root: Node = {}
     manifest: dict[str, list[object]] = {}
-    for leaf in _walk(os.fsencode(worktree)):
+    for leaf in _walk(worktree):
         *dirs, name = leaf.path.split(b"/")
         node = root
         for part in dirs:
@@ -278,7 +305,7 @@ def _listing(run_dir: Path) -> str:
     lines = [header]
     seen: set[str] = set()
     try:
-        for leaf in _walk(os.fsencode(run_dir / "workspace")):
+        for leaf in _walk(run_dir / "workspace"):
             path = os.fsdecode(leaf.path)
             seen.add(path)
             now = [leaf.mode.decode(), leaf.size, leaf.sha256]
@@ -286,7 +313,7 @@ def _listing(run_dir: Path) -> str:
             state = "present" if not before else "added" if old is None else "unchanged" if old == now else "modified"
             if state != "unchanged":
                 lines.append(f"{state:<9} {now[0]} {leaf.size:>12} {leaf.sha256} {_show(path)}")
-    except (OSError, RecursionError) as err:
+    except (OSError, WorkspaceError) as err:
         lines.append(f"(walk stopped: {err})")
     for path in sorted(set(before) - seen):
         mode, size, digest = before[path]

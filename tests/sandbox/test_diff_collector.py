@@ -209,6 +209,24 @@ async def test_unreadable_files_and_directories_are_still_diffed(tmp_path: Path,
     assert "+INNER = 1" in patch
 
 
+async def test_a_tree_deeper_than_any_path_limit_is_noted_and_the_rest_diffed(tmp_path: Path, source: Path) -> None:
+    def agent(ws: Path) -> None:
+        # 250 levels of 200-byte names: far past PATH_MAX and the walk's depth bound.
+        fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for _ in range(250):
+                os.mkdir("d" * 200, dir_fd=fd)
+                inner = os.open("d" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            os.close(os.open("deep.py", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+        finally:
+            os.close(fd)
+
+    patch = await collect(tmp_path, source, agent)
+    assert f"+(fluidbox: directory not walked: deeper than {workspace.MAX_DEPTH} levels)" in patch
+
+
 async def test_a_huge_file_is_recorded_by_size_and_digest(tmp_path: Path, source: Path) -> None:
     size = workspace.MAX_BLOB_BYTES + 1
 
@@ -274,5 +292,5 @@ async def test_a_workspace_replaced_by_a_symlink_is_refused_not_followed(tmp_pat
     await workspace.prepare(run_dir, str(source))
     shutil.rmtree(run_dir / "workspace")
     (run_dir / "workspace").symlink_to(source)
-    with pytest.raises(workspace.WorkspaceError, match="not a directory"):
+    with pytest.raises(workspace.WorkspaceError, match="not a readable directory"):
         await workspace.diff(run_dir)
