@@ -226,6 +226,7 @@ class RunActivities:
             await self.provider.destroy(handle)
         artifacts: list[dict[str, str]] = []
         new: list[ev.NewEvent] = []
+        diff_failure: str | None = None
         try:
             patch, truncated = await workspace.diff(self._run_dir(run_id))
             content = patch or "(no changes)"
@@ -248,15 +249,15 @@ class RunActivities:
                 )
             )
         except workspace.WorkspaceError as err:
+            # No diff is never a quiet "completed": the reason says so and review gets a git-free listing.
+            diff_failure = f"diff unavailable: {err}"
+            listing = await workspace.listing(self._run_dir(run_id))
+            content = f"({diff_failure})\n\n{listing}"
             artifacts.append(
-                {
-                    "kind": "diff",
-                    "name": "changes.patch",
-                    "content": f"(diff unavailable: {err})",
-                    "content_type": "text/plain",
-                }
+                {"kind": "diff", "name": "changes.patch", "content": content, "content_type": "text/plain"}
             )
-            new.append(ev.NewEvent(type=ev.ARTIFACT_MISSING, data={"kind": "diff", "reason": str(err)}))
+            missing = {"kind": "diff", "reason": str(err), "fallback": "file listing", "sha256": sha256_hex(content)}
+            new.append(ev.NewEvent(type=ev.ARTIFACT_MISSING, data=missing))
         summary = intent.get("summary")
         if summary:
             artifacts.append(
@@ -266,6 +267,8 @@ class RunActivities:
         reason = intent.get("reason")
         if terminal == RunStatus.CANCELLED and not reason:
             reason = "cancelled by user"
+        if diff_failure:  # the reported outcome stands; its reason leads with the missing diff
+            reason = f"{diff_failure}; {reason}" if reason else diff_failure
         _, final = await self.store.finish(run_id, terminal, reason, summary, intent["outcome"], artifacts, new)
         await self._deliver(run_id)
         await self._retire_run_dir(run_id)

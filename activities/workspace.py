@@ -1,15 +1,35 @@
 """Workspace preparation and diff collection, control-plane side.
 
-The agent's copy is diffed against a baseline git directory that lives outside the sandbox, so the
-agent's own ``.git`` (if any) is never trusted and the original directory is never touched.
+The agent's tree is data, never a repository. Git is never pointed at it: this module walks the tree
+itself (``lstat``, never following a link), writes every file, symlink and directory as a git object
+into a bare baseline repository that lives outside the sandbox, and only then asks git to compare two
+trees. So nothing the agent can write changes what the diff shows or makes git run anything:
+
+- ``.git`` directories and files (nested repositories, ``gitdir:`` links, hooks, configs, excludes)
+  are ordinary entries and show up in the patch like any other file;
+- ``.gitignore`` and ``.gitattributes`` are ordinary files: there is no work tree or index for git to
+  apply them to, and attributes are pinned to the empty tree and ``/dev/null`` besides;
+- symlinks are recorded as links (their target is the content), FIFOs, sockets and devices as a one-line
+  placeholder, files over ``MAX_BLOB_BYTES`` as their size and sha256.
+
+The same walk records the baseline in ``prepare``, so a source tree with ignored files or nested
+repositories is baselined whole. It also writes a manifest (mode, size, sha256 per path) that lets
+``listing`` say what changed without git when the diff itself cannot be produced.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import shutil
+import stat
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "fluidbox",
@@ -18,68 +38,289 @@ GIT_ENV = {
     "GIT_COMMITTER_EMAIL": "fluidbox@localhost",
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_ATTR_NOSYSTEM": "1",
+    "GIT_NO_REPLACE_OBJECTS": "1",
     "GIT_TERMINAL_PROMPT": "0",
 }
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+# Belt and braces: the repository is bare and never sees the agent's tree, but no attribute, hook,
+# external diff or textconv may apply even if a future git reads attributes from HEAD in bare repos.
+GIT_OPTS = (
+    "-c", "safe.directory=*",
+    "-c", "core.attributesFile=/dev/null",
+    "-c", f"attr.tree={EMPTY_TREE}",
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "core.fsmonitor=false",
+    "-c", "core.quotePath=true",
+    "-c", "commit.gpgsign=false",
+)  # fmt: skip
 MAX_DIFF_BYTES = 1024 * 1024
+MAX_BLOB_BYTES = 16 * 1024 * 1024
+MANIFEST = "baseline.manifest.json"
+TREE_MODE = b"40000"
+MAX_DEPTH = 200
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+SPECIAL = {stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket", stat.S_IFCHR: "char device", stat.S_IFBLK: "block device"}
 
 
 class WorkspaceError(Exception):
     pass
 
 
-async def _git(baseline: Path, worktree: Path, *args: str) -> str:
+@dataclass(frozen=True)
+class Leaf:
+    """One non-directory entry of a walked tree, as it will be stored and listed."""
+
+    path: bytes  # relative, ``/``-separated, raw bytes from the file system
+    mode: bytes  # git mode: 100644, 100755 or 120000
+    data: bytes  # what the blob holds (the content, a link target or a placeholder)
+    size: int  # the entry's real size
+    sha256: str  # of the real content (or link target)
+
+
+async def _git(baseline: Path, *args: str, limit: int | None = None) -> tuple[bytes, bool]:
+    """Run git on the bare baseline only; with ``limit``, stop reading (and kill git) past that many bytes."""
     proc = await asyncio.create_subprocess_exec(
         "git",
         f"--git-dir={baseline}",
-        f"--work-tree={worktree}",
-        "-c",
-        "safe.directory=*",
-        "-c",
-        "core.autocrlf=false",
-        "-c",
-        "commit.gpgsign=false",
+        *GIT_OPTS,
         *args,
+        cwd=baseline,
+        stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_ENV},
     )
-    out, err = await proc.communicate()
-    if proc.returncode != 0:
+    assert proc.stdout is not None and proc.stderr is not None
+    err_task = asyncio.ensure_future(proc.stderr.read())
+    chunks: list[bytes] = []
+    got, cut = 0, False
+    while chunk := await proc.stdout.read(1024 * 1024):
+        chunks.append(chunk)
+        got += len(chunk)
+        if limit is not None and got > limit:  # bounded memory whatever the agent wrote
+            cut = True
+            proc.kill()
+            break
+    err = await err_task
+    out = b"".join(chunks)
+    code = await proc.wait()
+    if code != 0 and not cut:
         raise WorkspaceError(f"git {args[0]} failed: {err.decode(errors='replace').strip()[:500]}")
-    return out.decode(errors="replace")
+    return out, cut
 
 
-def _copy(source: Path | None, dest: Path, baseline: Path) -> int:
+def _readable(dfd: int, name: bytes, st: os.stat_result, bits: int) -> None:
+    """Give the owner ``bits`` back on an entry the agent locked (the sandbox is gone; the tree is ours)."""
+    os.chmod(name, stat.S_IMODE(st.st_mode) | bits, dir_fd=dfd)
+
+
+def _open_at(dfd: int, name: bytes, st: os.stat_result, flags: int, bits: int) -> int:
+    try:
+        return os.open(name, flags, dir_fd=dfd)
+    except PermissionError:
+        _readable(dfd, name, st, bits)
+        return os.open(name, flags, dir_fd=dfd)
+
+
+def _open(dfd: int, name: bytes, st: os.stat_result) -> BinaryIO:
+    """Open a regular file for reading: never through a link, never blocking (on a FIFO swapped in)."""
+    return os.fdopen(_open_at(dfd, name, st, FILE_FLAGS, stat.S_IRUSR), "rb")
+
+
+def _note(path: bytes, text: str) -> Leaf:
+    data = f"(fluidbox: {text})\n".encode()
+    return Leaf(path, b"100644", data, 0, hashlib.sha256(data).hexdigest())
+
+
+def _leaf(dfd: int, name: bytes, path: bytes, st: os.stat_result) -> Leaf:
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(name, dir_fd=dfd)
+        return Leaf(path, b"120000", target, len(target), hashlib.sha256(target).hexdigest())
+    if not stat.S_ISREG(st.st_mode):
+        return _note(path, f"not a regular file: {SPECIAL.get(stat.S_IFMT(st.st_mode), 'unknown type')}")
+    mode = b"100755" if st.st_mode & stat.S_IXUSR else b"100644"
+    with _open(dfd, name, st) as fh:
+        if st.st_size <= MAX_BLOB_BYTES:
+            data = fh.read(MAX_BLOB_BYTES + 1)
+            return Leaf(path, mode, data, len(data), hashlib.sha256(data).hexdigest())
+        h = hashlib.sha256()
+        while chunk := fh.read(1024 * 1024):
+            h.update(chunk)
+    big = f"(fluidbox: file not diffed, too large: {st.st_size} bytes, sha256 {h.hexdigest()})\n"
+    return Leaf(path, mode, big.encode(), st.st_size, h.hexdigest())
+
+
+def _children(dfd: int, rel: bytes, depth: int) -> Iterator[Leaf]:
+    """Every non-directory entry below the open directory ``dfd``; what cannot be read becomes a note.
+
+    Every call is relative to a directory descriptor, so no path is ever resolved through a link and
+    no path length limit applies; depth is bounded so a pathological tree cannot exhaust descriptors.
+    """
+    try:
+        names = sorted(os.fsencode(n) for n in os.listdir(dfd))
+    except OSError as err:
+        if not rel:
+            raise WorkspaceError(f"the workspace is not readable: {err.strerror or err}") from err
+        yield _note(rel, f"directory not readable: {err.strerror or err}")
+        return
+    for name in names:
+        path = rel + b"/" + name if rel else name
+        try:
+            st = os.lstat(name, dir_fd=dfd)
+            if not stat.S_ISDIR(st.st_mode):
+                yield _leaf(dfd, name, path, st)
+                continue
+            if depth >= MAX_DEPTH:
+                yield _note(path, f"directory not walked: deeper than {MAX_DEPTH} levels")
+                continue
+            sub = _open_at(dfd, name, st, DIR_FLAGS, stat.S_IRWXU)
+        except OSError as err:
+            yield _note(path, f"not readable: {err.strerror or err}")
+            continue
+        try:
+            yield from _children(sub, path, depth + 1)
+        finally:
+            os.close(sub)
+
+
+def _walk(root: Path) -> Iterator[Leaf]:
+    """Every non-directory entry under ``root``, depth first, links never followed."""
+    try:
+        fd = os.open(root, DIR_FLAGS)  # O_NOFOLLOW: a root swapped for a link is refused
+    except OSError as err:
+        raise WorkspaceError(f"the workspace is not a readable directory: {err.strerror or err}") from err
+    try:
+        yield from _children(fd, b"", 1)
+    finally:
+        os.close(fd)
+
+
+def _store(objects: Path, kind: bytes, body: bytes) -> bytes:
+    """Write one loose object (the format git reads) and return its binary id."""
+    raw = kind + b" " + str(len(body)).encode() + b"\0" + body
+    oid = hashlib.sha1(raw, usedforsecurity=False).digest()
+    name = oid.hex()
+    path = objects / name[:2] / name[2:]
+    if not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.parent / f"tmp_{name[2:]}_{os.urandom(8).hex()}"  # a retried collection may race this one
+        tmp.write_bytes(zlib.compress(raw, 1))
+        os.replace(tmp, path)
+    return oid
+
+
+Node = dict[bytes, "Node | tuple[bytes, bytes]"]
+
+
+def _store_tree(objects: Path, node: Node) -> bytes:
+    entries: list[tuple[bytes, bytes, bytes]] = []
+    for name, child in node.items():
+        if isinstance(child, dict):
+            entries.append((TREE_MODE, name, _store_tree(objects, child)))
+        else:
+            entries.append((child[0], name, child[1]))
+    # Git's order: names as bytes, a directory compared as if its name ended in "/".
+    entries.sort(key=lambda e: e[1] + b"/" if e[0] == TREE_MODE else e[1])
+    return _store(objects, b"tree", b"".join(mode + b" " + name + b"\0" + oid for mode, name, oid in entries))
+
+
+def _snapshot(worktree: Path, baseline: Path) -> tuple[str, dict[str, list[object]]]:
+    """Store the tree under ``worktree`` as git objects; its tree id and a manifest of every entry."""
+    objects = baseline / "objects"
+    root: Node = {}
+    manifest: dict[str, list[object]] = {}
+    for leaf in _walk(worktree):
+        *dirs, name = leaf.path.split(b"/")
+        node = root
+        for part in dirs:
+            node = node.setdefault(part, {})  # type: ignore[assignment]
+        node[name] = (leaf.mode, _store(objects, b"blob", leaf.data))
+        manifest[os.fsdecode(leaf.path)] = [leaf.mode.decode(), leaf.size, leaf.sha256]
+    return _store_tree(objects, root).hex(), manifest
+
+
+def _copy(source: Path | None, dest: Path, baseline: Path) -> None:
     if source is not None and (not source.is_absolute() or not source.is_dir()):
         raise WorkspaceError(f"workspace path {source} is not an existing absolute directory")
     for stale in (dest, baseline):  # a retried preparation starts over
         if stale.exists():
             shutil.rmtree(stale)
+    baseline.mkdir(parents=True)
     if source is not None:
         shutil.copytree(source, dest, symlinks=True)
     else:
         dest.mkdir(parents=True)
     dest.chmod(0o755)
-    return sum(len(files) for _, _, files in os.walk(dest))
 
 
 async def prepare(run_dir: Path, source: str | None) -> tuple[str, int]:
-    """Copy ``source`` (or nothing, for scratch) into ``run_dir/workspace`` and commit a baseline."""
+    """Copy ``source`` (or nothing, for scratch) into ``run_dir/workspace`` and commit a baseline of all of it."""
     worktree, baseline = run_dir / "workspace", run_dir / "baseline.git"
-    files = await asyncio.to_thread(_copy, Path(source) if source else None, worktree, baseline)
-    await _git(baseline, worktree, "init", "-q")
-    await _git(baseline, worktree, "add", "-A")
-    await _git(baseline, worktree, "commit", "-q", "--allow-empty", "-m", "fluidbox baseline")
-    return (await _git(baseline, worktree, "rev-parse", "HEAD")).strip(), files
+    await asyncio.to_thread(_copy, Path(source) if source else None, worktree, baseline)
+    await _git(baseline, "init", "-q", "--bare")
+    try:
+        tree, manifest = await asyncio.to_thread(_snapshot, worktree, baseline)
+    except (OSError, RecursionError) as err:
+        raise WorkspaceError(f"cannot read the workspace copy: {err}") from err
+    await asyncio.to_thread((run_dir / MANIFEST).write_text, json.dumps(manifest))
+    commit = (await _git(baseline, "commit-tree", tree, "-m", "fluidbox baseline"))[0].decode().strip()
+    await _git(baseline, "update-ref", "HEAD", commit)
+    return commit, len(manifest)
 
 
 async def diff(run_dir: Path) -> tuple[str, bool]:
     """The workspace's changes against the baseline as a binary-safe patch, and whether it was cut."""
     worktree, baseline = run_dir / "workspace", run_dir / "baseline.git"
-    if not await asyncio.to_thread(lambda: baseline.exists() and worktree.exists()):
+    if not await asyncio.to_thread(lambda: (baseline / "objects").is_dir() and worktree.is_dir()):
         raise WorkspaceError("workspace is gone")
-    await _git(baseline, worktree, "add", "-A")
-    patch = await _git(baseline, worktree, "diff", "--cached", "--binary", "HEAD")
-    if len(patch.encode()) > MAX_DIFF_BYTES:
-        return patch.encode()[:MAX_DIFF_BYTES].decode(errors="ignore") + "\n(diff truncated)\n", True
+    try:
+        tree, _ = await asyncio.to_thread(_snapshot, worktree, baseline)
+        out, cut = await _git(
+            baseline,
+            "diff-tree", "-r", "-p", "--binary", "--no-renames", "--no-textconv", "--no-ext-diff", "--no-color",
+            "HEAD", tree,
+            limit=MAX_DIFF_BYTES,
+        )  # fmt: skip
+    except (OSError, RecursionError) as err:
+        raise WorkspaceError(f"cannot read the workspace: {err}") from err
+    patch = out[:MAX_DIFF_BYTES].decode(errors="replace" if not cut else "ignore")
+    if cut:
+        return patch + "\n(diff truncated)\n", True
     return patch, False
+
+
+def _show(path: str) -> str:
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return text if text.isprintable() and not text.startswith('"') else json.dumps(text)
+
+
+def _listing(run_dir: Path) -> str:
+    try:
+        before: dict[str, list[object]] = json.loads((run_dir / MANIFEST).read_text())
+        header = "# files against the baseline manifest (state, mode, size, sha256, path)"
+    except (OSError, ValueError) as err:
+        before, header = {}, f"# no baseline manifest ({err}); every file listed (state, mode, size, sha256, path)"
+    lines = [header]
+    seen: set[str] = set()
+    try:
+        for leaf in _walk(run_dir / "workspace"):
+            path = os.fsdecode(leaf.path)
+            seen.add(path)
+            now = [leaf.mode.decode(), leaf.size, leaf.sha256]
+            old = before.get(path)
+            state = "present" if not before else "added" if old is None else "unchanged" if old == now else "modified"
+            if state != "unchanged":
+                lines.append(f"{state:<9} {now[0]} {leaf.size:>12} {leaf.sha256} {_show(path)}")
+    except (OSError, WorkspaceError) as err:
+        lines.append(f"(walk stopped: {err})")
+    for path in sorted(set(before) - seen):
+        mode, size, digest = before[path]
+        lines.append(f"{'deleted':<9} {mode} {size:>12} {digest} {_show(path)}")
+    return "\n".join(lines) + "\n"
+
+
+async def listing(run_dir: Path) -> str:
+    """What changed in the workspace, found without git: for review when no diff could be produced."""
+    return await asyncio.to_thread(_listing, run_dir)
