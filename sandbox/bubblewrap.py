@@ -60,7 +60,7 @@ WORKSPACE = "/workspace"
 CODE_ROOT = "/opt/fluidbox"
 SOCKET_MOUNT = "/run/fluidbox"
 PIDFILE_NAME = "sandbox.pid"
-# Where a root launcher gathers the host paths a sandbox binds, in a mount namespace of its own (see _LAUNCHER).
+# Where a root launcher gathers the host paths a sandbox binds, in a mount namespace of its own (see _launcher).
 STAGE_ROOT = "/run/fluidbox-sandbox"
 # Kernel knobs no sandbox may write, whoever it maps to: bound read-only over the sandbox's own /proc.
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger")
@@ -76,167 +76,8 @@ _POLL_SECS = 0.01
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
 
-# Runs as `python -I -S -c _LAUNCHER <log_path> <bwrap> <cgroup.procs path...>` with an empty environment.
-# It joins the sandbox's cgroups first, so the fork that becomes bwrap starts inside them. The parent
-# learns the outcome of exec through a close-on-exec pipe, then waits (bounded) for bwrap's child in a
-# new pid namespace, prints one JSON line and exits, leaving bwrap reparented and in its own session.
-# bwrap's --info-fd would report the child too, but that fd stays open inside the sandbox.
-#
-# Started by root, the child that becomes bwrap first gives itself a private mount namespace in which the
-# host paths the sandbox binds are bind-mounted under one world-traversable directory (a root-only parent
-# such as /root would stop the sandbox account), then drops to the sandbox account and execs bwrap, which
-# therefore maps the sandbox onto that account and never onto root. The host's mounts are untouched.
-#
-# The run's tokens travel in a pipe left open on fd 4 for the sandboxed command (the runner reads it and
-# closes it): bwrap never reads them, so its in-sandbox pid 1, which the agent can read, never holds a copy.
-_LAUNCHER = r"""
-import json, os, sys, time
-
-def stage(plan):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    def check(rc, what):
-        if rc != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"{what}: {os.strerror(err)}")
-    MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
-    check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
-    check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-    root = plan["root"].encode()
-    check(libc.mount(b"tmpfs", root, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=64k"), "mount the stage")
-    for source, staged in plan["binds"]:
-        os.mkdir(staged, 0o755)
-        check(libc.mount(source.encode(), staged.encode(), None, MS_BIND | MS_REC, None), f"bind {source}")
-
-def drop(account):
-    uid, gid = account
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
-    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid:
-        raise OSError("the privilege drop did not take")
-
-def fields(pid):
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rindex(b")") + 2 :].split()
-
-def start_time(pid):
-    f = fields(pid)
-    return int(f[19]) if f else 0
-
-def pid_ns(pid):
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-
-log_path, bwrap, cgroups = sys.argv[1], sys.argv[2], sys.argv[3:]
-request = json.loads(sys.stdin.buffer.read())
-for procs in cgroups:
-    try:
-        fd = os.open(procs, os.O_WRONLY)
-        try:
-            os.write(fd, str(os.getpid()).encode())
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        print(json.dumps({"error": f"cannot join cgroup {procs}: {exc}", "cgroup": True}))
-        sys.exit(1)
-args_r, args_w = os.pipe()
-secrets_r, secrets_w = os.pipe()
-err_r, err_w = os.pipe()
-# The syscall filter (--seccomp 5), when there is one: a few hundred bytes, so the pipe holds it whole.
-filter_fds = []
-if request.get("seccomp"):
-    seccomp_r, seccomp_w = os.pipe()
-    os.write(seccomp_w, bytes.fromhex(request["seccomp"]))
-    os.close(seccomp_w)
-    filter_fds = [seccomp_r]
-pid = os.fork()
-if pid == 0:
-    try:
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        # Move the pipes above 10 first (one may already sit on 3, 4 or 5), then place them where bwrap reads
-        # (--args 3, --seccomp 5) and where the sandboxed command finds its secrets (4), surviving the exec.
-        import fcntl
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (args_r, secrets_r, *filter_fds)]
-        for target, fd in zip((3, 4, 5), high):
-            os.dup2(fd, target)
-            os.set_inheritable(target, True)
-        os.set_inheritable(err_w, False)
-        if request.get("stage"):
-            stage(request["stage"])
-        if request.get("account"):
-            drop(request["account"])
-        os.execve(bwrap, [bwrap, "--args", "3", "--", *request["command"]], {})
-    except BaseException as exc:
-        os.write(err_w, repr(exc).encode())
-    os._exit(127)
-for fd in (err_w, args_r, secrets_r, *filter_fds):
-    os.close(fd)
-# Record the sandbox before anything else can go wrong: if the worker dies from here on, the pidfile
-# is how a retried provisioning and the stack's shutdown still find this sandbox.
-early = {"provider": "bwrap", "run_id": request["run_id"], "pid": pid, "start_time": start_time(pid),
-         "log_path": log_path, "extra": request["extra"]}
-with open(request["pidfile"] + ".early", "w") as f:
-    json.dump(early, f)
-os.replace(request["pidfile"] + ".early", request["pidfile"])
-# Pipes, not files: nothing remains to read once bwrap has consumed them.
-def feed(fd, data):
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    except OSError:
-        pass
-    os.close(fd)
-import threading
-writers = [threading.Thread(target=feed, args=(args_w, "\0".join(request["args"]).encode() + b"\0")),
-           threading.Thread(target=feed, args=(secrets_w, request["secrets"].encode()))]
-for t in writers:
-    t.start()
-outer_start = start_time(pid)  # before any waitpid below can reap it
-err = b""
-while chunk := os.read(err_r, 4096):
-    err += chunk
-if err:
-    os.waitpid(pid, 0)
-    print(json.dumps({"error": err.decode(errors="replace")}))
-    sys.exit(1)
-own_ns, child, child_start, exit_status = pid_ns(os.getpid()), 0, 0, None
-deadline = time.monotonic() + 5.0
-while not child and exit_status is None and time.monotonic() < deadline:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            kids = [int(k) for k in f.read().split()]
-    except OSError:
-        kids = []
-    child = next((k for k in kids if pid_ns(k) not in (None, own_ns)), 0)
-    if child:
-        child_start = start_time(child)
-    else:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        exit_status = os.waitstatus_to_exitcode(status) if done else None
-        time.sleep(0.001)
-for t in writers:
-    t.join(timeout=5.0)
-print(json.dumps({
-    "pid": pid,
-    "start_time": outer_start,
-    "child_pid": child if child_start else 0,
-    "child_start_time": child_start,
-    "exit_status": exit_status,
-}))
-"""
+# The launcher is a program of its own (see its docstring): run with -I -S, it imports nothing of ours.
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_launcher.py")
 
 
 class SandboxError(RuntimeError):
@@ -640,7 +481,7 @@ class BubblewrapProvider:
         # launcher's nor bwrap's command line (visible in /proc) carries the environment or a token.
         account = launch.account
         proc = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _LAUNCHER, log_path, argv[0], *prepared.procs],
+            [sys.executable, "-I", "-S", LAUNCHER, log_path, argv[0], *prepared.procs],
             input=json.dumps(
                 {
                     "args": argv[1:split],
