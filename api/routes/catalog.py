@@ -100,7 +100,7 @@ async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[st
     return {"connector": entry_public(row)}
 
 
-@router.post("/v1/catalog", status_code=201, summary="Add a custom catalog entry (tier custom)")
+@router.post("/v1/catalog", summary="Add a custom catalog entry (tier custom)")
 async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Tenant-scoped; a slug already used (globally or by this tenant) is a 409."""
     if body.url is not None:

@@ -118,14 +118,14 @@ async def test_clone_from_a_policy_or_blank_and_its_refusals(api: httpx.AsyncCli
     source = await imported(api)
     copy, blank = unique("copy"), unique("blank")
     r = await api.post("/v1/policies/clone", json={"name": copy, "from": source})
-    assert r.status_code == 201 and r.json()["policy"]["version"] == 1
+    assert r.status_code == 200 and r.json()["policy"]["version"] == 1
     detail = (await api.get(f"/v1/policies/{copy}")).json()
     assert (
         detail["content"]["tools"] == RULES["tools"]
         and detail["versions"][0]["summary"] == f"cloned from '{source}' v1"
     )
     r = await api.post("/v1/policies/clone", json={"name": blank})
-    assert r.status_code == 201
+    assert r.status_code == 200
     rows = (await api.get(f"/v1/policies/{blank}")).json()["matrix"]
     assert {(row["status"], row["action"]) for row in rows} == {("default", "approve")}, "blank is fail-safe"
     cases = [
