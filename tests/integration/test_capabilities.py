@@ -90,6 +90,14 @@ async def test_bundles_are_versioned_and_listed(api: httpx.AsyncClient) -> None:
         ({"name": "x", "servers": [{"class": "sandbox", "name": "A b", "command": "c"}]}, "servers.0.name"),
         ({"name": "x", "servers": [], "extra": 1}, "unknown field 'extra'"),
         ({"name": "x", "servers": [{"class": "sandbox", "name": "a"}]}, "needs a `command`"),
+        (
+            {"name": "x", "servers": [{"class": "sandbox", "name": "a", "command": "c"}]},
+            "sandbox server 'a' declares no tools",
+        ),
+        (
+            {"name": "x", "servers": [{"class": "sandbox", "name": "a", "command": "c", "tools": []}]},
+            "sandbox server 'a' declares no tools",
+        ),
     ],
 )
 async def test_bad_bundles_are_refused_and_change_nothing(
