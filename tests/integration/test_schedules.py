@@ -92,6 +92,40 @@ async def test_a_schedule_subscription_fires_a_run_and_disabling_pauses_it(
     await handle.delete()
 
 
+async def test_a_schedule_with_allow_task_override_and_no_template_is_a_400_and_creates_nothing(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    agent = await make_agent(api)
+    message = (
+        "a schedule subscription needs a task_template: its fires have no caller to supply the task, "
+        "so allow_task_override cannot replace it"
+    )
+    names = []
+    for template in (None, "", "  "):
+        name = unique("no-task")
+        names.append(name)
+        body: dict[str, Any] = {"agent": agent, "name": name, "allow_task_override": True,
+                                "schedule": {"cron": "0 9 * * *"}}  # fmt: skip
+        if template is not None:
+            body["task_template"] = template
+        r = await api.post("/v1/triggers", json=body)
+        assert (r.status_code, r.json()) == (400, {"error": message}), r.text
+    listed = (await api.get("/v1/triggers")).json()["subscriptions"]
+    assert not set(names) & {s["name"] for s in listed}
+    # Clearing the template of an existing schedule is refused the same way, and changes nothing.
+    made = await api.post(
+        "/v1/triggers",
+        json={"agent": agent, "name": unique("sched"), "task_template": "at {{fire_time}}",
+              "allow_task_override": True, "schedule": {"cron": "0 9 * * *"}},
+    )  # fmt: skip
+    assert made.status_code == 200, made.text
+    sid = made.json()["subscription"]["id"]
+    r = await api.patch(f"/v1/triggers/{sid}", json={"task_template": ""})
+    assert (r.status_code, r.json()) == (400, {"error": message})
+    assert (await api.get(f"/v1/triggers/{sid}")).json()["subscription"]["task_template"] == "at {{fire_time}}"
+    await (await temporal(stack)).get_schedule_handle(schedule_id(sid)).delete()
+
+
 async def wait_for_value(check: Any, timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while True:
