@@ -300,11 +300,11 @@ async def setup_runs(api: httpx.AsyncClient, runs: int, ids: list[str], within: 
         "harness_config": {"script": [{"sleep_ms": 600_000}], "delay_ms": 0},
     }
     r = await api.post("/v1/agents", json=agent)
-    if r.status_code != 201:
+    if r.status_code != 200:
         raise BenchError(f"creating the agent failed: HTTP {r.status_code} {r.text[:300]}")
     for _ in range(runs):
         r = await api.post("/v1/sessions", json={"agent": "bench", "task": "bench"})
-        if r.status_code != 201:
+        if r.status_code != 200:
             raise BenchError(f"starting a run failed: HTTP {r.status_code} {r.text[:300]}")
         ids.append(r.json()["session"]["id"])
     say(f"• started {runs} runs; waiting until all are running")

@@ -431,7 +431,7 @@ async def start_runs(api: httpx.AsyncClient, agent: str, policy: str, runs: int,
     """
     for _ in range(runs):
         r = await api.post("/v1/sessions", json={"agent": agent, "task": "bench"})
-        if r.status_code != 201:
+        if r.status_code != 200:
             raise gb.BenchError(f"starting a run failed: HTTP {r.status_code} {r.text[:300]}")
         ids.append(r.json()["session"]["id"])
     say(f"• started {runs} runs on {policy}; waiting until all are running")
@@ -546,7 +546,7 @@ async def over_http(args: argparse.Namespace) -> OverHttp:
                 raise gb.BenchError(f"importing the large policy failed: HTTP {r.status_code} {r.text[:300]}")
             # A new revision of the agent on the large policy; the runs started so far keep theirs.
             r = await api.post("/v1/agents/bench/revisions", json={"policy": LARGE_NAME})
-            if r.status_code != 201:
+            if r.status_code != 200:
                 raise gb.BenchError(f"switching the agent's policy failed: HTTP {r.status_code} {r.text[:300]}")
             await start_runs(api, "bench", LARGE_NAME, args.runs, large_ids, within=args.start_timeout)
         finally:

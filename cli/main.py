@@ -379,8 +379,9 @@ def policies_show(name: str, matrix: bool = typer.Option(False, help="Print the 
     detail = Api().get(f"/v1/policies/{name}")
     if matrix:
         for row in detail["matrix"]:
-            rule = f"rule {row['rule']}" if row.get("rule") is not None else "default"
-            typer.echo(f"{row['tool']:<22} {row['action']:<8} {row['status']:<14} {rule}")
+            verdict = row["status"]
+            rule = f"rule {verdict['rule']}" if verdict.get("rule") is not None else "default"
+            typer.echo(f"{row['tool']:<22} {verdict['action']:<8} {verdict['status']:<14} {rule}")
         return
     detail.pop("matrix")
     _out(detail)
@@ -423,7 +424,7 @@ def policies_preview(path: Path) -> None:
     """What a draft would do to every tool; stores nothing."""
     _, doc = _policy_file(path)
     for row in Api().post("/v1/policies/preview", {"content": doc})["matrix"]:
-        typer.echo(f"{row['tool']:<22} {row['action']:<8} {row['status']}")
+        typer.echo(f"{row['tool']:<22} {row['status']['action']:<8} {row['status']['status']}")
 
 
 def main() -> None:

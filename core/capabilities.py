@@ -94,6 +94,13 @@ def parse_bundle(document: Any) -> BundleDefinition:
             )
         if server.command is None:
             raise BadRequest(f"sandbox server '{server.name}' needs a `command`")
+        if not server.tools:
+            # The gate only lets through tools frozen from this list: a server without it could
+            # never be called, and its real surface would go unscreened.
+            raise BadRequest(
+                f"sandbox server '{server.name}' declares no tools — list each under `tools` "
+                "(name, description, input_schema)"
+            )
         names = [t.name for t in server.tools]
         if len(names) != len(set(names)):
             raise BadRequest(f"server '{server.name}' declares a tool more than once")
@@ -101,6 +108,33 @@ def parse_bundle(document: Any) -> BundleDefinition:
     if len(aliases) != len(set(aliases)):
         raise BadRequest("two servers in one bundle share an alias")
     return bundle
+
+
+def launch_server(alias: str, launch: dict[str, Any]) -> dict[str, Any]:
+    """The sandbox-class bundle server a catalog entry's ``sandbox_launch`` stands for."""
+    return {
+        "class": "sandbox",
+        "name": alias,
+        "command": launch.get("command"),
+        "args": launch.get("args", []),
+        "tools": launch.get("tools", []),
+    }
+
+
+def check_catalog_launch(slug: str, transport: str, launch: dict[str, Any] | None) -> None:
+    """A stdio entry runs inside the sandbox, so it needs a ``sandbox_launch`` that would publish as
+    a valid bundle server (command and declared tools); 400 naming the problem otherwise."""
+    if launch is None:
+        if transport == "stdio":
+            raise BadRequest(
+                "a stdio catalog entry needs `sandbox_launch` ({command, args?, tools}): "
+                "it runs inside the sandbox and has no URL to connect to"
+            )
+        return
+    try:
+        parse_bundle({"name": "catalog", "servers": [launch_server(slug, launch)]})
+    except BadRequest as err:
+        raise BadRequest(f"invalid sandbox_launch: {err.message}") from None
 
 
 def frozen_entry(row: dict[str, Any]) -> dict[str, Any]:

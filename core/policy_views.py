@@ -21,25 +21,22 @@ def autonomy_summary(policy: Policy) -> dict[str, Any]:
 
 
 def _constraints(rule: ToolRule) -> dict[str, Any] | None:
+    """All six keys of the spec's ``constraints``, ``None`` for the kind (paths or shell) a rule lacks."""
     if rule.shell is None and rule.paths is None:
         return None
-    out: dict[str, Any] = {}
-    if rule.paths is not None:
-        out |= {
-            "paths_allow": list(rule.paths.allow),
-            "paths_deny": list(rule.paths.deny),
-            "paths_on_no_match": "approve" if rule.paths.allow else rule.action,
-        }
-    if rule.shell is not None:
-        out |= {
-            "shell_allow_prefixes": list(rule.shell.allow_prefixes),
-            "shell_deny_regex": list(rule.shell.deny_regex),
-            "shell_on_no_match": rule.shell.on_no_match,
-        }
-    return out
+    paths, shell = rule.paths, rule.shell
+    return {
+        "paths_allow": list(paths.allow) if paths else None,
+        "paths_deny": list(paths.deny) if paths else None,
+        "paths_on_no_match": ("approve" if paths.allow else rule.action) if paths else None,
+        "shell_allow_prefixes": list(shell.allow_prefixes) if shell else None,
+        "shell_deny_regex": list(shell.deny_regex) if shell else None,
+        "shell_on_no_match": shell.on_no_match if shell else None,
+    }
 
 
 def tool_status(policy: Policy, tool: str) -> dict[str, Any]:
+    """The tagged verdict of one tool: ``{"status": "unconditional"|"conditional"|"default", "action", …}``."""
     for index, rule in enumerate(policy.tools):
         if rule.matches(tool):
             constraints = _constraints(rule)
@@ -50,7 +47,11 @@ def tool_status(policy: Policy, tool: str) -> dict[str, Any]:
 
 
 def matrix(policy: Policy, extra_tools: list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """One row per canonical tool and per extra (``mcp__``) tool: what this policy does with it."""
+    """One row per canonical tool and per extra (``mcp__``) tool: what this policy does with it.
+
+    A row is ``{tool, group, server, status}`` with ``status`` the tagged object of ``tool_status``
+    (spec/api-surface.md "Matrix rows"): clients switch on ``row["status"]["status"]``.
+    """
     rows = []
     for tool in [*CANONICAL, *sorted(set(extra_tools) - set(CANONICAL))]:
         mcp = split_mcp(tool)
@@ -59,7 +60,7 @@ def matrix(policy: Policy, extra_tools: list[str] | tuple[str, ...] = ()) -> lis
                 "tool": tool,
                 "group": GROUP_OF.get(tool),
                 "server": mcp[0] if mcp else None,
-                **tool_status(policy, tool),
+                "status": tool_status(policy, tool),
             }
         )
     return rows

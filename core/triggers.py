@@ -171,8 +171,17 @@ def check_name(name: str) -> str:
 
 
 def check_template(kind: str, template: str | None, allow_task_override: bool) -> None:
-    """A template is required unless the caller may supply the task; its keys must be suppliable."""
+    """A template is required unless the caller may supply the task; its keys must be suppliable.
+
+    Scheduled and event fires have no caller, so for those kinds ``allow_task_override`` cannot stand
+    in for the template: every fire would be skipped for want of a task.
+    """
     if template is None or not template.strip():
+        if kind in ("schedule", "event"):
+            raise BadRequest(
+                f"a{'n' if kind == 'event' else ''} {kind} subscription needs a task_template: its fires have "
+                "no caller to supply the task, so allow_task_override cannot replace it"
+            )
         if not allow_task_override:
             raise BadRequest("provide a task_template or set allow_task_override")
         return

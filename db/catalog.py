@@ -5,15 +5,21 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import asyncpg
+
 from core.errors import Conflict
 from db.ids import new_id
-from db.store import Row, Store, _row, _rows
+from db.store import Conn, Row, Store, _row, _rows
 
 COLUMNS = (
     "slug", "name", "icon", "description", "categories", "url", "transport", "auth_mode", "auth_hints", "scopes",
     "tool_hints", "sandbox_launch",
 )  # fmt: skip
 DEFAULTS: dict[str, Any] = {"categories": [], "auth_hints": {}, "scopes": [], "tool_hints": []}
+
+
+def duplicate_slug(slug: str) -> str:
+    return f"a catalog entry with slug '{slug}' already exists"
 
 
 class Catalog:
@@ -38,27 +44,45 @@ class Catalog:
                 )
 
     async def create_custom(self, tenant_id: str, entry: dict[str, Any]) -> Row:
+        """A tenant's custom entry; a slug already used globally or by this tenant is a ``Conflict``.
+
+        The pre-check names the common case; the unique indexes decide a race between two creates of
+        one slug (the loser's insert fails and is the same 409, never a 500).
+        """
         cols = ", ".join(COLUMNS)
         params = ", ".join(f"${i}" for i in range(3, 3 + len(COLUMNS)))
-        async with self.pool.acquire() as conn, conn.transaction():
-            clash = await conn.fetchval(
-                "SELECT 1 FROM connector_catalog WHERE slug = $1 AND (tenant_id IS NULL OR tenant_id = $2)",
-                entry["slug"],
-                uuid.UUID(tenant_id),
-            )
-            if clash:
-                raise Conflict(f"a catalog entry with slug '{entry['slug']}' already exists")
-            row = _row(
-                await conn.fetchrow(
-                    f"INSERT INTO connector_catalog (id, tenant_id, {cols}, tier) VALUES ($1, $2, {params}, 'custom') "
-                    "RETURNING *",
-                    uuid.UUID(new_id()),
-                    uuid.UUID(tenant_id),
-                    *self._values(entry),
+        duplicate = Conflict(duplicate_slug(entry["slug"]))
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                if await self._taken(conn, tenant_id, entry["slug"]):
+                    raise duplicate
+                row = _row(
+                    await conn.fetchrow(
+                        f"INSERT INTO connector_catalog (id, tenant_id, {cols}, tier) "
+                        f"VALUES ($1, $2, {params}, 'custom') RETURNING *",
+                        uuid.UUID(new_id()),
+                        uuid.UUID(tenant_id),
+                        *self._values(entry),
+                    )
                 )
-            )
-            assert row is not None
-            return row
+        except asyncpg.UniqueViolationError:
+            raise duplicate from None
+        assert row is not None
+        return row
+
+    @staticmethod
+    async def _taken(conn: Conn, tenant_id: str, slug: str) -> bool:
+        found = await conn.fetchval(
+            "SELECT 1 FROM connector_catalog WHERE slug = $1 AND (tenant_id IS NULL OR tenant_id = $2)",
+            slug,
+            uuid.UUID(tenant_id),
+        )
+        return bool(found)
+
+    async def slug_taken(self, tenant_id: str, slug: str) -> bool:
+        """Whether ``slug`` is used globally or by this tenant (disabled entries included)."""
+        async with self.pool.acquire() as conn:
+            return await self._taken(conn, tenant_id, slug)
 
     async def delete(self, entry_id: str) -> None:
         """Used only to undo a one-call create whose connect failed (no orphan entry)."""

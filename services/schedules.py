@@ -183,15 +183,20 @@ class Schedules:
             if exc.status != RPCStatusCode.NOT_FOUND:
                 raise Unavailable(f"the workflow engine could not delete the schedule: {exc.message}") from exc
 
-    async def describe(self, subscription_id: str) -> dict[str, Any] | None:
-        """What the schedule looks like in Temporal (None if it does not exist): for API responses."""
+    async def _description(self, subscription_id: str) -> ScheduleDescription | None:
         client = await self._client()
         try:
-            desc = await client.get_schedule_handle(schedule_id(subscription_id)).describe()
+            return await client.get_schedule_handle(schedule_id(subscription_id)).describe()
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 return None
             raise Unavailable(f"the workflow engine could not describe the schedule: {exc.message}") from exc
+
+    async def describe(self, subscription_id: str) -> dict[str, Any] | None:
+        """What the schedule looks like in Temporal (None if it does not exist): for API responses."""
+        desc = await self._description(subscription_id)
+        if desc is None:
+            return None
         return {
             "schedule_id": desc.id,
             "paused": desc.schedule.state.paused,
@@ -202,3 +207,29 @@ class Schedules:
                 for a in desc.info.recent_actions[-5:]
             ],
         }
+
+    async def fire_times(self, subscription_id: str) -> FireTimes | None:
+        """The schedule's next and last fire, as Temporal holds them (None if there is no schedule)."""
+        desc = await self._description(subscription_id)
+        if desc is None:
+            return None
+        return fire_times(desc)
+
+
+@dataclass(frozen=True)
+class FireTimes:
+    """``next_fire_at``: the next time the schedule starts a fire (None while paused: a disabled
+    subscription does not advance). ``last_fired_at``: the fire time of the latest fire Temporal
+    started (regular, triggered or backfilled), None before the first."""
+
+    next_fire_at: datetime | None
+    last_fired_at: datetime | None
+
+
+def fire_times(desc: ScheduleDescription) -> FireTimes:
+    upcoming = desc.info.next_action_times
+    recent = desc.info.recent_actions
+    return FireTimes(
+        next_fire_at=None if desc.schedule.state.paused or not upcoming else min(upcoming),
+        last_fired_at=max((a.scheduled_at for a in recent), default=None),
+    )

@@ -66,7 +66,7 @@ def _revision_out(row: dict[str, Any], policy_names: dict[str, str]) -> dict[str
     return out
 
 
-@router.post("", status_code=201, summary="Create an agent with its first revision")
+@router.post("", summary="Create an agent with its first revision")
 async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """A name that already exists is a 409: revisions are appended with POST /v1/agents/{id}/revisions."""
     model = check_harness(body.harness, body.model)
@@ -105,7 +105,7 @@ async def get_agent(ref: str, op: OperatorDep, svc: ServicesDep) -> dict[str, An
     return {"agent": pick(agent, AGENT_FIELDS), "revisions": revisions}
 
 
-@router.post("/{ref}/revisions", status_code=201, summary="Append a revision")
+@router.post("/{ref}/revisions", summary="Append a revision")
 async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Omitted fields inherit from the latest revision; earlier revisions never change."""
     agent = await svc.store.find_agent(op.tenant_id, ref)

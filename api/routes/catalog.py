@@ -11,9 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from api.deps import OperatorDep, Services, ServicesDep
 from api.routes.connections import connect_static, public
-from core.capabilities import parse_bundle
+from core.capabilities import check_catalog_launch, launch_server, parse_bundle
 from core.digests import document_digest
-from core.errors import BadRequest, NotFound
+from core.errors import BadRequest, Conflict, NotFound
+from db.catalog import duplicate_slug
 from integrations import mcp_client
 from integrations.urls import UrlRefused, same_origin_path
 
@@ -100,9 +101,14 @@ async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[st
     return {"connector": entry_public(row)}
 
 
-@router.post("/v1/catalog", status_code=201, summary="Add a custom catalog entry (tier custom)")
+@router.post("/v1/catalog", summary="Add a custom catalog entry (tier custom)")
 async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """Tenant-scoped; a slug already used (globally or by this tenant) is a 409."""
+    """Tenant-scoped; a slug already used (globally or by this tenant) is a 409; a stdio entry needs a
+    ``sandbox_launch`` with declared tools (400)."""
+    check_catalog_launch(body.slug, body.transport, body.sandbox_launch)
+    # Before the URL is admitted: re-posting an existing entry is a 409 whatever its URL resolves to.
+    if await svc.catalog.slug_taken(op.tenant_id, body.slug):
+        raise Conflict(duplicate_slug(body.slug))
     if body.url is not None:
         try:
             await svc.url_policy.admit(body.url)
@@ -121,13 +127,11 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
     if body.owner == "personal":
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
     if row["sandbox_launch"]:
-        launch = row["sandbox_launch"]
         definition = {
             "name": body.bundle_name or slug.replace("-", "_"),
             "description": row["description"],
-            "servers": [{"class": "sandbox", "name": slug, "command": launch.get("command"),
-                         "args": launch.get("args", []), "tools": launch.get("tools", [])}],
-        }  # fmt: skip
+            "servers": [launch_server(slug, row["sandbox_launch"])],
+        }
         bundle = parse_bundle(definition)
         doc = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
         made = await svc.capabilities.publish(op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc))

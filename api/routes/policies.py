@@ -130,7 +130,7 @@ async def preview(body: PolicyPreview, op: OperatorDep, svc: ServicesDep) -> dic
     return {"content": policy.model_dump(mode="json", exclude_none=True), **overview(policy)}
 
 
-@router.post("/clone", status_code=201, summary="Create a policy from another one, or blank")
+@router.post("/clone", summary="Create a policy from another one, or blank")
 async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """A blank policy is fail-safe: no rules, so every tool asks a human."""
     check_name(body.name)

@@ -58,7 +58,7 @@ def run_handle(client: Any, run_id: str) -> WorkflowHandle[Any, Any]:
     return handle
 
 
-@router.post("", status_code=201, summary="Start a run")
+@router.post("", summary="Start a run")
 async def create_session(body: SessionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Freeze the RunSpec, record the run as ``created`` and start its workflow; returns at once."""
     if body.workspace is not None and body.repo is not None:

@@ -6,6 +6,7 @@ trigger token and nothing else. Every run goes through ``services.triggers.Trigg
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import secrets
@@ -42,7 +43,7 @@ from db.ids import new_id
 from db.store import Row
 from db.triggers import Triggers
 from integrations.urls import UrlPolicy, UrlRefused
-from services.schedules import Schedules
+from services.schedules import FireTimes, Schedules
 from services.triggers import FireOutcome, Overrides
 
 log = logging.getLogger("fluidbox.api.triggers")
@@ -130,19 +131,33 @@ def public(row: Row) -> dict[str, Any]:
     return out
 
 
-def schedule_view(row: Row) -> dict[str, Any] | None:
+def schedule_view(row: Row, times: FireTimes | None) -> dict[str, Any] | None:
     if row["kind"] != "schedule":
         return None
-    view = {
+    return {
         "subscription_id": str(row["id"]),
         "cron": row["schedule_cron"],
         "timezone": row["schedule_timezone"],
         "missed_run_policy": row["missed_run_policy"],
+        "next_fire_at": _json(times.next_fire_at) if times else None,
+        "last_fired_at": _json(times.last_fired_at) if times else None,
     }
-    for extra in ("next_fire_at", "last_fired_at", "last_fire_at"):
-        if extra in row:
-            view[extra] = _json(row[extra])
-    return view
+
+
+async def _times(svc: Services, row: Row) -> FireTimes | None:
+    """The Temporal Schedule is the clock, so its fire times are read from it, not stored."""
+    if row["kind"] != "schedule":
+        return None
+    try:
+        return await Schedules(svc.temporal, svc.settings).fire_times(str(row["id"]))
+    except DomainError:
+        # Reading a subscription must not fail because the engine is down; the times are unknown.
+        log.warning("could not read the Temporal Schedule of subscription %s", row["id"], exc_info=True)
+        return None
+
+
+async def schedule_of(svc: Services, row: Row) -> dict[str, Any] | None:
+    return schedule_view(row, await _times(svc, row))
 
 
 def base_url(svc: Services) -> str:
@@ -311,7 +326,7 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) 
     row = await Triggers(svc.store).create(op.tenant_id, fields, token, before_commit=sync)
     return {
         "subscription": public(row),
-        "schedule": schedule_view(row),
+        "schedule": await schedule_of(svc, row),
         "token": token,
         "callback_secret": secret,
         "ingress_path": None,
@@ -323,9 +338,11 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) 
 async def list_triggers(op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Ordered by name; schedules listed alongside."""
     rows = await Triggers(svc.store).all(op.tenant_id)
+    scheduled = [r for r in rows if r["kind"] == "schedule"]
+    views = await asyncio.gather(*(schedule_of(svc, r) for r in scheduled))
     return {
         "subscriptions": [public(r) for r in rows],
-        "schedules": [v for r in rows if (v := schedule_view(r)) is not None],
+        "schedules": [v for v in views if v is not None],
         "base_url": base_url(svc),
     }
 
@@ -342,7 +359,7 @@ async def get_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) ->
         deliveries = []
     return {
         "subscription": public(row),
-        "schedule": schedule_view(row),
+        "schedule": await schedule_of(svc, row),
         "sessions": [{k: _json(v) for k, v in r.items()} for r in await db.runs(str(row["id"]), 20)],
         "deliveries": [{k: _json(v) for k, v in r.items()} for r in deliveries],
         "invocations": [{k: _json(v) for k, v in r.items()} for r in await db.invocations(str(row["id"]), 30)],
@@ -402,10 +419,10 @@ async def patch_trigger(
                 changes["callback_url"] = url
                 secret, changes["callback_secret_sealed"], changes["callback_key_id"] = _seal_new_secret(svc, sid)
     if not changes:
-        return {"subscription": public(row), "schedule": schedule_view(row), "callback_secret": None}
+        return {"subscription": public(row), "schedule": await schedule_of(svc, row), "callback_secret": None}
     sync = _schedule_sync(svc, row) if "schedule" in given or "name" in changes else None
     new = await Triggers(svc.store).update(op.tenant_id, sid, changes, loaded_at=row["updated_at"], before_commit=sync)
-    return {"subscription": public(new), "schedule": schedule_view(new), "callback_secret": secret}
+    return {"subscription": public(new), "schedule": await schedule_of(svc, new), "callback_secret": secret}
 
 
 async def _set_enabled(svc: Services, tenant_id: str, subscription_id: str, enabled: bool) -> dict[str, Any]:

@@ -131,15 +131,15 @@ def test_every_nesting_tool_row_of_the_matrix_is_deny(seeded: dict[str, Policy],
     rows = {row["tool"]: row for row in matrix(seeded[name])}
     assert NESTING <= rows.keys()
     for tool in NESTING:
-        assert rows[tool]["action"] == "deny", tool
-        assert rows[tool]["status"] == "unconditional", tool
+        assert rows[tool]["status"]["action"] == "deny", tool
+        assert rows[tool]["status"]["status"] == "unconditional", tool
         assert _ev(seeded[name], tool).action == "deny"
 
 
 def test_demo_never_allows_a_nesting_tool_without_a_human(seeded: dict[str, Policy]) -> None:
     rows = {row["tool"]: row for row in matrix(seeded["demo"])}
     for tool in NESTING:
-        assert (rows[tool]["status"], rows[tool]["action"]) == ("default", "approve")
+        assert (rows[tool]["status"]["status"], rows[tool]["status"]["action"]) == ("default", "approve")
         assert _ev(seeded["demo"], tool, autonomous=True).action == "deny"
 
 
@@ -148,7 +148,7 @@ def test_unrestricted_allows_nesting_tools_by_design(seeded: dict[str, Policy]) 
     # nested agents run: it is for sandboxes where nothing is governed.
     rows = {row["tool"]: row for row in matrix(seeded["unrestricted"])}
     for tool in NESTING:
-        assert (rows[tool]["status"], rows[tool]["action"]) == ("default", "allow")
+        assert (rows[tool]["status"]["status"], rows[tool]["status"]["action"]) == ("default", "allow")
 
 
 @pytest.mark.parametrize("name", SEEDED)

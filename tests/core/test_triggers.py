@@ -115,6 +115,12 @@ def test_templates_must_be_renderable_from_what_the_kind_supplies() -> None:
     check_template("api", None, True)
     with pytest.raises(BadRequest, match="provide a task_template or set allow_task_override"):
         check_template("api", "  ", False)
+    for kind in ("schedule", "event"):
+        for template in (None, " "):
+            with pytest.raises(
+                BadRequest, match=f"{kind} subscription needs a task_template: its fires have no caller"
+            ):
+                check_template(kind, template, True)
     with pytest.raises(BadRequest, match="scheduled fires only supply fire_time"):
         check_template("schedule", "For {{customer}}", False)
     with pytest.raises(BadRequest, match="repository events only supply"):

@@ -57,7 +57,7 @@ async def make_agent(
     if script is not None:
         body["harness_config"] = {"script": script}
     r = await api.post("/v1/agents", json=body)
-    assert r.status_code == 201, r.text
+    assert r.status_code == 200, r.text
     return name
 
 
@@ -66,7 +66,7 @@ async def start_run(api: httpx.AsyncClient, agent: str, workspace: Path | None =
     if workspace is not None:
         body["workspace"] = {"kind": "local_copy", "path": str(workspace)}
     r = await api.post("/v1/sessions", json=body)
-    assert r.status_code == 201, r.text
+    assert r.status_code == 200, r.text
     assert r.json()["session"]["status"] == "created"
     return str(r.json()["session"]["id"])
 

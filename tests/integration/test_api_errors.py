@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
 
 from cli.stack import Stack
 from tests.integration.helpers import make_agent, unique
+from tests.mcp_servers import bearer, serve
 
 pytestmark = pytest.mark.stack
 
@@ -155,7 +157,7 @@ async def test_a_duplicate_agent_name_is_a_conflict_and_revisions_append(api: ht
     again = await api.post("/v1/agents", json={"name": name, "harness": "replay"})
     assert (again.status_code, again.json()) == (409, {"error": f"an agent named '{name}' already exists"})
     r = await api.post(f"/v1/agents/{name}/revisions", json={"system_prompt": "be careful"})
-    assert r.status_code == 201 and r.json()["revision"]["rev"] == 2
+    assert r.status_code == 200 and r.json()["revision"]["rev"] == 2
     detail = (await api.get(f"/v1/agents/{name}")).json()
     revs = detail["revisions"]
     assert [r["rev"] for r in revs] == [1, 2]
@@ -169,7 +171,7 @@ async def test_a_duplicate_agent_name_is_a_conflict_and_revisions_append(api: ht
 async def test_an_agent_whose_harness_cannot_run_here_is_refused_at_run_creation(api: httpx.AsyncClient) -> None:
     name = unique("codex")
     r = await api.post("/v1/agents", json={"name": name, "harness": "codex"})
-    assert r.status_code == 201 and r.json()["revision"]["model"] == "gpt-5.4-mini"
+    assert r.status_code == 200 and r.json()["revision"]["model"] == "gpt-5.4-mini"
     run = await api.post("/v1/sessions", json={"agent": name, "task": "t"})
     assert run.status_code == 422 and "cannot run in this build yet" in run.json()["error"]
     harnesses = (await api.get("/v1/harnesses")).json()["harnesses"]
@@ -206,7 +208,7 @@ async def test_revisions_carry_connection_requirements_that_fail_closed_until_bo
     assert kept["connection_requirements"] == detail["revisions"][0]["connection_requirements"]
     cleared = (await api.post(f"/v1/agents/{name}/revisions", json={"connection_requirements": []})).json()
     assert cleared["revision"]["connection_requirements"] == [] and cleared["revision"]["rev"] == 3
-    assert (await api.post("/v1/sessions", json={"agent": name, "task": "t"})).status_code == 201
+    assert (await api.post("/v1/sessions", json={"agent": name, "task": "t"})).status_code == 200
     for bad, message in [
         ({"connection_requirements": [req, req]}, "declared more than once"),
         ({"connection_requirements": [{**req, "slot": "Bad Slot"}]}, "connection_requirements.0.slot"),
@@ -240,4 +242,26 @@ async def test_a_chunked_body_without_a_length_is_held_to_the_same_limits(api: h
         yield uuid.uuid4().hex[:8].encode() + b'", "harness": "replay", "policy": "demo"}'
 
     r = await api.post("/v1/agents", content=small(), headers={"content-type": "application/json"})
-    assert r.status_code == 201, r.text
+    assert r.status_code == 200, r.text
+
+
+async def test_every_create_answers_200_as_clients_of_the_reference_expect(api: httpx.AsyncClient) -> None:
+    """spec/api-surface.md: creates answer 200 (a client written for the reference checks for 200)."""
+    policy, agent, token = unique("p"), unique("agent"), "tok-" + uuid.uuid4().hex
+    created: dict[str, dict[str, Any]] = {}
+    async with serve(bearer(token)) as srv:
+        creates: list[tuple[str, dict[str, Any]]] = [
+            ("/v1/policies/clone", {"name": policy}),
+            ("/v1/agents", {"name": agent, "harness": "replay", "policy": policy}),
+            (f"/v1/agents/{agent}/revisions", {"system_prompt": "second"}),
+            ("/v1/sessions", {"agent": agent, "task": "t"}),
+            ("/v1/catalog", {"slug": unique("entry"), "name": "Entry"}),
+            ("/v1/connections", {"provider": "mcp_http", "base_url": srv.url, "token": token}),
+            ("/v1/triggers", {"agent": agent, "name": unique("trig"), "task_template": "t"}),
+        ]
+        for path, body in creates:
+            r = await api.post(path, json=body)
+            assert r.status_code == 200, (path, r.status_code, r.text)
+            created[path] = r.json()
+    await api.post(f"/v1/sessions/{created['/v1/sessions']['session']['id']}/cancel")
+    await api.post(f"/v1/connections/{created['/v1/connections']['connection']['id']}/revoke")

@@ -371,7 +371,7 @@ async def test_basic_auth_pagination_and_explicit_bindings(api: httpx.AsyncClien
         pinned = await api.post(
             "/v1/sessions", json={"agent": agent, "task": "t", "bindings": {"calc": first["connection"]["id"]}}
         )
-        assert pinned.status_code == 201
+        assert pinned.status_code == 200
         assert pinned.json()["session"]["run_spec"]["brokered"][0]["connection_id"] == first["connection"]["id"]
         default = (await api.post("/v1/sessions", json={"agent": agent, "task": "t"})).json()["session"]
         assert default["run_spec"]["brokered"][0]["connection_id"] == second["connection"]["id"], "newest wins"

@@ -90,6 +90,14 @@ async def test_bundles_are_versioned_and_listed(api: httpx.AsyncClient) -> None:
         ({"name": "x", "servers": [{"class": "sandbox", "name": "A b", "command": "c"}]}, "servers.0.name"),
         ({"name": "x", "servers": [], "extra": 1}, "unknown field 'extra'"),
         ({"name": "x", "servers": [{"class": "sandbox", "name": "a"}]}, "needs a `command`"),
+        (
+            {"name": "x", "servers": [{"class": "sandbox", "name": "a", "command": "c"}]},
+            "sandbox server 'a' declares no tools",
+        ),
+        (
+            {"name": "x", "servers": [{"class": "sandbox", "name": "a", "command": "c", "tools": []}]},
+            "sandbox server 'a' declares no tools",
+        ),
     ],
 )
 async def test_bad_bundles_are_refused_and_change_nothing(
@@ -120,7 +128,7 @@ async def test_pins_freeze_into_runs_and_a_run_can_only_narrow_them(api: httpx.A
     narrowed = await api.post("/v1/sessions", json={"agent": pinned_old, "task": "t", "capabilities": ["other"]})
     assert narrowed.status_code == 400 and "can only narrow" in narrowed.json()["error"]
     stripped = await api.post("/v1/sessions", json={"agent": pinned_old, "task": "t", "capabilities": []})
-    assert stripped.status_code == 201 and stripped.json()["session"]["run_spec"]["capabilities"] == []
+    assert stripped.status_code == 200 and stripped.json()["session"]["run_spec"]["capabilities"] == []
     await api.post(f"/v1/sessions/{stripped.json()['session']['id']}/cancel")
     run_id = await start_run(api, pinned_old, workspace=None)
     spec = (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["run_spec"]

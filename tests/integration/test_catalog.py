@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +23,7 @@ async def test_curated_entries_are_seeded_and_custom_ones_are_tenant_scoped(api:
     assert connectors["workspace-info"]["sandbox_launch"]["command"] == "python3"
     slug = unique("custom")
     made = await api.post("/v1/catalog", json={"slug": slug, "name": "Ours", "url": "https://93.184.216.34/mcp"})
-    assert made.status_code == 201 and made.json()["connector"]["tier"] == "custom"
+    assert made.status_code == 200 and made.json()["connector"]["tier"] == "custom"
     dup = await api.post("/v1/catalog", json={"slug": "sentry", "name": "Shadow"})
     assert (dup.status_code, dup.json()) == (409, {"error": "a catalog entry with slug 'sentry' already exists"})
     bad = await api.post("/v1/catalog", json={"slug": slug + "-x", "name": "Inner", "url": "http://10.0.0.8/mcp"})
@@ -82,3 +84,80 @@ async def test_one_call_connect_leaves_no_orphan_entry_when_it_fails(api: httpx.
         assert made.status_code == 200, made.text
         assert made.json()["connector"]["slug"] == name.lower().replace(" ", "-")
         assert made.json()["connection"]["status"] == "active" and token not in made.text
+
+
+async def slugs(api: httpx.AsyncClient) -> list[str]:
+    return sorted(c["slug"] for c in (await api.get("/v1/catalog")).json()["connectors"])
+
+
+async def test_a_duplicate_slug_is_409_whatever_else_the_body_says_and_changes_nothing(api: httpx.AsyncClient) -> None:
+    slug = unique("dup")
+    assert (await api.post("/v1/catalog", json={"slug": slug, "name": "First"})).status_code == 200
+    before = (await api.get("/v1/catalog")).json()
+    # Re-posting an entry names the duplicate, even when its URL is one the admission would refuse.
+    for taken in ("sentry", slug):
+        r = await api.post("/v1/catalog", json={"slug": taken, "name": "Again", "url": "http://10.0.0.8/mcp"})
+        assert (r.status_code, r.json()) == (409, {"error": f"a catalog entry with slug '{taken}' already exists"})
+    assert (await api.get("/v1/catalog")).json() == before
+    # Simultaneous creates of one new slug: the unique index decides, and every loser gets the same 409.
+    racing = unique("race")
+    results = await asyncio.gather(
+        *[api.post("/v1/catalog", json={"slug": racing, "name": f"Racer {i}"}) for i in range(6)]
+    )
+    assert sorted(r.status_code for r in results) == [200, 409, 409, 409, 409, 409], [r.text for r in results]
+    for r in results:
+        if r.status_code == 409:
+            assert r.json() == {"error": f"a catalog entry with slug '{racing}' already exists"}
+    winner = next(r.json()["connector"] for r in results if r.status_code == 200)
+    assert (await api.get(f"/v1/catalog/{racing}")).json()["connector"]["name"] == winner["name"]
+    assert (await slugs(api)).count(racing) == 1
+
+
+LAUNCH = {
+    "command": "python3",
+    "args": ["-m", "lint_mcp"],
+    "tools": [{"name": "check", "description": "lint a file", "input_schema": {"type": "object"}}],
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"transport": "stdio"}, "a stdio catalog entry needs `sandbox_launch`"),
+        ({"transport": "stdio", "sandbox_launch": None}, "a stdio catalog entry needs `sandbox_launch`"),
+        (
+            {"transport": "stdio", "sandbox_launch": {"command": "python3"}},
+            "invalid sandbox_launch: sandbox server '{slug}' declares no tools",
+        ),
+        (
+            {"transport": "stdio", "sandbox_launch": {**LAUNCH, "tools": []}},
+            "invalid sandbox_launch: sandbox server '{slug}' declares no tools",
+        ),
+        (
+            {"transport": "stdio", "sandbox_launch": {**LAUNCH, "command": None}},
+            "invalid sandbox_launch: sandbox server '{slug}' needs a `command`",
+        ),
+    ],
+)
+async def test_a_stdio_entry_needs_a_sandbox_launch_with_declared_tools(
+    api: httpx.AsyncClient, extra: dict[str, Any], message: str
+) -> None:
+    before = (await api.get("/v1/catalog")).json()
+    slug = unique("stdio")
+    r = await api.post("/v1/catalog", json={"slug": slug, "name": "In image", "auth_mode": "none", **extra})
+    assert r.status_code == 400 and message.format(slug=slug) in r.json()["error"], r.text
+    assert (await api.get(f"/v1/catalog/{slug}")).status_code == 404
+    assert (await api.get("/v1/catalog")).json() == before
+
+
+async def test_a_stdio_entry_with_its_launch_connects_as_a_bundle_with_its_tools(api: httpx.AsyncClient) -> None:
+    slug = unique("stdio")
+    body = {"slug": slug, "name": "Lint", "transport": "stdio", "auth_mode": "none", "sandbox_launch": LAUNCH}
+    made = await api.post("/v1/catalog", json=body)
+    assert made.status_code == 200, made.text
+    assert made.json()["connector"]["sandbox_launch"] == LAUNCH
+    name = unique("lint").replace("-", "_")
+    bundle = (await api.post(f"/v1/catalog/{slug}/connect", json={"bundle_name": name})).json()["bundle"]
+    detail = (await api.get(f"/v1/capabilities/{bundle['id']}")).json()
+    assert detail["servers"][0]["name"] == slug
+    assert detail["servers"][0]["tools"] == [{"name": "check", "description": "lint a file"}]

@@ -614,7 +614,7 @@ async def openai_run(api: httpx.AsyncClient) -> AsyncIterator[str]:
     name = unique("oai")
     config = {"script": IDLE, "model_api": "openai-responses"}
     r = await api.post("/v1/agents", json={"name": name, "harness": "replay", "harness_config": config})
-    assert r.status_code == 201, r.text
+    assert r.status_code == 200, r.text
     run_id = await start_run(api, name, workspace=None)
     await wait_status(api, run_id, {"running"})
     try:
@@ -691,7 +691,7 @@ async def test_model_api_is_a_replay_setting_only(api: httpx.AsyncClient) -> Non
     assert r.status_code == 422 and "replay agents only" in r.text
     name = unique("oai")
     r = await api.post("/v1/agents", json={"name": name, "harness": "replay", "harness_config": config})
-    assert r.status_code == 201
+    assert r.status_code == 200
     # Switching the harness while the config still names a model API is refused too; nothing is appended.
     r = await api.post(f"/v1/agents/{name}/revisions", json={"harness": "claude-agent-sdk"})
     assert r.status_code == 422 and "replay agents only" in r.text

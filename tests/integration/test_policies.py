@@ -56,19 +56,23 @@ async def test_policy_detail_shows_versions_users_and_the_matrix(api: httpx.Asyn
     assert detail["policy"]["version"] == 1 and [v["version"] for v in detail["versions"]] == [1]
     assert detail["agents_using"] == [agent]
     rows = {row["tool"]: row for row in detail["matrix"]}
-    assert rows["Read"] == {"tool": "Read", "group": "files", "server": None, "status": "unconditional",
-                            "action": "allow", "rule": 0}  # fmt: skip
-    assert rows["Bash"]["action"] == "deny" and rows["Bash"]["rule"] == 1
+    # spec "Matrix rows": {tool, group, server, status} with `status` the tagged verdict object.
+    assert rows["Read"] == {"tool": "Read", "group": "files", "server": None,
+                            "status": {"status": "unconditional", "action": "allow", "rule": 0}}  # fmt: skip
+    assert rows["Bash"]["status"] == {"status": "unconditional", "action": "deny", "rule": 1}
     assert rows["Write"] == {
         "tool": "Write",
         "group": "files",
         "server": None,
-        "status": "default",
-        "action": "approve",
+        "status": {"status": "default", "action": "approve"},
     }
     demo = {r["tool"]: r for r in (await api.get("/v1/policies/demo")).json()["matrix"]}
-    assert demo["Bash"]["status"] == "conditional"
-    assert demo["Bash"]["constraints"]["shell_on_no_match"] == "approve"
+    assert set(demo["Bash"]) == {"tool", "group", "server", "status"}
+    status = demo["Bash"]["status"]
+    assert (status["status"], status["action"]) == ("conditional", "allow") and isinstance(status["rule"], int)
+    assert set(status["constraints"]) == {"paths_allow", "paths_deny", "paths_on_no_match",
+                                          "shell_allow_prefixes", "shell_deny_regex", "shell_on_no_match"}  # fmt: skip
+    assert status["constraints"]["shell_on_no_match"] == "approve" and status["constraints"]["paths_allow"] is None
 
 
 async def test_publish_is_optimistic_and_a_retry_cannot_create_two_versions(api: httpx.AsyncClient) -> None:
@@ -118,16 +122,18 @@ async def test_clone_from_a_policy_or_blank_and_its_refusals(api: httpx.AsyncCli
     source = await imported(api)
     copy, blank = unique("copy"), unique("blank")
     r = await api.post("/v1/policies/clone", json={"name": copy, "from": source})
-    assert r.status_code == 201 and r.json()["policy"]["version"] == 1
+    assert r.status_code == 200 and r.json()["policy"]["version"] == 1
     detail = (await api.get(f"/v1/policies/{copy}")).json()
     assert (
         detail["content"]["tools"] == RULES["tools"]
         and detail["versions"][0]["summary"] == f"cloned from '{source}' v1"
     )
     r = await api.post("/v1/policies/clone", json={"name": blank})
-    assert r.status_code == 201
+    assert r.status_code == 200
     rows = (await api.get(f"/v1/policies/{blank}")).json()["matrix"]
-    assert {(row["status"], row["action"]) for row in rows} == {("default", "approve")}, "blank is fail-safe"
+    assert {(row["status"]["status"], row["status"]["action"]) for row in rows} == {("default", "approve")}, (
+        "blank is fail-safe"
+    )
     cases = [
         ({"name": copy, "from": source}, 409, f"a policy named '{copy}' already exists"),
         ({"name": unique("x"), "from": "nope"}, 400, "unknown source policy 'nope'"),
@@ -165,7 +171,19 @@ async def test_validate_and_preview_persist_nothing(api: httpx.AsyncClient) -> N
     draft = {"name": "draft", "tools": [{"match": ["Bash"], "action": "allow", "shell": {"deny_regex": ["rm"]}}]}
     preview = (await api.post("/v1/policies/preview", json={"content": draft})).json()
     bash = next(r for r in preview["matrix"] if r["tool"] == "Bash")
-    assert bash["status"] == "conditional" and bash["constraints"]["shell_deny_regex"] == ["rm"]
+    assert bash["status"] == {
+        "status": "conditional",
+        "action": "allow",
+        "rule": 0,
+        "constraints": {
+            "paths_allow": None,
+            "paths_deny": None,
+            "paths_on_no_match": None,
+            "shell_allow_prefixes": [],
+            "shell_deny_regex": ["rm"],
+            "shell_on_no_match": "approve",
+        },
+    }
     assert preview["budgets"]["max_tool_calls"] == 100 and preview["defaults"] == {"tool_action": "approve"}
     bad_regex = {"name": "draft", "tools": [{"match": ["Bash"], "action": "allow", "shell": {"deny_regex": ["("]}}]}
     r = await api.post("/v1/policies/preview", json={"content": bad_regex})

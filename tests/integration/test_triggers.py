@@ -567,6 +567,12 @@ async def test_event_subscriptions_store_their_filter_and_cannot_be_fired_by_han
         json={"agent": agent, "name": unique("e"), "connection": conn_id, "task_template": "t", "events": []},
     )
     assert r.status_code == 400 and "at least one event" in r.json()["error"]
+    named = unique("e")
+    r = await api.post(
+        "/v1/triggers", json={"agent": agent, "name": named, "connection": conn_id, "allow_task_override": True}
+    )
+    assert r.status_code == 400 and r.json()["error"].startswith("an event subscription needs a task_template")
+    assert named not in {s["name"] for s in (await api.get("/v1/triggers")).json()["subscriptions"]}
     made = await create(
         api,
         agent,
