@@ -1,4 +1,9 @@
-"""Alembic environment: async engine over asyncpg; migrations are plain SQL (see docs/decisions.md)."""
+"""Alembic environment: async engine over asyncpg.
+
+The existing revisions are plain SQL (see docs/decisions.md) and stay as they are. New ones start
+from ``alembic revision --autogenerate``, which compares the database with the SQLModel models
+(``db.models``) using the options in ``db.autogen``; ``alembic check`` reports any drift.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,12 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from db.autogen import COMPARE_OPTIONS, TARGET_METADATA
 from db.engine import sqlalchemy_url
 
 
 def _run(connection: Connection) -> None:
-    context.configure(connection=connection, target_metadata=None)
+    context.configure(connection=connection, target_metadata=TARGET_METADATA, **COMPARE_OPTIONS)
     with context.begin_transaction():
         context.run_migrations()
 
