@@ -4,7 +4,10 @@ Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
 """
 
+import sqlalchemy as sa
+import sqlmodel.sql.sqltypes
 from alembic import op
+${imports if imports else ""}
 
 revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
