@@ -15,6 +15,9 @@ before the first byte (docs/decisions.md). The upstream is read to its end whate
 so a client that disconnects mid-stream is still charged for what the upstream reports; a stream that
 breaks ends with the provider's SSE error event. Errors use the provider's error shape, except
 ``wrong_audience`` which is byte-stable for every runner route.
+
+This module is the ASGI handling and the reservation's bookkeeping; the body checks and error shapes are
+pure (:mod:`core.llm_body`) and the upstream client is :mod:`integrations.llm_upstream`.
 """
 
 from __future__ import annotations
@@ -22,40 +25,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
 from dataclasses import dataclass
 
-import aiohttp
 from fastapi import APIRouter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
-from yarl import URL
 
+from activities import contracts as c
 from api.deps import Services, bearer, wrong_audience_response
-from api.routes.sessions import run_handle
 from core.errors import DomainError
 from core.llm_body import FREE, ROUTES, FacadeError, dialect_of, dialect_of_path, error_body, inspect_body, stream_error
-from core.redaction import MARK
 from core.tokens import Audience, token_digest
 from core.usage import BodyMeter, Dialect, SseMeter, declared_max_output
 from db.usage import Ask, Metering
+from integrations import llm_upstream as up
 from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.api.llm")
 PREFIX = "/internal/llm"
 router = APIRouter(prefix=PREFIX, tags=["internal"])
 
-ANTHROPIC_VERSION = "2023-06-01"
 # The one upstream answer that proves non-dispatch (the key was refused before any model work). Any other
 # error may have been billed behind a proxy (LiteLLM retries and fallbacks), so it keeps its reservation.
 RELEASE_STATUSES = frozenset({401})
 MAX_REMEMBERED_TOKENS = 65536
-CONNECT_TIMEOUT_SECS = 10.0
-POOL_WAIT_SECS = 30.0
 CLIENT_SEND_TIMEOUT_SECS = 60.0
-PASS_HEADERS = ("content-type", "request-id", "x-request-id", "retry-after")
 
 
 def llm_error(dialect: Dialect, status: int, message: str, code: str | None = None) -> JSONResponse:
@@ -63,11 +59,14 @@ def llm_error(dialect: Dialect, status: int, message: str, code: str | None = No
 
 
 class Facade:
-    """Per-process facade state: the shared upstream session and the token → run map."""
+    """Per-process facade state: the shared upstream client and the token → run map."""
 
     def __init__(self, svc: Services) -> None:
         self.svc = svc
-        self._session: aiohttp.ClientSession | None = None
+        settings = svc.settings
+        self.upstream = up.LlmUpstream(
+            timeout_secs=settings.llm_upstream_timeout_secs, keepalive_secs=settings.llm_upstream_keepalive_secs
+        )
         # token sha256 → (run id, audience): fixed when a token is minted, so it can be kept; whether the
         # token is still valid (revoked, expired) is checked by every admission, in the same statement.
         self.tokens: dict[str, tuple[str, str]] = {}
@@ -82,38 +81,6 @@ class Facade:
         assert self.svc.metering is not None
         return self.svc.metering
 
-    def session(self) -> aiohttp.ClientSession:
-        """One pooled HTTP client per process (aiohttp: its C parser halves the time to the upstream's
-        headers compared with httpx, measured in bench/facade.py's terms; see docs/decisions.md)."""
-        if self._session is None or self._session.closed:
-            settings = self.svc.settings
-            timeout = aiohttp.ClientTimeout(
-                total=None,
-                connect=POOL_WAIT_SECS,  # a free pooled connection, then the connection itself
-                sock_connect=CONNECT_TIMEOUT_SECS,
-                sock_read=settings.llm_upstream_timeout_secs,
-            )
-            # Idle connections are dropped before common upstream idle timeouts (uvicorn-served proxies such as
-            # LiteLLM close at 5 s): a POST on a connection the server just closed fails without any way to
-            # tell whether it was served, and would cost a whole reservation.
-            connector = aiohttp.TCPConnector(
-                limit=512, limit_per_host=0, keepalive_timeout=settings.llm_upstream_keepalive_secs
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=timeout,
-                auto_decompress=False,
-                trust_env=False,
-                cookie_jar=aiohttp.DummyCookieJar(),  # nothing an upstream sets reaches another run's call
-                skip_auto_headers=("User-Agent",),
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
 
 def facade_of(app: Starlette) -> Facade:
     facade: Facade | None = getattr(app.state, "llm_facade", None)
@@ -126,7 +93,7 @@ def facade_of(app: Starlette) -> Facade:
 async def close_facade(app: Starlette) -> None:
     facade: Facade | None = getattr(app.state, "llm_facade", None)
     if facade is not None:
-        await facade.close()
+        await facade.upstream.close()
 
 
 async def sweep_reservations(metering: Metering, period: float) -> None:
@@ -171,7 +138,7 @@ class Forward:
     """An admitted request the upstream answered 2xx: relayed to the client while the meter reads it."""
 
     facade: Facade
-    upstream: aiohttp.ClientResponse
+    upstream: up.UpstreamResponse
     headers: list[tuple[bytes, bytes]]
     run_id: str
     model: str
@@ -189,13 +156,13 @@ class Forward:
         failure: str | None = None
         await client.send({"type": "http.response.start", "status": self.upstream.status, "headers": self.headers})
         try:
-            async for chunk in self.upstream.content.iter_any():
+            async for chunk in up.chunks(self.upstream):
                 if ttfb is None:
                     ttfb = int((time.perf_counter() - self.started) * 1000)
                 if self.meter is not None:
                     self.meter.feed(chunk)
                 await client.send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except up.READ_ERRORS as exc:
             failure = f"upstream stream broke ({type(exc).__name__})"
         finally:
             if failure is None:
@@ -308,60 +275,35 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
     if verdict.kind == "refused":
         return llm_error(dialect, 429, verdict.message or "refused", verdict.code)
 
-    headers = {"content-type": "application/json", "accept-encoding": "identity"}
-    headers["accept"] = request.headers.get("accept", "application/json")
-    if dialect is Dialect.ANTHROPIC:
-        headers["x-api-key"] = key
-        headers["anthropic-version"] = request.headers.get("anthropic-version", ANTHROPIC_VERSION)
-        if beta := request.headers.get("anthropic-beta"):
-            headers["anthropic-beta"] = beta
-    else:
-        headers["authorization"] = f"Bearer {key}"
-    url = f"{base.rstrip('/')}/{upstream_path}"
-    if query := request.scope.get("query_string", b"").decode("latin-1"):
-        url += f"?{query}"
     reservation = verdict.reservation_id
+    url = up.request_url(base, upstream_path, request.scope.get("query_string", b"").decode("latin-1"))
     try:
-        # Never follow a redirect: it would carry the real key and the body to wherever the upstream points,
-        # and a 303 would turn a served request into a second one. A 3xx is answered like any error below.
-        async with asyncio.timeout(svc.settings.llm_upstream_timeout_secs):
-            upstream = await fac.session().post(
-                URL(url, encoded=True), data=forward, headers=headers, allow_redirects=False
-            )
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        upstream = await fac.upstream.post(url, forward, up.request_headers(dialect, key, request.headers))
+    except up.Unreachable as exc:
         # Nothing was sent: the reservation goes back.
         if reservation:
             await fac.metering.release(run_id, reservation, "upstream unreachable")
-        return llm_error(dialect, 502, f"the LLM upstream could not be reached ({type(exc).__name__})")
-    except (TimeoutError, aiohttp.ClientError) as exc:
+        return llm_error(dialect, 502, f"the LLM upstream could not be reached ({exc})")
+    except up.NoAnswer as exc:
         # Sent, but no answer: the upstream may have served it, so the reservation stays (expiry charges it).
-        log.warning("LLM upstream failed for run %s before answering: %s", run_id, type(exc).__name__)
-        return llm_error(dialect, 502, f"the LLM upstream failed before answering ({type(exc).__name__})")
+        log.warning("LLM upstream failed for run %s before answering: %s", run_id, exc)
+        return llm_error(dialect, 502, f"the LLM upstream failed before answering ({exc})")
 
-    passed = {k: v for k in PASS_HEADERS if (v := upstream.headers.get(k)) is not None}
+    passed = up.passed_headers(upstream)
     if upstream.status >= 300:
-        try:
-            content = await upstream.read()
-        except (TimeoutError, aiohttp.ClientError):
-            content = b""
-        finally:
-            upstream.release()
+        content = await up.error_content(upstream, key)
         if reservation and upstream.status in RELEASE_STATUSES:
             await fac.metering.release(run_id, reservation, f"upstream refused ({upstream.status})")
         elif reservation:
             await fac.metering.unmetered(run_id, reservation, f"upstream answered {upstream.status}")
-        encoding = upstream.headers.get("content-encoding", "identity").lower()
-        if encoding != "identity":
-            # The upstream ignored accept-encoding: identity. The key scrub must see the plain bytes.
-            try:
-                content = zlib.decompressobj(wbits=47).decompress(content)  # gzip or zlib
-            except zlib.error:
-                return llm_error(dialect, upstream.status, f"the LLM upstream answered {upstream.status}")
-        content = content.replace(key.encode(), MARK.encode())
+        if content is None:
+            return llm_error(dialect, upstream.status, f"the LLM upstream answered {upstream.status}")
         return Response(content, status_code=upstream.status, headers=passed)
 
     try:
-        return _forward(fac, upstream, passed, run_id, spec.model, reservation, dialect, started)
+        headers, streaming = up.relay_headers(upstream, passed)
+        meter = (SseMeter(dialect) if streaming else BodyMeter(dialect)) if reservation else None
+        return Forward(fac, upstream, headers, run_id, spec.model, reservation, meter, started, dialect, streaming)
     except BaseException:
         upstream.close()
         if reservation:
@@ -369,42 +311,9 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
         raise
 
 
-def _forward(
-    fac: Facade,
-    upstream: aiohttp.ClientResponse,
-    passed: dict[str, str],
-    run_id: str,
-    model: str,
-    reservation: str | None,
-    dialect: Dialect,
-    started: float,
-) -> Forward:
-    streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-    if streaming:
-        passed.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-    elif "content-length" in upstream.headers:
-        passed["content-length"] = upstream.headers["content-length"]
-    if upstream.headers.get("content-encoding", "identity").lower() != "identity":
-        # Relayed as sent (the client can decode it); the meter cannot read it, so the reservation is held.
-        passed["content-encoding"] = upstream.headers["content-encoding"]
-    meter = (SseMeter(dialect) if streaming else BodyMeter(dialect)) if reservation else None
-    return Forward(
-        facade=fac,
-        upstream=upstream,
-        headers=[(k.encode("latin-1", "replace"), v.encode("latin-1", "replace")) for k, v in passed.items()],
-        run_id=run_id,
-        model=model,
-        reservation=reservation,
-        meter=meter,
-        started=started,
-        dialect=dialect,
-        streaming=streaming,
-    )
-
-
 async def _signal_stop(svc: Services, run_id: str) -> None:
     """Wake the run's workflow at once (its supervisor would also find the durable intent)."""
     try:
-        await run_handle(await svc.temporal(), run_id).signal(RunWorkflow.cancel)
+        await (await svc.temporal()).get_workflow_handle(c.workflow_id(run_id)).signal(RunWorkflow.cancel)
     except Exception:
         log.warning("budget-stop signal for run %s not delivered; the supervisor will see the intent", run_id)
