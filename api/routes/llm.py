@@ -15,210 +15,58 @@ before the first byte (docs/decisions.md). The upstream is read to its end whate
 so a client that disconnects mid-stream is still charged for what the upstream reports; a stream that
 breaks ends with the provider's SSE error event. Errors use the provider's error shape, except
 ``wrong_audience`` which is byte-stable for every runner route.
+
+This module is the ASGI handling and the reservation's bookkeeping; the body checks and error shapes are
+pure (:mod:`core.llm_body`) and the upstream client is :mod:`integrations.llm_upstream`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import aiohttp
 from fastapi import APIRouter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
-from yarl import URL
 
+from activities import contracts as c
 from api.deps import Services, bearer, wrong_audience_response
-from api.routes.sessions import run_handle
 from core.errors import DomainError
-from core.harnesses import OPENAI_RESPONSES, model_api
-from core.redaction import MARK
-from core.runspec import RunSpec
+from core.llm_body import FREE, ROUTES, FacadeError, dialect_of, dialect_of_path, error_body, inspect_body, stream_error
 from core.tokens import Audience, token_digest
 from core.usage import BodyMeter, Dialect, SseMeter, declared_max_output
 from db.usage import Ask, Metering
+from integrations import llm_upstream as up
 from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.api.llm")
 PREFIX = "/internal/llm"
 router = APIRouter(prefix=PREFIX, tags=["internal"])
 
-# Which upstream path each dialect's facade path reaches ("" is the bare base URL: Messages).
-ROUTES: dict[Dialect, dict[str, str]] = {
-    Dialect.ANTHROPIC: {
-        "": "v1/messages",
-        "v1/messages": "v1/messages",
-        "v1/messages/count_tokens": "v1/messages/count_tokens",
-    },
-    Dialect.OPENAI: {"v1/responses": "v1/responses"},
-}
-FREE = frozenset({"v1/messages/count_tokens"})  # no model output, nothing to reserve or meter
-ANTHROPIC_VERSION = "2023-06-01"
-# Tools the provider would execute itself, outside the permission gate.
-ANTHROPIC_SERVER_TOOLS = ("web_search", "web_fetch", "code_execution", "tool_search_tool", "mcp_toolset")
-OPENAI_SERVER_TOOLS = ("web_search", "file_search", "code_interpreter", "image_generation", "mcp")
-OPENAI_REFUSED_FIELDS = ("previous_response_id", "conversation", "prompt", "background")
 # The one upstream answer that proves non-dispatch (the key was refused before any model work). Any other
 # error may have been billed behind a proxy (LiteLLM retries and fallbacks), so it keeps its reservation.
 RELEASE_STATUSES = frozenset({401})
-# Sources the provider would fetch or load itself: outside the sandbox's network rule and the byte estimate.
-FETCHED_SOURCES = frozenset({"url", "file"})
-TOOL_USE_BLOCKS = ("tool_use", "server_tool_use", "mcp_tool_use")  # their "input" is free-form model JSON
-MAX_CONTENT_DEPTH = 64
-FETCH_REFUSAL = "the provider would fetch it outside the sandbox"
 MAX_REMEMBERED_TOKENS = 65536
-CONNECT_TIMEOUT_SECS = 10.0
-POOL_WAIT_SECS = 30.0
 CLIENT_SEND_TIMEOUT_SECS = 60.0
-PASS_HEADERS = ("content-type", "request-id", "x-request-id", "retry-after")
-ERROR_KINDS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-}
-
-
-class FacadeError(Exception):
-    """A refusal answered in the provider's error shape."""
-
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
 
 
 def llm_error(dialect: Dialect, status: int, message: str, code: str | None = None) -> JSONResponse:
-    kind = ERROR_KINDS.get(status, "api_error")
-    if dialect is Dialect.OPENAI:
-        return JSONResponse(
-            {"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status
-        )
-    error: dict[str, Any] = {"type": kind, "message": message}
-    if code:
-        error["code"] = code
-    return JSONResponse({"type": "error", "error": error}, status_code=status)
-
-
-def dialect_of(spec: RunSpec) -> Dialect:
-    """codex speaks OpenAI Responses, claude-agent-sdk Anthropic Messages, replay what its config names."""
-    return Dialect.OPENAI if model_api(spec.harness, spec.harness_config) == OPENAI_RESPONSES else Dialect.ANTHROPIC
-
-
-def inspect_body(dialect: Dialect, raw: bytes, spec: RunSpec) -> tuple[dict[str, Any], bytes]:
-    """Validate a request body for this run; returns it and the bytes to forward (edited for OpenAI)."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise FacadeError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise FacadeError(400, "request body must be a JSON object")
-    model = body.get("model")
-    if model != spec.model:
-        raise FacadeError(422, f"model {model!r} is not valid for this session (its frozen model is '{spec.model}')")
-    raw_tools = body.get("tools")
-    tools: list[Any] = raw_tools if isinstance(raw_tools, list) else []
-    if dialect is Dialect.ANTHROPIC:
-        for tool in tools:
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            if isinstance(kind, str) and kind.startswith(ANTHROPIC_SERVER_TOOLS):
-                raise FacadeError(422, f"server-side tool type '{kind}' is not allowed: tools run through the gate")
-        if body.get("mcp_servers"):
-            raise FacadeError(422, "mcp_servers (provider-side MCP) is not allowed: tools run through the gate")
-        for field in ("system", "messages"):
-            _walk(body.get(field), field, _anthropic_fetch)
-        return body, raw
-    for field in OPENAI_REFUSED_FIELDS:
-        if body.get(field):
-            raise FacadeError(422, f"'{field}' is not allowed: every request carries its whole context")
-    raw_items = body.get("input")
-    items: list[Any] = raw_items if isinstance(raw_items, list) else []
-    if any(isinstance(i, dict) and i.get("type") == "item_reference" for i in items):
-        raise FacadeError(422, "item_reference inputs are not allowed: every request carries its whole context")
-    for field in ("instructions", "input"):
-        _walk(body.get(field), field, _openai_fetch)
-    body["store"] = False
-    if "tools" in body:
-        body["tools"] = [
-            t for t in tools if not (isinstance(t, dict) and str(t.get("type", "")).startswith(OPENAI_SERVER_TOOLS))
-        ]
-    return body, json.dumps(body, separators=(",", ":")).encode()
-
-
-def _walk(root: Any, where: str, check: Callable[[dict[str, Any], str], tuple[str, ...]]) -> None:
-    """Apply ``check(node, path)`` to every object under ``root`` (iteratively, depth-bounded: deeper is 422).
-
-    ``check`` returns the keys of that object not to descend into (free-form JSON, not content)."""
-    stack: list[tuple[Any, str, int]] = [(root, where, 0)]
-    while stack:
-        node, path, depth = stack.pop()
-        if depth > MAX_CONTENT_DEPTH:
-            raise FacadeError(422, f"'{where}' is nested deeper than {MAX_CONTENT_DEPTH} levels (at {path})")
-        if isinstance(node, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node) if isinstance(v, (dict, list)))
-        elif isinstance(node, dict):
-            skip = check(node, path)
-            stack.extend(
-                (v, f"{path}.{k}", depth + 1) for k, v in node.items() if k not in skip and isinstance(v, (dict, list))
-            )
-
-
-def _anthropic_fetch(block: dict[str, Any], path: str) -> tuple[str, ...]:
-    """Refuse a block whose source the provider would fetch (a URL) or load (a Files API file)."""
-    kind = block.get("type")
-    source = block.get("source")
-    if isinstance(source, dict) and source.get("type") in FETCHED_SOURCES:
-        raise FacadeError(
-            422,
-            f"content source type '{source['type']}' is not allowed ('{kind}' block, field 'source.type' at "
-            f"{path}): {FETCH_REFUSAL}",
-        )
-    if kind == "container_upload":
-        raise FacadeError(
-            422, f"'container_upload' blocks (field 'file_id' at {path}) are not allowed: {FETCH_REFUSAL}"
-        )
-    return ("input",) if isinstance(kind, str) and kind.endswith(TOOL_USE_BLOCKS) else ()
-
-
-def _openai_fetch(part: dict[str, Any], path: str) -> tuple[str, ...]:
-    """Refuse an image given by URL or file id, and a file given by URL or file id (inline data stays)."""
-    kind = part.get("type")
-    fields: list[str] = []
-    if kind in ("input_image", "computer_screenshot") or "image_url" in part:
-        url = part.get("image_url")
-        url = url.get("url") if isinstance(url, dict) else url
-        if url is not None and not (isinstance(url, str) and url[:5].lower() == "data:"):
-            fields.append("image_url")
-        if part.get("file_id") is not None:
-            fields.append("file_id")
-    if kind == "input_file" or "file_url" in part:
-        fields.extend(f for f in ("file_url", "file_id") if part.get(f) is not None)
-    if fields:
-        raise FacadeError(
-            422,
-            f"'{kind}' with '{fields[0]}' is not allowed (at {path}; only inline data: URLs and base64 file_data "
-            f"are): {FETCH_REFUSAL}",
-        )
-    return ()
+    return JSONResponse(error_body(dialect, status, message, code), status_code=status)
 
 
 class Facade:
-    """Per-process facade state: the shared upstream session and the token → run map."""
+    """Per-process facade state: the shared upstream client and the token → run map."""
 
     def __init__(self, svc: Services) -> None:
         self.svc = svc
-        self._session: aiohttp.ClientSession | None = None
+        settings = svc.settings
+        self.upstream = up.LlmUpstream(
+            timeout_secs=settings.llm_upstream_timeout_secs, keepalive_secs=settings.llm_upstream_keepalive_secs
+        )
         # token sha256 → (run id, audience): fixed when a token is minted, so it can be kept; whether the
         # token is still valid (revoked, expired) is checked by every admission, in the same statement.
         self.tokens: dict[str, tuple[str, str]] = {}
@@ -233,38 +81,6 @@ class Facade:
         assert self.svc.metering is not None
         return self.svc.metering
 
-    def session(self) -> aiohttp.ClientSession:
-        """One pooled HTTP client per process (aiohttp: its C parser halves the time to the upstream's
-        headers compared with httpx, measured in bench/facade.py's terms; see docs/decisions.md)."""
-        if self._session is None or self._session.closed:
-            settings = self.svc.settings
-            timeout = aiohttp.ClientTimeout(
-                total=None,
-                connect=POOL_WAIT_SECS,  # a free pooled connection, then the connection itself
-                sock_connect=CONNECT_TIMEOUT_SECS,
-                sock_read=settings.llm_upstream_timeout_secs,
-            )
-            # Idle connections are dropped before common upstream idle timeouts (uvicorn-served proxies such as
-            # LiteLLM close at 5 s): a POST on a connection the server just closed fails without any way to
-            # tell whether it was served, and would cost a whole reservation.
-            connector = aiohttp.TCPConnector(
-                limit=512, limit_per_host=0, keepalive_timeout=settings.llm_upstream_keepalive_secs
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=timeout,
-                auto_decompress=False,
-                trust_env=False,
-                cookie_jar=aiohttp.DummyCookieJar(),  # nothing an upstream sets reaches another run's call
-                skip_auto_headers=("User-Agent",),
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
 
 def facade_of(app: Starlette) -> Facade:
     facade: Facade | None = getattr(app.state, "llm_facade", None)
@@ -277,7 +93,7 @@ def facade_of(app: Starlette) -> Facade:
 async def close_facade(app: Starlette) -> None:
     facade: Facade | None = getattr(app.state, "llm_facade", None)
     if facade is not None:
-        await facade.close()
+        await facade.upstream.close()
 
 
 async def sweep_reservations(metering: Metering, period: float) -> None:
@@ -303,7 +119,7 @@ async def serve(scope: Scope, receive: Receive, send: Send) -> None:
     started = time.perf_counter()
     request = Request(scope, receive)
     path = str(scope["path"])[len(PREFIX) + 1 :].strip("/")
-    guess = Dialect.OPENAI if path.endswith("responses") else Dialect.ANTHROPIC
+    guess = dialect_of_path(path)
     try:
         answer = await _admit_and_forward(request, path, guess, started)
     except DomainError as exc:
@@ -322,7 +138,7 @@ class Forward:
     """An admitted request the upstream answered 2xx: relayed to the client while the meter reads it."""
 
     facade: Facade
-    upstream: aiohttp.ClientResponse
+    upstream: up.UpstreamResponse
     headers: list[tuple[bytes, bytes]]
     run_id: str
     model: str
@@ -340,13 +156,13 @@ class Forward:
         failure: str | None = None
         await client.send({"type": "http.response.start", "status": self.upstream.status, "headers": self.headers})
         try:
-            async for chunk in self.upstream.content.iter_any():
+            async for chunk in up.chunks(self.upstream):
                 if ttfb is None:
                     ttfb = int((time.perf_counter() - self.started) * 1000)
                 if self.meter is not None:
                     self.meter.feed(chunk)
                 await client.send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except up.READ_ERRORS as exc:
             failure = f"upstream stream broke ({type(exc).__name__})"
         finally:
             if failure is None:
@@ -396,15 +212,6 @@ class _Client:
             # The client disconnected (OSError), stopped reading (TimeoutError), or the server refused the
             # message (a body short of its Content-Length): the server drops the connection itself.
             self.listening = False
-
-
-def stream_error(dialect: Dialect, message: str) -> bytes:
-    """The provider's mid-stream SSE error event (after a blank line that ends any partial event)."""
-    if dialect is Dialect.OPENAI:
-        data: dict[str, Any] = {"type": "error", "code": "server_error", "message": message, "param": None}
-    else:
-        data = {"type": "error", "error": {"type": "api_error", "message": message}}
-    return b"\n\nevent: error\ndata: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
 async def _admit_and_forward(request: Request, path: str, guess: Dialect, started: float) -> Response | Forward:
@@ -468,60 +275,35 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
     if verdict.kind == "refused":
         return llm_error(dialect, 429, verdict.message or "refused", verdict.code)
 
-    headers = {"content-type": "application/json", "accept-encoding": "identity"}
-    headers["accept"] = request.headers.get("accept", "application/json")
-    if dialect is Dialect.ANTHROPIC:
-        headers["x-api-key"] = key
-        headers["anthropic-version"] = request.headers.get("anthropic-version", ANTHROPIC_VERSION)
-        if beta := request.headers.get("anthropic-beta"):
-            headers["anthropic-beta"] = beta
-    else:
-        headers["authorization"] = f"Bearer {key}"
-    url = f"{base.rstrip('/')}/{upstream_path}"
-    if query := request.scope.get("query_string", b"").decode("latin-1"):
-        url += f"?{query}"
     reservation = verdict.reservation_id
+    url = up.request_url(base, upstream_path, request.scope.get("query_string", b"").decode("latin-1"))
     try:
-        # Never follow a redirect: it would carry the real key and the body to wherever the upstream points,
-        # and a 303 would turn a served request into a second one. A 3xx is answered like any error below.
-        async with asyncio.timeout(svc.settings.llm_upstream_timeout_secs):
-            upstream = await fac.session().post(
-                URL(url, encoded=True), data=forward, headers=headers, allow_redirects=False
-            )
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        upstream = await fac.upstream.post(url, forward, up.request_headers(dialect, key, request.headers))
+    except up.Unreachable as exc:
         # Nothing was sent: the reservation goes back.
         if reservation:
             await fac.metering.release(run_id, reservation, "upstream unreachable")
-        return llm_error(dialect, 502, f"the LLM upstream could not be reached ({type(exc).__name__})")
-    except (TimeoutError, aiohttp.ClientError) as exc:
+        return llm_error(dialect, 502, f"the LLM upstream could not be reached ({exc})")
+    except up.NoAnswer as exc:
         # Sent, but no answer: the upstream may have served it, so the reservation stays (expiry charges it).
-        log.warning("LLM upstream failed for run %s before answering: %s", run_id, type(exc).__name__)
-        return llm_error(dialect, 502, f"the LLM upstream failed before answering ({type(exc).__name__})")
+        log.warning("LLM upstream failed for run %s before answering: %s", run_id, exc)
+        return llm_error(dialect, 502, f"the LLM upstream failed before answering ({exc})")
 
-    passed = {k: v for k in PASS_HEADERS if (v := upstream.headers.get(k)) is not None}
+    passed = up.passed_headers(upstream)
     if upstream.status >= 300:
-        try:
-            content = await upstream.read()
-        except (TimeoutError, aiohttp.ClientError):
-            content = b""
-        finally:
-            upstream.release()
+        content = await up.error_content(upstream, key)
         if reservation and upstream.status in RELEASE_STATUSES:
             await fac.metering.release(run_id, reservation, f"upstream refused ({upstream.status})")
         elif reservation:
             await fac.metering.unmetered(run_id, reservation, f"upstream answered {upstream.status}")
-        encoding = upstream.headers.get("content-encoding", "identity").lower()
-        if encoding != "identity":
-            # The upstream ignored accept-encoding: identity. The key scrub must see the plain bytes.
-            try:
-                content = zlib.decompressobj(wbits=47).decompress(content)  # gzip or zlib
-            except zlib.error:
-                return llm_error(dialect, upstream.status, f"the LLM upstream answered {upstream.status}")
-        content = content.replace(key.encode(), MARK.encode())
+        if content is None:
+            return llm_error(dialect, upstream.status, f"the LLM upstream answered {upstream.status}")
         return Response(content, status_code=upstream.status, headers=passed)
 
     try:
-        return _forward(fac, upstream, passed, run_id, spec.model, reservation, dialect, started)
+        headers, streaming = up.relay_headers(upstream, passed)
+        meter = (SseMeter(dialect) if streaming else BodyMeter(dialect)) if reservation else None
+        return Forward(fac, upstream, headers, run_id, spec.model, reservation, meter, started, dialect, streaming)
     except BaseException:
         upstream.close()
         if reservation:
@@ -529,42 +311,9 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
         raise
 
 
-def _forward(
-    fac: Facade,
-    upstream: aiohttp.ClientResponse,
-    passed: dict[str, str],
-    run_id: str,
-    model: str,
-    reservation: str | None,
-    dialect: Dialect,
-    started: float,
-) -> Forward:
-    streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-    if streaming:
-        passed.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-    elif "content-length" in upstream.headers:
-        passed["content-length"] = upstream.headers["content-length"]
-    if upstream.headers.get("content-encoding", "identity").lower() != "identity":
-        # Relayed as sent (the client can decode it); the meter cannot read it, so the reservation is held.
-        passed["content-encoding"] = upstream.headers["content-encoding"]
-    meter = (SseMeter(dialect) if streaming else BodyMeter(dialect)) if reservation else None
-    return Forward(
-        facade=fac,
-        upstream=upstream,
-        headers=[(k.encode("latin-1", "replace"), v.encode("latin-1", "replace")) for k, v in passed.items()],
-        run_id=run_id,
-        model=model,
-        reservation=reservation,
-        meter=meter,
-        started=started,
-        dialect=dialect,
-        streaming=streaming,
-    )
-
-
 async def _signal_stop(svc: Services, run_id: str) -> None:
     """Wake the run's workflow at once (its supervisor would also find the durable intent)."""
     try:
-        await run_handle(await svc.temporal(), run_id).signal(RunWorkflow.cancel)
+        await (await svc.temporal()).get_workflow_handle(c.workflow_id(run_id)).signal(RunWorkflow.cancel)
     except Exception:
         log.warning("budget-stop signal for run %s not delivered; the supervisor will see the intent", run_id)

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from api.routes import llm
-from api.routes.llm import FacadeError, inspect_body
 from cli.stack import Stack, free_port, wait_for
+from core.llm_body import FacadeError, inspect_body
 from core.redaction import MARK
 from core.usage import Dialect
 from db.engine import asyncpg_dsn
