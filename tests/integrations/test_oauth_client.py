@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from pydantic import SecretStr
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from integrations import mcp_client
 from integrations.oauth import (
@@ -33,7 +38,7 @@ from integrations.oauth import (
     parse_callback,
 )
 from integrations.urls import UrlPolicy
-from tests.mcp_servers import RunningServer, basic, serve
+from tests.mcp_servers import McpTestServer, Recorder, RunningServer, basic, serve
 from tests.oauth_servers import AuthorizationServer, authorization_server, protected
 
 REDIRECT_URI = "http://127.0.0.1:8787/v1/oauth/callback"
@@ -290,3 +295,106 @@ def test_needs_refresh_uses_the_margin() -> None:
     assert needs_refresh(tokens, now + timedelta(seconds=2))
     assert not needs_refresh(tokens.model_copy(update={"expires_at": None}), now)
     assert "a'" not in repr(tokens) and "**" in repr(tokens)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Misbehaving servers: what discovery refuses, and that it never follows a redirect
+
+
+def misbehaving(
+    *, prm: Callable[[str], Response], as_metadata: Callable[[str], Response] | None = None
+) -> McpTestServer:
+    """A resource server (and, at the same origin, an authorization server's metadata) answering what the test
+    says. ``prm(url)`` / ``as_metadata(origin)`` build the answers from the server's own URL."""
+
+    def build_at(recorder: Recorder, url: str) -> ASGIApp:
+        origin = url.removesuffix("/mcp")
+
+        async def mcp_endpoint(request: Request) -> Response:
+            header = f'Bearer resource_metadata="{origin}/.well-known/oauth-protected-resource/mcp"'
+            return JSONResponse({"error": "invalid_token"}, status_code=401, headers={"WWW-Authenticate": header})
+
+        async def prm_endpoint(request: Request) -> Response:
+            return prm(url)
+
+        async def as_endpoint(request: Request) -> Response:
+            return as_metadata(origin) if as_metadata else JSONResponse({}, status_code=404)
+
+        return Starlette(
+            routes=[
+                Route("/mcp", mcp_endpoint, methods=["GET", "POST"]),
+                Route("/.well-known/oauth-protected-resource/mcp", prm_endpoint),
+                Route("/.well-known/oauth-authorization-server", as_endpoint),
+            ]
+        )
+
+    def no_url(recorder: Recorder) -> ASGIApp:
+        raise RuntimeError("built with its URL")
+
+    return McpTestServer("misbehaving", no_url, build_at=build_at)
+
+
+def as_document(origin: str, **overrides: object) -> JSONResponse:
+    doc: dict[str, object] = {
+        "issuer": origin,
+        "authorization_endpoint": f"{origin}/auth",
+        "token_endpoint": f"{origin}/token",
+        "code_challenge_methods_supported": ["S256"],
+    }
+    return JSONResponse(doc | overrides)
+
+
+async def test_a_metadata_redirect_to_another_origin_is_never_followed(client: OAuthClient, mcp: RunningServer) -> None:
+    # The redirect target is the real protected server's metadata: following it would succeed.
+    target = mcp.url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+    async with serve(misbehaving(prm=lambda url: RedirectResponse(target, status_code=302))) as server:
+        before = len(mcp.spec.recorder.http_requests)
+        with pytest.raises(DiscoveryFailed, match="publishes no protected resource metadata"):
+            await client.discover(server.url)
+        assert len(mcp.spec.recorder.http_requests) == before
+
+
+async def test_a_resource_metadata_url_on_a_private_address_is_refused_before_any_request(
+    client: OAuthClient,
+) -> None:
+    def build_at(recorder: Recorder, url: str) -> ASGIApp:
+        async def mcp_endpoint(request: Request) -> Response:
+            header = 'Bearer resource_metadata="http://10.0.0.7/.well-known/oauth-protected-resource"'
+            return JSONResponse({}, status_code=401, headers={"WWW-Authenticate": header})
+
+        return Starlette(routes=[Route("/mcp", mcp_endpoint, methods=["POST"])])
+
+    async with serve(McpTestServer("ssrf", lambda rec: Starlette(), build_at=build_at)) as server:
+        with pytest.raises(EndpointRefused, match=r"10\.0\.0\.7"):
+            await client.discover(server.url)
+
+
+async def test_metadata_naming_another_resource_is_refused(client: OAuthClient) -> None:
+    def prm(url: str) -> Response:
+        return JSONResponse({"resource": "https://elsewhere.example.com/mcp", "authorization_servers": [url]})
+
+    async with serve(misbehaving(prm=prm)) as server:
+        with pytest.raises(DiscoveryFailed, match="does not cover"):
+            await client.discover(server.url)
+
+
+async def test_authorization_server_metadata_for_another_issuer_is_refused(client: OAuthClient) -> None:
+    def prm(url: str) -> Response:
+        return JSONResponse({"resource": url, "authorization_servers": [url.removesuffix("/mcp")]})
+
+    impostor = misbehaving(prm=prm, as_metadata=lambda origin: as_document(origin, issuer="https://evil.example.com"))
+    async with serve(impostor) as server:
+        with pytest.raises(DiscoveryFailed, match="describes issuer"):
+            await client.discover(server.url)
+
+
+async def test_an_authorization_server_without_pkce_s256_is_refused(client: OAuthClient) -> None:
+    def prm(url: str) -> Response:
+        return JSONResponse({"resource": url, "authorization_servers": [url.removesuffix("/mcp")]})
+
+    plain = misbehaving(
+        prm=prm, as_metadata=lambda origin: as_document(origin, code_challenge_methods_supported=["plain"])
+    )
+    async with serve(plain) as server:
+        with pytest.raises(DiscoveryFailed, match="S256"):
+            await client.discover(server.url)
