@@ -18,12 +18,14 @@ from datetime import timedelta
 from typing import Any
 
 from core.errors import Conflict, Forbidden, NotFound
+from db.connections import CONNECTION_FIELDS, Connections
 from db.ids import new_id
 from db.store import Row, Store, _row
 
-__all__ = ["FLOW_TTL", "OAuthRecords", "flow_verifier_context", "registration_secret_context"]
+__all__ = ["FLOW_TTL", "SUPERSEDED", "OAuthRecords", "flow_verifier_context", "registration_secret_context"]
 
 FLOW_TTL = timedelta(seconds=600)
+SUPERSEDED = "this authorization was superseded by a newer one — restart the connect flow"
 
 REGISTRATION_FIELDS = (
     "id, tenant_id, issuer, redirect_uri, source, client_id, token_endpoint_auth_method, registration_client_uri, "
@@ -51,6 +53,7 @@ def flow_verifier_context(tenant_id: str) -> str:
 class OAuthRecords:
     def __init__(self, store: Store) -> None:
         self.pool = store.pool
+        self._connections = Connections(store)
 
     # ---- registrations -------------------------------------------------------------------------
 
@@ -210,6 +213,92 @@ class OAuthRecords:
             if row is not None:
                 return row
             raise await self._refusal(conn, "state_hash = $1", state_hash)
+
+    # ---- the connection ------------------------------------------------------------------------
+
+    async def activate(
+        self,
+        tenant_id: str,
+        flow: Row,
+        *,
+        credential: tuple[bytes, str],
+        oauth: dict[str, Any],
+        photo: dict[str, Any],
+    ) -> tuple[Row, Row]:
+        """Make the flow's connection active under its new grant and append the photograph taken with it.
+
+        A compare-and-swap: it wins only while the connection is still at the flow's ``expected_generation`` and
+        has not been activated since the flow started (so of two concurrent re-authorizations exactly one wins; the
+        other gets :data:`SUPERSEDED` as a :class:`Conflict`). Activating a connection that was active before bumps
+        ``authorization_generation``, so bindings frozen under the old grant fail closed. ``credential`` is the
+        sealed refresh token; ``oauth`` the non-secret grant description (issuer, endpoints, resource, scope).
+        """
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = _row(
+                await conn.fetchrow(
+                    "UPDATE integration_connections SET status = 'active', credential_sealed = $5, "
+                    "credential_key_id = $6, oauth = $7, registration_id = $8, "
+                    "authorization_generation = authorization_generation "
+                    "+ CASE WHEN oauth_activated_at IS NULL THEN 0 ELSE 1 END, "
+                    "oauth_activated_at = clock_timestamp(), updated_at = now() "
+                    "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND status <> 'revoked' "
+                    "AND authorization_generation = $3 AND (oauth_activated_at IS NULL OR oauth_activated_at < $4) "
+                    f"RETURNING {CONNECTION_FIELDS}",
+                    uuid.UUID(tenant_id),
+                    uuid.UUID(flow["connection_id"]),
+                    flow["expected_generation"],
+                    flow["created_at"],
+                    credential[0],
+                    credential[1],
+                    oauth,
+                    uuid.UUID(flow["registration_id"]),
+                )
+            )
+            if row is None:
+                status = await conn.fetchval(
+                    "SELECT status FROM integration_connections WHERE tenant_id = $1 AND id = $2",
+                    uuid.UUID(tenant_id),
+                    uuid.UUID(flow["connection_id"]),
+                )
+                if status is None:
+                    raise NotFound()
+                if status == "revoked":
+                    raise Conflict("connection is revoked")
+                raise Conflict(SUPERSEDED)
+            version = await conn.fetchval(
+                "SELECT coalesce(max(snapshot_version), 0) + 1 FROM connection_tool_snapshots WHERE connection_id = $1",
+                uuid.UUID(row["id"]),
+            )
+            snapshot = await self._connections._append_snapshot(conn, row["id"], version, photo)
+            return row, snapshot
+
+    async def store_rotated(self, connection_id: str, generation: int, credential: tuple[bytes, str]) -> bool:
+        """Replace the sealed refresh token after the server rotated it; ``False`` (nothing written) when the
+        connection is no longer active at ``generation`` (revoked, or re-authorized meanwhile)."""
+        async with self.pool.acquire() as conn:
+            done = await conn.fetchval(
+                "UPDATE integration_connections SET credential_sealed = $3, credential_key_id = $4, updated_at = now() "
+                "WHERE id = $1 AND authorization_generation = $2 AND status = 'active' RETURNING true",
+                uuid.UUID(connection_id),
+                generation,
+                credential[0],
+                credential[1],
+            )
+        return bool(done)
+
+    async def mark_error(self, connection_id: str, generation: int, reason: str) -> bool:
+        """A refresh failed for good (``invalid_grant``): the connection goes to ``error`` with the provider's
+        reason in ``oauth.last_error``, unless it was re-authorized or revoked meanwhile (``False``)."""
+        async with self.pool.acquire() as conn:
+            done = await conn.fetchval(
+                "UPDATE integration_connections SET status = 'error', credential_sealed = NULL, updated_at = now(), "
+                "oauth = coalesce(oauth, '{}'::jsonb) || jsonb_build_object('last_error', $3::text) "
+                "WHERE id = $1 AND authorization_generation = $2 AND status = 'active' RETURNING true",
+                uuid.UUID(connection_id),
+                generation,
+                reason,
+            )
+        return bool(done)
 
     @staticmethod
     async def _refusal(conn: Any, predicate: str, value: object) -> Exception:

@@ -12,7 +12,7 @@ import pytest
 from core.errors import Conflict, Forbidden, NotFound
 from core.tokens import token_digest
 from db.ids import new_id
-from db.oauth import OAuthRecords, flow_verifier_context, registration_secret_context
+from db.oauth import SUPERSEDED, OAuthRecords, flow_verifier_context, registration_secret_context
 from db.store import Row, Store
 from integrations.sealing import Sealer, generate_key, parse_key
 
@@ -182,3 +182,133 @@ async def test_unknown_flows_and_states_are_not_found(records: OAuthRecords) -> 
         await records.bind_browser("not-a-uuid", token_digest("cookie"))
     with pytest.raises(NotFound):
         await records.claim_flow(token_digest("no such state"), token_digest("cookie"))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Activation
+
+
+PHOTO = {"protocol_version": "2025-11-25", "tools": [{"name": "add"}], "digest": "sha256:test"}
+GRANT = {"issuer": ISSUER, "resource": "https://mcp.example.com/mcp", "scope": "mcp:tools offline_access"}
+
+
+async def claimed_flow(records: OAuthRecords, store: Store, sealer: Sealer, tenant: str, connection_id: str) -> Row:
+    """Start a flow for ``connection_id`` at its current generation and claim it from the right browser."""
+    async with store.pool.acquire() as conn:
+        generation = await conn.fetchval(
+            "SELECT authorization_generation FROM integration_connections WHERE id = $1", uuid.UUID(connection_id)
+        )
+    registration, _ = await records.save_registration(tenant, dcr("client"))
+    state = secrets.token_urlsafe(32)
+    flow = await records.start_flow(
+        tenant,
+        connection_id,
+        registration["id"],
+        state_hash=token_digest(state),
+        verifier=(sealer.seal("v", context=flow_verifier_context(tenant)), sealer.key_id),
+        resource=GRANT["resource"],
+        expected_generation=generation,
+    )
+    await records.bind_browser(flow["id"], token_digest("cookie"))
+    return await records.claim_flow(token_digest(state), token_digest("cookie"))
+
+
+def refresh_credential(sealer: Sealer, tenant: str, token: str) -> tuple[bytes, str]:
+    return sealer.seal(token, context=f"{tenant}:integration_connections.credential"), sealer.key_id
+
+
+async def test_activation_stores_the_sealed_grant_and_the_photograph(
+    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+) -> None:
+    cid = await pending_connection(store, tenant)
+    flow = await claimed_flow(records, store, sealer, tenant, cid)
+    row, snapshot = await records.activate(
+        tenant, flow, credential=refresh_credential(sealer, tenant, "rt-1"), oauth=GRANT, photo=PHOTO
+    )
+    assert row["status"] == "active" and row["authorization_generation"] == 1
+    assert snapshot["snapshot_version"] == 1 and snapshot["authorization_generation"] == 1
+    async with store.pool.acquire() as conn:
+        stored = await conn.fetchrow(
+            "SELECT credential_sealed, oauth, registration_id FROM integration_connections WHERE id = $1",
+            uuid.UUID(cid),
+        )
+    assert stored["oauth"] == GRANT and str(stored["registration_id"]) == flow["registration_id"]
+    assert b"rt-1" not in bytes(stored["credential_sealed"])
+
+
+async def test_of_two_concurrent_authorizations_exactly_one_wins(
+    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+) -> None:
+    cid = await pending_connection(store, tenant)
+    first = await claimed_flow(records, store, sealer, tenant, cid)
+    second = await claimed_flow(records, store, sealer, tenant, cid)
+    outcomes = await asyncio.gather(
+        *(
+            records.activate(tenant, f, credential=refresh_credential(sealer, tenant, "rt"), oauth=GRANT, photo=PHOTO)
+            for f in (first, second)
+        ),
+        return_exceptions=True,
+    )
+    winners = [o for o in outcomes if isinstance(o, tuple)]
+    losers = [o for o in outcomes if isinstance(o, Conflict)]
+    assert len(winners) == 1 and len(losers) == 1, outcomes
+    assert losers[0].message == SUPERSEDED
+
+    # A flow started before the activation stays superseded even if it arrives later.
+    with pytest.raises(Conflict, match="superseded"):
+        await records.activate(
+            tenant, first, credential=refresh_credential(sealer, tenant, "rt"), oauth=GRANT, photo=PHOTO
+        )
+
+
+async def test_reconnecting_an_active_connection_bumps_the_generation(
+    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+) -> None:
+    cid = await pending_connection(store, tenant)
+    flow = await claimed_flow(records, store, sealer, tenant, cid)
+    await records.activate(tenant, flow, credential=refresh_credential(sealer, tenant, "a"), oauth=GRANT, photo=PHOTO)
+    again = await claimed_flow(records, store, sealer, tenant, cid)
+    row, snapshot = await records.activate(
+        tenant, again, credential=refresh_credential(sealer, tenant, "b"), oauth=GRANT, photo=PHOTO
+    )
+    assert row["authorization_generation"] == 2
+    assert (snapshot["snapshot_version"], snapshot["authorization_generation"]) == (2, 2)
+
+    # The broker's writes under the old generation change nothing.
+    assert not await records.store_rotated(cid, 1, refresh_credential(sealer, tenant, "stale"))
+    assert not await records.mark_error(cid, 1, "invalid_grant: stale")
+    assert await records.store_rotated(cid, 2, refresh_credential(sealer, tenant, "c"))
+
+
+async def test_a_failed_refresh_moves_the_connection_to_error_with_the_reason(
+    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+) -> None:
+    cid = await pending_connection(store, tenant)
+    flow = await claimed_flow(records, store, sealer, tenant, cid)
+    await records.activate(tenant, flow, credential=refresh_credential(sealer, tenant, "a"), oauth=GRANT, photo=PHOTO)
+    assert await records.mark_error(cid, 1, "grant request is invalid")
+    async with store.pool.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT status, credential_sealed, oauth FROM integration_connections WHERE id = $1", uuid.UUID(cid)
+        )
+    assert row["status"] == "error" and row["credential_sealed"] is None
+    assert row["oauth"]["last_error"] == "grant request is invalid"
+    # A new sign-in revives it.
+    again = await claimed_flow(records, store, sealer, tenant, cid)
+    revived, _ = await records.activate(
+        tenant, again, credential=refresh_credential(sealer, tenant, "b"), oauth=GRANT, photo=PHOTO
+    )
+    assert revived["status"] == "active" and revived["authorization_generation"] == 2
+
+
+async def test_a_revoked_connection_cannot_be_activated(
+    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+) -> None:
+    cid = await pending_connection(store, tenant)
+    flow = await claimed_flow(records, store, sealer, tenant, cid)
+    async with store.pool.acquire() as conn:
+        await conn.execute("UPDATE integration_connections SET status = 'revoked' WHERE id = $1", uuid.UUID(cid))
+    with pytest.raises(Conflict, match="revoked"):
+        await records.activate(
+            tenant, flow, credential=refresh_credential(sealer, tenant, "a"), oauth=GRANT, photo=PHOTO
+        )

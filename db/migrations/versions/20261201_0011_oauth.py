@@ -13,8 +13,9 @@ with their key id beside them, like connection credentials.
 the PKCE verifier sealed, and the connection's authorization generation when the flow started (the activation's
 compare-and-swap input). ``consumed_at`` makes a flow single-use; ``expires_at`` bounds it (600 s by default).
 
-``integration_connections`` gains ``oauth`` (what discovery found: issuer, endpoints, resource, scope; no secret)
-and ``registration_id``.
+``integration_connections`` gains ``oauth`` (what discovery found: issuer, endpoints, resource, scope; no secret),
+``registration_id`` and ``oauth_activated_at``: an activation wins only if the connection is still at the flow's
+generation and was not activated since the flow started, so of two concurrent re-authorizations exactly one wins.
 """
 
 from alembic import op
@@ -46,6 +47,7 @@ STATEMENTS = [
     "(tenant_id, issuer, redirect_uri) WHERE source IN ('dcr', 'cimd')",
     "ALTER TABLE integration_connections ADD COLUMN oauth jsonb",
     "ALTER TABLE integration_connections ADD COLUMN registration_id uuid REFERENCES oauth_client_registrations(id)",
+    "ALTER TABLE integration_connections ADD COLUMN oauth_activated_at timestamptz",
     """
     CREATE TABLE connector_oauth_flows (
         id uuid PRIMARY KEY,
@@ -75,6 +77,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP TABLE IF EXISTS connector_oauth_flows")
+    op.execute("ALTER TABLE integration_connections DROP COLUMN IF EXISTS oauth_activated_at")
     op.execute("ALTER TABLE integration_connections DROP COLUMN IF EXISTS registration_id")
     op.execute("ALTER TABLE integration_connections DROP COLUMN IF EXISTS oauth")
     op.execute("DROP TABLE IF EXISTS oauth_client_registrations")
