@@ -35,7 +35,8 @@ REGISTRATION_SECRETS = (
     "client_secret_sealed, client_secret_key_id, registration_access_token_sealed, registration_access_token_key_id"
 )
 FLOW_FIELDS = (
-    "id, tenant_id, connection_id, registration_id, resource, expected_generation, created_by_user_id, created_at, "
+    "id, tenant_id, connection_id, registration_id, resource, discovery, expected_generation, created_by_user_id, "
+    "created_at, "
     "expires_at, consumed_at, browser_hash IS NOT NULL AS browser_bound"
 )
 
@@ -142,16 +143,19 @@ class OAuthRecords:
         verifier: tuple[bytes, str],
         resource: str,
         expected_generation: int,
+        discovery: dict[str, Any] | None = None,
         created_by_user_id: str | None = None,
         ttl: timedelta = FLOW_TTL,
     ) -> Row:
-        """Record a new browser leg; it expires ``ttl`` after now (database time)."""
+        """Record a new browser leg; it expires ``ttl`` after now (database time). ``discovery`` is what the
+        callback needs to redeem the code (endpoints, resource; nothing secret)."""
         async with self.pool.acquire() as conn:
             row = _row(
                 await conn.fetchrow(
                     "INSERT INTO connector_oauth_flows (id, tenant_id, connection_id, registration_id, state_hash, "
-                    "pkce_verifier_sealed, pkce_verifier_key_id, resource, expected_generation, created_by_user_id, "
-                    "expires_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10, now() + $11::interval) "
+                    "pkce_verifier_sealed, pkce_verifier_key_id, resource, discovery, expected_generation, "
+                    "created_by_user_id, expires_at) "
+                    "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11, now() + $12::interval) "
                     f"RETURNING {FLOW_FIELDS}",
                     uuid.UUID(new_id()),
                     uuid.UUID(tenant_id),
@@ -161,6 +165,7 @@ class OAuthRecords:
                     verifier[0],
                     verifier[1],
                     resource,
+                    discovery or {},
                     expected_generation,
                     uuid.UUID(created_by_user_id) if created_by_user_id else None,
                     ttl,

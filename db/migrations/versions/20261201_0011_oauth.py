@@ -10,7 +10,8 @@ connection it came with, so it never takes that slot. Secrets (client secret, re
 with their key id beside them, like connection credentials.
 
 ``connector_oauth_flows`` is one browser leg: the state and the browser cookie are stored only as SHA-256 digests,
-the PKCE verifier sealed, and the connection's authorization generation when the flow started (the activation's
+the PKCE verifier sealed, what discovery found (``discovery``: endpoints and resource, no secret) and the
+connection's authorization generation when the flow started (the activation's
 compare-and-swap input). ``consumed_at`` makes a flow single-use; ``expires_at`` bounds it (600 s by default).
 
 ``integration_connections`` gains ``oauth`` (what discovery found: issuer, endpoints, resource, scope; no secret),
@@ -59,6 +60,7 @@ STATEMENTS = [
         pkce_verifier_sealed bytea NOT NULL,
         pkce_verifier_key_id text NOT NULL,
         resource text NOT NULL,
+        discovery jsonb NOT NULL,
         expected_generation integer NOT NULL,
         created_by_user_id uuid,
         created_at timestamptz NOT NULL DEFAULT now(),
