@@ -14,7 +14,9 @@ Secrets arrive sealed (``integrations.sealing``) with their key id; digests arri
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
 from typing import Any
 
 from core.errors import Conflict, Forbidden, NotFound
@@ -22,7 +24,14 @@ from db.connections import CONNECTION_FIELDS, Connections
 from db.ids import new_id
 from db.store import Row, Store, _row
 
-__all__ = ["FLOW_TTL", "SUPERSEDED", "OAuthRecords", "flow_verifier_context", "registration_secret_context"]
+__all__ = [
+    "FLOW_TTL",
+    "SUPERSEDED",
+    "GrantLock",
+    "OAuthRecords",
+    "flow_verifier_context",
+    "registration_secret_context",
+]
 
 FLOW_TTL = timedelta(seconds=600)
 SUPERSEDED = "this authorization was superseded by a newer one — restart the connect flow"
@@ -229,6 +238,7 @@ class OAuthRecords:
         credential: tuple[bytes, str],
         oauth: dict[str, Any],
         photo: dict[str, Any],
+        access: tuple[bytes, str, datetime | None] | None = None,
     ) -> tuple[Row, Row]:
         """Make the flow's connection active under its new grant and append the photograph taken with it.
 
@@ -236,8 +246,10 @@ class OAuthRecords:
         has not been activated since the flow started (so of two concurrent re-authorizations exactly one wins; the
         other gets :data:`SUPERSEDED` as a :class:`Conflict`). Activating a connection that was active before bumps
         ``authorization_generation``, so bindings frozen under the old grant fail closed. ``credential`` is the
-        sealed refresh token; ``oauth`` the non-secret grant description (issuer, endpoints, resource, scope).
+        sealed refresh token; ``oauth`` the non-secret grant description (issuer, endpoints, resource, scope);
+        ``access`` the first access token (sealed, key id, expiry), shared with every process that needs it.
         """
+        access_blob, access_key, access_expiry = access or (None, None, None)
         async with self.pool.acquire() as conn, conn.transaction():
             row = _row(
                 await conn.fetchrow(
@@ -245,7 +257,8 @@ class OAuthRecords:
                     "credential_key_id = $6, oauth = $7, registration_id = $8, "
                     "authorization_generation = authorization_generation "
                     "+ CASE WHEN oauth_activated_at IS NULL THEN 0 ELSE 1 END, "
-                    "oauth_activated_at = clock_timestamp(), updated_at = now() "
+                    "oauth_activated_at = clock_timestamp(), updated_at = now(), "
+                    "access_token_sealed = $9, access_token_key_id = $10, access_expires_at = $11 "
                     "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND status <> 'revoked' "
                     "AND authorization_generation = $3 AND (oauth_activated_at IS NULL OR oauth_activated_at < $4) "
                     f"RETURNING {CONNECTION_FIELDS}",
@@ -257,6 +270,9 @@ class OAuthRecords:
                     credential[1],
                     oauth,
                     uuid.UUID(flow["registration_id"]),
+                    access_blob,
+                    access_key,
+                    access_expiry,
                 )
             )
             if row is None:
@@ -276,6 +292,38 @@ class OAuthRecords:
             )
             snapshot = await self._connections._append_snapshot(conn, row["id"], version, photo)
             return row, snapshot
+
+    @asynccontextmanager
+    async def locked_grant(self, tenant_id: str, connection_id: str, generation: int) -> AsyncIterator[GrantLock]:
+        """Hold the connection's row lock for one refresh (across every API and worker process).
+
+        Yields the grant (sealed refresh and access tokens, ``oauth``, the registration with its sealed secrets)
+        while the connection is active at ``generation``; otherwise raises :class:`Conflict` (re-authorized) or
+        :class:`NotFound` (revoked, in error, gone). Writes made through the lock commit when the block exits.
+        """
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = _row(
+                await conn.fetchrow(
+                    "SELECT c.status, c.authorization_generation, c.credential_sealed, c.access_token_sealed, "
+                    "c.access_expires_at, c.oauth, c.registration_id FROM integration_connections c "
+                    "WHERE c.tenant_id = $1 AND c.id = $2 AND c.auth_kind = 'oauth' FOR UPDATE",
+                    uuid.UUID(tenant_id),
+                    uuid.UUID(connection_id),
+                )
+            )
+            if row is None or row["status"] != "active" or row["credential_sealed"] is None:
+                raise NotFound("the connection is not active")
+            if row["authorization_generation"] != generation:
+                raise Conflict("the connection was re-authorized; this binding is stale")
+            registration = _row(
+                await conn.fetchrow(
+                    f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
+                    "WHERE id = $1",
+                    uuid.UUID(row["registration_id"]),
+                )
+            )
+            assert registration is not None  # registrations are never deleted
+            yield GrantLock(conn, connection_id, row, registration)
 
     async def store_rotated(self, connection_id: str, generation: int, credential: tuple[bytes, str]) -> bool:
         """Replace the sealed refresh token after the server rotated it; ``False`` (nothing written) when the
@@ -297,6 +345,7 @@ class OAuthRecords:
         async with self.pool.acquire() as conn:
             done = await conn.fetchval(
                 "UPDATE integration_connections SET status = 'error', credential_sealed = NULL, updated_at = now(), "
+                "access_token_sealed = NULL, access_expires_at = NULL, "
                 "oauth = coalesce(oauth, '{}'::jsonb) || jsonb_build_object('last_error', $3::text) "
                 "WHERE id = $1 AND authorization_generation = $2 AND status = 'active' RETURNING true",
                 uuid.UUID(connection_id),
@@ -320,3 +369,37 @@ class OAuthRecords:
         if row["expired"]:
             return NotFound("this sign-in expired; start the connection again")
         return Forbidden("this sign-in was started in another browser; finish it there or start again")
+
+
+class GrantLock:
+    """One connection's grant under its row lock (see :meth:`OAuthRecords.locked_grant`)."""
+
+    def __init__(self, conn: Any, connection_id: str, row: Row, registration: Row) -> None:
+        self._conn = conn
+        self.connection_id = connection_id
+        self.row = row
+        self.registration = registration
+
+    async def save(self, *, access: tuple[bytes, str, datetime | None], refresh: tuple[bytes, str] | None) -> None:
+        """Store a refreshed access token and, when the server rotated it, the new refresh token."""
+        await self._conn.execute(
+            "UPDATE integration_connections SET access_token_sealed = $2, access_token_key_id = $3, "
+            "access_expires_at = $4, credential_sealed = coalesce($5, credential_sealed), "
+            "credential_key_id = coalesce($6, credential_key_id), updated_at = now() WHERE id = $1",
+            uuid.UUID(self.connection_id),
+            access[0],
+            access[1],
+            access[2],
+            refresh[0] if refresh else None,
+            refresh[1] if refresh else None,
+        )
+
+    async def fail(self, reason: str) -> None:
+        """The grant is gone for good: ``error`` status, no tokens kept, the provider's reason recorded."""
+        await self._conn.execute(
+            "UPDATE integration_connections SET status = 'error', credential_sealed = NULL, "
+            "access_token_sealed = NULL, access_expires_at = NULL, updated_at = now(), "
+            "oauth = coalesce(oauth, '{}'::jsonb) || jsonb_build_object('last_error', $2::text) WHERE id = $1",
+            uuid.UUID(self.connection_id),
+            reason,
+        )

@@ -33,6 +33,7 @@ from integrations import mcp_client
 from integrations.oauth import ClientIdentity, Discovery, OAuthClient, TokenSet, parse_callback
 from integrations.sealing import Sealer
 from integrations.urls import AdmittedUrl, UrlPolicy
+from services.oauth_tokens import access_context
 
 __all__ = ["Activated", "OAuthConnect", "Photographer", "StartedFlow"]
 
@@ -204,10 +205,12 @@ class OAuthConnect:
             pin=pin,
         )
         sealed = self.sealer.seal(tokens.refresh_token.get_secret_value(), context=credential_context(tenant_id))
+        access = self.sealer.seal(tokens.access_token.get_secret_value(), context=access_context(tenant_id))
         row, snapshot = await self.records.activate(
             tenant_id,
             flow,
             credential=(sealed, self.sealer.key_id),
+            access=(access, self.sealer.key_id, tokens.expires_at),
             oauth=_grant_document(discovery, identity, tokens),
             photo={"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest},
         )
@@ -229,6 +232,7 @@ def _grant_document(discovery: Discovery, identity: ClientIdentity, tokens: Toke
     server = discovery.authorization_server
     return {
         "issuer": server.issuer,
+        "authorization_endpoint": server.authorization_endpoint,
         "token_endpoint": server.token_endpoint,
         "revocation_endpoint": server.revocation_endpoint,
         "resource": discovery.resource,

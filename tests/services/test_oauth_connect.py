@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
@@ -21,31 +20,14 @@ from db.oauth import SUPERSEDED
 from db.store import Row, Store
 from integrations import mcp_client
 from integrations.oauth import AuthorizationFailed, OAuthClient
-from integrations.sealing import Sealer, generate_key, parse_key
+from integrations.sealing import Sealer
 from integrations.urls import UrlPolicy
 from services.oauth_connect import Activated, OAuthConnect
-from tests.mcp_servers import RunningServer, serve
-from tests.oauth_servers import AuthorizationServer, authorization_server, protected
+from tests.mcp_servers import RunningServer
+from tests.oauth_servers import AuthorizationServer
 
 REDIRECT_URI = "http://127.0.0.1:8787/v1/oauth/callback"
 BROWSER = token_digest("the-browser-cookie")
-
-
-@pytest.fixture(scope="module")
-async def auth() -> AsyncIterator[AuthorizationServer]:
-    async with authorization_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-async def mcp(auth: AuthorizationServer) -> AsyncIterator[RunningServer]:
-    async with serve(protected(auth)) as server:
-        yield server
-
-
-@pytest.fixture
-def sealer() -> Sealer:
-    return Sealer(parse_key(generate_key()))
 
 
 @pytest.fixture

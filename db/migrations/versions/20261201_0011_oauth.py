@@ -17,6 +17,9 @@ compare-and-swap input). ``consumed_at`` makes a flow single-use; ``expires_at``
 ``integration_connections`` gains ``oauth`` (what discovery found: issuer, endpoints, resource, scope; no secret),
 ``registration_id`` and ``oauth_activated_at``: an activation wins only if the connection is still at the flow's
 generation and was not activated since the flow started, so of two concurrent re-authorizations exactly one wins.
+``access_token_sealed`` / ``access_expires_at`` share the current access token between API and worker processes, so
+a refresh (serialized by a row lock) happens once per expiry, not once per process; ``credential_sealed`` holds
+the refresh token of an OAuth connection.
 """
 
 from alembic import op
@@ -49,6 +52,9 @@ STATEMENTS = [
     "ALTER TABLE integration_connections ADD COLUMN oauth jsonb",
     "ALTER TABLE integration_connections ADD COLUMN registration_id uuid REFERENCES oauth_client_registrations(id)",
     "ALTER TABLE integration_connections ADD COLUMN oauth_activated_at timestamptz",
+    "ALTER TABLE integration_connections ADD COLUMN access_token_sealed bytea",
+    "ALTER TABLE integration_connections ADD COLUMN access_token_key_id text",
+    "ALTER TABLE integration_connections ADD COLUMN access_expires_at timestamptz",
     """
     CREATE TABLE connector_oauth_flows (
         id uuid PRIMARY KEY,
@@ -79,7 +85,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP TABLE IF EXISTS connector_oauth_flows")
-    op.execute("ALTER TABLE integration_connections DROP COLUMN IF EXISTS oauth_activated_at")
+    for column in ("access_expires_at", "access_token_key_id", "access_token_sealed", "oauth_activated_at"):
+        op.execute(f"ALTER TABLE integration_connections DROP COLUMN IF EXISTS {column}")
     op.execute("ALTER TABLE integration_connections DROP COLUMN IF EXISTS registration_id")
     op.execute("ALTER TABLE integration_connections DROP COLUMN IF EXISTS oauth")
     op.execute("DROP TABLE IF EXISTS oauth_client_registrations")
