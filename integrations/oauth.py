@@ -88,6 +88,7 @@ __all__ = [
     "RegistrationFailed",
     "TokenRequestFailed",
     "TokenSet",
+    "client_metadata_document",
     "client_metadata_document_url",
     "needs_refresh",
     "parse_callback",
@@ -262,6 +263,25 @@ def client_metadata_document_url(public_url: str) -> str | None:
     return f"https://{parts.netloc}{parts.path.rstrip('/')}/.well-known/fluidbox-client.json"
 
 
+def client_metadata_document(public_url: str, client_name: str = "fluidbox") -> dict[str, Any]:
+    """The Client ID Metadata Document served at :func:`client_metadata_document_url` (its own URL is the
+    ``client_id``): a public client using PKCE and refresh tokens, redirecting to ``/v1/oauth/callback``."""
+    client_id = client_metadata_document_url(public_url)
+    if client_id is None:
+        raise ValueError("a Client ID Metadata Document needs an https, non-loopback public URL")
+    base = public_url.rstrip("/")
+    return {
+        "client_id": client_id,
+        "client_name": client_name,
+        "client_uri": base,
+        "redirect_uris": [f"{base}/v1/oauth/callback"],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+        "application_type": "web",
+    }
+
+
 def parse_callback(query: Mapping[str, str], expected_state: str) -> str:
     """The authorization code from a redirect's query, after checking ``state`` (constant time).
 
@@ -433,6 +453,7 @@ class OAuthClient:
         scope = get_client_metadata_scopes(
             challenge_scope, prm, metadata, client_grant_types=["authorization_code", "refresh_token"]
         )
+        logger.info("%s is protected by %s (resource %s)", _show(server_url), _show(issuer), _show(resource))
         return Discovery(
             server_url=server_url,
             resource=resource,

@@ -33,6 +33,7 @@ from integrations.oauth import (
     MissingRefreshToken,
     OAuthClient,
     TokenSet,
+    client_metadata_document,
     client_metadata_document_url,
     needs_refresh,
     parse_callback,
@@ -160,6 +161,12 @@ def test_the_client_metadata_document_url_exists_only_for_public_https_deploymen
     assert client_metadata_document_url("https://127.0.0.1:8787") is None
     assert client_metadata_document_url("https://localhost") is None
     assert client_metadata_document_url("https://[::1]:8787") is None
+    doc = client_metadata_document("https://fluidbox.example.com/")
+    assert doc["client_id"] == "https://fluidbox.example.com/.well-known/fluidbox-client.json"
+    assert doc["redirect_uris"] == ["https://fluidbox.example.com/v1/oauth/callback"]
+    assert doc["token_endpoint_auth_method"] == "none"
+    with pytest.raises(ValueError, match="https"):
+        client_metadata_document("http://127.0.0.1:8787")
 
 
 # --------------------------------------------------------------------------------------------------------------------
