@@ -9,6 +9,9 @@
 - ``rejected=<token>`` after the server answered 401 with that token: refresh even if it looks valid (once; the
   caller retries its call one time).
 
+The cache does not re-read the connection: callers check their binding first (the broker's binding check runs
+immediately before it touches a credential), and revoking a connection should :meth:`AccessTokens.evict` it.
+
 A refresh the server refuses with ``invalid_grant`` moves the connection to ``error`` with the provider's reason
 and raises :class:`GrantLost`; every binding to it fails closed from then on. A connection re-authorized since the
 caller's binding was frozen raises :class:`core.errors.Conflict`; one that is no longer active,
