@@ -4,10 +4,13 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# A third-party MCP server one integration test drives (pinned; project-local, git-ignored).
+# Third-party servers the integration tests drive (pinned; project-local, git-ignored): an MCP server, and
+# panva's certified OpenID provider as the OAuth authorization server (tests/oauth_provider.mjs configures it).
 NODE_DIR := .node
 EVERYTHING_VERSION := 2026.8.31
 EVERYTHING := $(NODE_DIR)/node_modules/@modelcontextprotocol/server-everything
+OIDC_PROVIDER_VERSION := 9.13.3
+OIDC_PROVIDER := $(NODE_DIR)/node_modules/oidc-provider
 
 .PHONY: install demo test lint typecheck up bench clean
 
@@ -22,6 +25,14 @@ install:
 	  echo "installing @modelcontextprotocol/server-everything@$(EVERYTHING_VERSION) into $(NODE_DIR)/…"; \
 	  npm install --prefix $(NODE_DIR) --save-exact --no-audit --no-fund --loglevel=error @modelcontextprotocol/server-everything@$(EVERYTHING_VERSION) >/dev/null \
 	    || { echo "npm install of @modelcontextprotocol/server-everything failed"; exit 1; }; \
+	fi
+	@if ! command -v npm >/dev/null; then \
+	  echo "npm is missing: skipping oidc-provider (tests/integrations/test_oauth_client.py needs it; install Node.js 20+)"; \
+	elif [ "$$(node -p 'require("./$(OIDC_PROVIDER)/package.json").version' 2>/dev/null)" = $(OIDC_PROVIDER_VERSION) ]; then :; \
+	else \
+	  echo "installing oidc-provider@$(OIDC_PROVIDER_VERSION) into $(NODE_DIR)/…"; \
+	  npm install --prefix $(NODE_DIR) --save-exact --no-audit --no-fund --loglevel=error oidc-provider@$(OIDC_PROVIDER_VERSION) >/dev/null \
+	    || { echo "npm install of oidc-provider failed"; exit 1; }; \
 	fi
 
 $(STAMP): pyproject.toml

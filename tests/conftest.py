@@ -1,8 +1,60 @@
-"""Shared test setup: a private XDG runtime dir for embedded PostgreSQL's lock files."""
+"""Shared test setup: a private XDG runtime dir for embedded PostgreSQL's lock files, and (for repository and
+service tests that need no stack) one embedded PostgreSQL per session, migrated to head once, with a tenant of
+its own per test (``tenant``), so tests share the database without seeing each other's rows."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from cli.stack import Postgres, ensure_database
+from core.redaction import Redactor
+from db.engine import create_pool, migrate
+from db.ids import new_id
+from db.store import Store
 
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="fbx-xdg-"))
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    # Short path: the server's unix socket lives in the data directory (107-byte limit).
+    home = Path(tempfile.mkdtemp(prefix="fbxdb-"))
+    pg = Postgres(home / "pg")
+    try:
+        yield pg.start()
+    finally:
+        pg.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+async def db_pool(postgres_url: str) -> AsyncIterator[asyncpg.Pool[Any]]:
+    url = await ensure_database(postgres_url, "fluidbox_db_tests")
+    await migrate(url)
+    p = await create_pool(url, min_size=1, max_size=8)
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@pytest.fixture
+def store(db_pool: asyncpg.Pool[Any]) -> Store:
+    return Store(db_pool, Redactor())
+
+
+@pytest.fixture
+async def tenant(db_pool: asyncpg.Pool[Any]) -> str:
+    tid = new_id()
+    async with db_pool.acquire() as conn:
+        await conn.execute("INSERT INTO tenants (id, name, slug) VALUES ($1, $2, $2)", uuid.UUID(tid), f"t-{tid}")
+    return tid

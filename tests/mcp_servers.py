@@ -246,12 +246,17 @@ async def _plain_response(send: Send, status: int, body: bytes, extra: list[tupl
 
 @dataclass
 class McpTestServer:
-    """A server recipe: ``build()`` makes a fresh ASGI app (an SDK app can run its lifespan only once)."""
+    """A server recipe: ``build()`` makes a fresh ASGI app (an SDK app can run its lifespan only once).
+
+    A recipe whose app must know its own URL (an OAuth resource server names itself in its metadata) sets
+    ``build_at`` instead; :func:`serve` calls it with the URL it is about to serve.
+    """
 
     name: str
     build: Callable[[Recorder], ASGIApp]
     recorder: Recorder = field(default_factory=Recorder)
     registry: ToolRegistry | None = None
+    build_at: Callable[[Recorder, str], ASGIApp] | None = None
 
 
 def _basic_mcp(recorder: Recorder) -> MCPServer:
@@ -565,8 +570,9 @@ async def serve(spec: McpTestServer, port: int = 0) -> AsyncIterator[RunningServ
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/mcp"
     config = uvicorn.Config(
-        spec.build(spec.recorder),
+        spec.build_at(spec.recorder, url) if spec.build_at is not None else spec.build(spec.recorder),
         log_level="warning",
         lifespan="on",
         ws="none",
@@ -592,7 +598,7 @@ async def serve(spec: McpTestServer, port: int = 0) -> AsyncIterator[RunningServ
         server.should_exit = True
         await asyncio.to_thread(thread.join, STOP_TIMEOUT)
         raise RuntimeError(f"MCP test server {spec.name!r} failed to start") from (errors[0] if errors else None)
-    running = RunningServer(spec, f"http://127.0.0.1:{port}/mcp", port, server, thread)
+    running = RunningServer(spec, url, port, server, thread)
     try:
         yield running
     finally:

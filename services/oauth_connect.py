@@ -1,0 +1,243 @@
+"""OAuth connect for MCP connections: the three legs the HTTP routes will call, with no FastAPI in sight.
+
+- :meth:`OAuthConnect.start` (behind ``POST /v1/connections/{id}/oauth/start``): discover the server's
+  authorization server, settle our client identity (reusing the tenant's registration for this issuer and
+  redirect URI, or registering and keeping whichever concurrent registration won), prepare the authorization
+  request and record the one-time flow (state digest, sealed verifier, the connection's current generation).
+  Returns the authorization URL for the route to carry, sealed, in the ``go_url``.
+- :meth:`OAuthConnect.open` (behind ``GET /v1/oauth/go``): bind the flow to the browser's cookie digest.
+- :meth:`OAuthConnect.complete` (behind ``GET /v1/oauth/callback``): claim the flow exactly once from that
+  browser, redeem the code (verifier + resource), require and seal the refresh token, photograph the server's tools
+  with the new access token, and activate the connection by compare-and-swap.
+
+Errors: the integration's (:mod:`integrations.oauth`, :mod:`integrations.mcp_client`) and the repository's
+(:mod:`core.errors`) pass through; the route maps them to its answer. Nothing here logs a token.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import SecretStr
+
+from core.errors import BadRequest, Conflict, NotFound
+from core.tokens import token_digest
+from db.connections import Connections, credential_context
+from db.oauth import OAuthRecords, flow_verifier_context, registration_secret_context
+from db.store import Row, Store
+from integrations import mcp_client
+from integrations.oauth import ClientIdentity, Discovery, OAuthClient, TokenSet, parse_callback
+from integrations.sealing import Sealer
+from integrations.urls import AdmittedUrl, UrlPolicy
+from services.oauth_tokens import access_context
+
+__all__ = ["Activated", "OAuthConnect", "Photographer", "StartedFlow"]
+
+log = logging.getLogger("fluidbox.services.oauth_connect")
+
+Photographer = Callable[..., Awaitable[mcp_client.Photograph]]
+
+
+@dataclass(frozen=True)
+class StartedFlow:
+    flow_id: str
+    authorization_url: str
+    """Carries ``state``: hand it to the browser only through the sealed ``go_url``."""
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Activated:
+    connection: Row
+    snapshot: Row
+    tokens: TokenSet
+    """The fresh access token is usable at once (the broker may cache it); the refresh token is already sealed."""
+
+
+class OAuthConnect:
+    def __init__(
+        self,
+        store: Store,
+        sealer: Sealer,
+        client: OAuthClient,
+        policy: UrlPolicy,
+        *,
+        redirect_uri: str,
+        metadata_document_url: str | None = None,
+        photographer: Photographer = mcp_client.photograph,
+    ) -> None:
+        """Wire the legs.
+
+        Args:
+            redirect_uri: ``<public URL>/v1/oauth/callback``.
+            metadata_document_url: our Client ID Metadata Document URL, when the deployment has one
+                (``integrations.oauth.client_metadata_document_url``).
+            photographer: ``integrations.mcp_client.photograph`` (the tools are photographed under the new grant).
+        """
+        self.records = OAuthRecords(store)
+        self.store = store
+        self.sealer = sealer
+        self.client = client
+        self.policy = policy
+        self.redirect_uri = redirect_uri
+        self.metadata_document_url = metadata_document_url
+        self.photographer = photographer
+
+    # ---- start ---------------------------------------------------------------------------------
+
+    async def start(self, tenant_id: str, connection: Row, *, actor_user_id: str | None = None) -> StartedFlow:
+        """Prepare a browser leg for ``connection`` (an ``oauth`` connection that is not revoked)."""
+        if connection.get("auth_kind") != "oauth":
+            raise BadRequest("this connection does not use OAuth")
+        if connection.get("status") == "revoked":
+            raise Conflict("connection is revoked")
+        discovery = await self.client.discover(connection["base_url"])
+        identity, registration_id = await self._identity(tenant_id, discovery)
+        request = self.client.authorization_request(discovery, identity)
+        verifier = self.sealer.seal(request.code_verifier.get_secret_value(), context=flow_verifier_context(tenant_id))
+        flow = await self.records.start_flow(
+            tenant_id,
+            connection["id"],
+            registration_id,
+            state_hash=token_digest(request.state.get_secret_value()),
+            verifier=(verifier, self.sealer.key_id),
+            resource=discovery.resource,
+            discovery=discovery.model_dump(mode="json"),
+            expected_generation=int(connection["authorization_generation"]),
+            created_by_user_id=actor_user_id,
+        )
+        log.info(
+            "oauth flow %s started for connection %s at %s",
+            flow["id"],
+            connection["id"],
+            discovery.authorization_server.issuer,
+        )
+        return StartedFlow(flow["id"], request.url, flow["expires_at"])
+
+    async def _identity(self, tenant_id: str, discovery: Discovery) -> tuple[ClientIdentity, str]:
+        issuer = discovery.authorization_server.issuer
+        known_row = await self.records.reusable_registration(tenant_id, issuer, self.redirect_uri)
+        known = self._identity_from_row(tenant_id, known_row) if known_row else None
+        identity = await self.client.identify(
+            discovery, self.redirect_uri, metadata_document_url=self.metadata_document_url, known=known
+        )
+        if known is not None and identity == known and known_row is not None:
+            return identity, known_row["id"]
+        secret = identity.client_secret
+        access = identity.registration_access_token
+        row, created = await self.records.save_registration(
+            tenant_id,
+            {
+                "issuer": identity.issuer,
+                "redirect_uri": identity.redirect_uri,
+                "source": identity.source,
+                "client_id": identity.client_id,
+                "token_endpoint_auth_method": identity.token_endpoint_auth_method,
+                "registration_client_uri": identity.registration_client_uri,
+            },
+            client_secret=self._seal(tenant_id, "client_secret", secret),
+            registration_access_token=self._seal(tenant_id, "registration_access_token", access),
+        )
+        if not created:  # a concurrent flow registered first: use its identity, ours is never used
+            return self._identity_from_row(tenant_id, row), row["id"]
+        return identity, row["id"]
+
+    def _seal(self, tenant_id: str, column: str, secret: SecretStr | None) -> tuple[bytes, str] | None:
+        if secret is None:
+            return None
+        context = registration_secret_context(tenant_id, column)
+        return self.sealer.seal(secret.get_secret_value(), context=context), self.sealer.key_id
+
+    def _identity_from_row(self, tenant_id: str, row: Row) -> ClientIdentity:
+        def unseal(column: str) -> SecretStr | None:
+            blob = row.get(f"{column}_sealed")
+            if blob is None:
+                return None
+            context = registration_secret_context(tenant_id, column)
+            return SecretStr(self.sealer.open(bytes(blob), context=context).decode())
+
+        return ClientIdentity(
+            issuer=row["issuer"],
+            client_id=row["client_id"],
+            client_secret=unseal("client_secret"),
+            token_endpoint_auth_method=row["token_endpoint_auth_method"],
+            source=row["source"],
+            redirect_uri=row["redirect_uri"],
+            registration_access_token=unseal("registration_access_token"),
+            registration_client_uri=row.get("registration_client_uri"),
+        )
+
+    # ---- go ------------------------------------------------------------------------------------
+
+    async def open(self, flow_id: str, browser_hash: str) -> Row:
+        """The browser opened the sign-in link: bind the flow to its cookie digest."""
+        return await self.records.bind_browser(flow_id, browser_hash)
+
+    # ---- callback ------------------------------------------------------------------------------
+
+    async def complete(self, query: Mapping[str, str], browser_hash: str | None) -> Activated:
+        """Finish the flow named by the callback's ``state``; see the module docstring."""
+        state = query.get("state")
+        if not state:
+            raise BadRequest("the authorization response carries no state")
+        flow = await self.records.claim_flow(token_digest(state), browser_hash)
+        tenant_id = flow["tenant_id"]
+        code = parse_callback(query, state)
+        registration = await self.records.registration(tenant_id, flow["registration_id"])
+        connection = await self._connection(tenant_id, flow["connection_id"])
+        if registration is None:
+            raise NotFound("the client registration of this sign-in is gone; start again")
+        identity = self._identity_from_row(tenant_id, registration)
+        discovery = Discovery.model_validate(flow["discovery"])
+        verifier = self.sealer.open(bytes(flow["pkce_verifier_sealed"]), context=flow_verifier_context(tenant_id))
+        tokens = await self.client.exchange_code(
+            discovery.authorization_server, identity, code, SecretStr(verifier.decode()), discovery.resource
+        )
+        assert tokens.refresh_token is not None  # exchange_code refuses an answer without one
+        pin = await self._admit(connection["base_url"])
+        photo = await self.photographer(
+            connection["base_url"],
+            {"Authorization": f"Bearer {tokens.access_token.get_secret_value()}"},
+            pin=pin,
+        )
+        sealed = self.sealer.seal(tokens.refresh_token.get_secret_value(), context=credential_context(tenant_id))
+        access = self.sealer.seal(tokens.access_token.get_secret_value(), context=access_context(tenant_id))
+        row, snapshot = await self.records.activate(
+            tenant_id,
+            flow,
+            credential=(sealed, self.sealer.key_id),
+            access=(access, self.sealer.key_id, tokens.expires_at),
+            oauth=_grant_document(discovery, identity, tokens),
+            photo={"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest},
+        )
+        log.info("oauth connection %s active at generation %s", row["id"], row["authorization_generation"])
+        return Activated(row, snapshot, tokens)
+
+    async def _connection(self, tenant_id: str, connection_id: str) -> Row:
+        row = await Connections(self.store).get(tenant_id, connection_id)
+        if row is None:
+            raise NotFound()
+        return row
+
+    async def _admit(self, url: str) -> AdmittedUrl:
+        return await self.policy.admit(url)
+
+
+def _grant_document(discovery: Discovery, identity: ClientIdentity, tokens: TokenSet) -> dict[str, Any]:
+    """What the connection records about its grant: enough for the broker to refresh, nothing secret."""
+    server = discovery.authorization_server
+    return {
+        "issuer": server.issuer,
+        "authorization_endpoint": server.authorization_endpoint,
+        "token_endpoint": server.token_endpoint,
+        "revocation_endpoint": server.revocation_endpoint,
+        "resource": discovery.resource,
+        "resource_metadata_url": discovery.resource_metadata_url,
+        "client_id": identity.client_id,
+        "client_source": identity.source,
+        "scope": tokens.scope or discovery.scope,
+    }
