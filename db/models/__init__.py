@@ -22,6 +22,7 @@ from db.models.connections import (
 from db.models.deliveries import Delivery
 from db.models.identity import AuthAuditLog, OrgMembership, Tenant, User
 from db.models.ledger import Event
+from db.models.oauth import ConnectorOAuthFlow, OAuthClientRegistration
 from db.models.policies import Policy, PolicyVersion
 from db.models.runs import Artifact, Run, RunFinalization
 from db.models.tokens import ApiToken
@@ -55,10 +56,12 @@ __all__ = [
     "CapabilityBundle",
     "ConnectionToolSnapshot",
     "ConnectorCatalogEntry",
+    "ConnectorOAuthFlow",
     "Delivery",
     "Event",
     "IntegrationConnection",
     "LlmReservation",
+    "OAuthClientRegistration",
     "OrgMembership",
     "Policy",
     "PolicyVersion",

@@ -48,6 +48,14 @@ class IntegrationConnection(SQLModel, table=True):
     created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
     updated_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
     created_by_user_id: uuid.UUID | None = Field(foreign_key="users.id")
+    # OAuth (migration 0011): what discovery found (no secret), our registration, the last activation, and
+    # the current access token shared by every process (``credential_sealed`` holds the refresh token).
+    oauth: dict[str, Any] | None = Field(sa_type=JSONB)
+    registration_id: uuid.UUID | None = Field(foreign_key="oauth_client_registrations.id")
+    oauth_activated_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
+    access_token_sealed: bytes | None = Field(sa_type=BYTEA)
+    access_token_key_id: str | None = Field(sa_type=TEXT)
+    access_expires_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
 
 
 class ConnectionToolSnapshot(SQLModel, table=True):
