@@ -90,7 +90,10 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         workflows=[*WORKFLOWS, DeliveryWorkflow, ScheduleFireWorkflow],
         activities=[*acts.all(), *broker.all(), *delivery.all(), *schedules.all()],
         graceful_shutdown_timeout=timedelta(seconds=5),
-        max_concurrent_activities=200,
+        max_concurrent_activities=settings.worker_max_activities,
+        max_concurrent_local_activities=settings.worker_max_local_activities,
+        max_concurrent_workflow_tasks=settings.worker_max_workflow_tasks,
+        max_cached_workflows=settings.worker_max_cached_workflows,
     )
     log.info("worker polling task queue %s on %s", settings.task_queue, settings.temporal_target)
     async with worker:

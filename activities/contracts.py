@@ -10,7 +10,9 @@ AGENT_NAME = SearchAttributeKey.for_keyword("AgentName")
 SEARCH_ATTRIBUTES = {"RunStatus": "Keyword", "AgentName": "Keyword"}
 
 PROVISION = "provision_run"
+# Runs started before liveness moved to workflow timers still run this long activity until they end.
 SUPERVISE = "supervise_run"
+CHECK_LIVENESS = "check_liveness"  # a local activity: one DB read and one sandbox status
 REQUEST_FINALIZATION = "request_finalization"
 BEGIN_FINALIZE = "begin_finalize"
 AWAIT_SANDBOX_EXIT = "await_sandbox_exit"
@@ -24,6 +26,7 @@ BROKER_CALL = "broker_call"
 ALL_ACTIVITIES = (
     PROVISION,
     SUPERVISE,
+    CHECK_LIVENESS,
     REQUEST_FINALIZATION,
     BEGIN_FINALIZE,
     AWAIT_SANDBOX_EXIT,
@@ -81,6 +84,16 @@ class SuperviseIn(BaseModel):
 
 class SuperviseOut(BaseModel):
     reason: str  # "intent" | "dead" | "stale"
+    message: str | None = None
+
+
+class LivenessIn(BaseModel):
+    run_id: str
+    heartbeat_stale_secs: float
+
+
+class LivenessOut(BaseModel):
+    state: str  # "ok" | "intent" (wind down) | "exited" (the sandbox is not running) | "stale" (runner silent)
     message: str | None = None
 
 

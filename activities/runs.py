@@ -122,7 +122,9 @@ class RunActivities:
 
     @activity.defn(name=c.SUPERVISE)
     async def supervise(self, inp: c.SuperviseIn) -> c.SuperviseOut:
-        """Return when the run has a wind-down intent, its sandbox died, or its runner went silent."""
+        """Runs started before issue 12 only (new runs use ``check_liveness`` on a workflow timer).
+
+        Return when the run has a wind-down intent, its sandbox died, or its runner went silent."""
         timing = inp.timing
         exited_checks = 0
         while True:
@@ -146,6 +148,23 @@ class RunActivities:
                     message=f"runner stopped heartbeating (silent for {int(live['silent_secs'])}s)",
                 )
             await asyncio.sleep(timing.liveness_check_secs if exited_checks == 0 else 1.0)
+
+    @activity.defn(name=c.CHECK_LIVENESS)
+    async def check_liveness(self, inp: c.LivenessIn) -> c.LivenessOut:
+        """One look at the run: a wind-down intent, a sandbox that is not running, or a silent runner."""
+        live = await self.store.liveness(inp.run_id)
+        if live["has_intent"] or is_terminal(live["status"]):
+            return c.LivenessOut(state="intent")
+        row = await self.store.get_run(None, inp.run_id)
+        handle = self._handle(row or {})
+        state = await self.provider.status(handle) if handle else "missing"
+        if state != "running":
+            return c.LivenessOut(state="exited", message="sandbox died (runner exited without reporting a result)")
+        if live["silent_secs"] > inp.heartbeat_stale_secs:
+            return c.LivenessOut(
+                state="stale", message=f"runner stopped heartbeating (silent for {int(live['silent_secs'])}s)"
+            )
+        return c.LivenessOut(state="ok")
 
     @activity.defn(name=c.REQUEST_FINALIZATION)
     async def request_finalization(self, inp: c.FinalizationIn) -> c.StatusOut:
@@ -299,6 +318,7 @@ class RunActivities:
         return [
             self.provision,
             self.supervise,
+            self.check_liveness,
             self.request_finalization,
             self.begin_finalize,
             self.await_sandbox_exit,

@@ -37,6 +37,14 @@ class Settings(BaseSettings):
     # The sandbox's syscall filter (sandbox/seccomp.py): ptrace, new namespaces, mounts, io_uring, BPF… refused.
     sandbox_syscall_filter: bool = True
 
+    # Worker slots (per worker process). No run holds a slot while it waits: liveness is a workflow timer plus a
+    # short local activity, so these bound how many steps run at once, never how many runs can be live.
+    worker_max_activities: int = Field(default=100, ge=1)
+    worker_max_local_activities: int = Field(default=100, ge=1)
+    worker_max_workflow_tasks: int = Field(default=100, ge=2)
+    # Live runs whose workflow state stays in memory; past it a run's next task replays its history first.
+    worker_max_cached_workflows: int = Field(default=1000, ge=0)
+
     # Run supervision (seconds).
     heartbeat_secs: float = 10.0
     heartbeat_stale_secs: float = 60.0

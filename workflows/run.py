@@ -26,6 +26,8 @@ M = TypeVar("M")
 SHORT = timedelta(seconds=60)
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20))
 PROVISION_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+# workflow.patched id: liveness is a workflow timer plus a local activity, not one long activity (issue 12).
+LIVENESS_BY_TIMER = "liveness-by-timer"
 ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 
@@ -166,6 +168,79 @@ class RunWorkflow:
         return await self._finalize()
 
     async def _supervise(self) -> None:
+        # Runs recorded before liveness moved to timers replay (and finish) on the long activity.
+        if workflow.patched(LIVENESS_BY_TIMER):
+            await self._watch()
+        else:
+            await self._supervise_by_activity()
+
+    async def _watch(self) -> None:
+        """Wait for a wake-up, the wall clock, a move, or a failed liveness check; hold no worker slot meanwhile.
+
+        Each check is a timer and one local activity (a DB read and a sandbox status). The runner's
+        /result and a cancel signal the workflow, so the checks only have to catch deaths and hangs.
+        """
+        timing = self._inp.timing
+        budget = self._inp.max_wall_clock_secs
+        deadline = self._deadline(budget)
+        exited = 0  # consecutive checks that found the sandbox not running
+        while True:
+            # After a first "exited", look again soon: a just-posted /result may still be landing.
+            period = timing.liveness_check_secs if exited == 0 else min(1.0, timing.liveness_check_secs)
+            remaining = (deadline - workflow.now()).total_seconds() if deadline else None
+            if remaining is not None and remaining <= 0:
+                await self._exceed_wall_clock(budget)
+                return
+            try:
+                await workflow.wait_condition(
+                    lambda: self._wake or self._should_move(),
+                    timeout=timedelta(seconds=min(period, remaining) if remaining is not None else period),
+                )
+            except TimeoutError:
+                pass
+            if self._wake:
+                return
+            if deadline is not None and workflow.now() >= deadline:
+                continue  # the top of the loop ends the run on its budget; it never moves on the way out
+            if self._should_move():
+                await self._move(None, deadline)
+            seen = await workflow.execute_local_activity(
+                c.CHECK_LIVENESS,
+                c.LivenessIn(run_id=self._inp.run_id, heartbeat_stale_secs=timing.heartbeat_stale_secs),
+                result_type=c.LivenessOut,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RETRY,
+                summary="check the runner and its sandbox",
+            )
+            if self._wake or seen.state == "intent":
+                return
+            if seen.state == "exited":
+                exited += 1
+                if exited >= 2:
+                    await self._fail(seen.message or "sandbox died")
+                    return
+                continue
+            exited = 0
+            if seen.state == "stale":
+                await self._fail(seen.message or "runner lost")
+                return
+
+    async def _exceed_wall_clock(self, budget: int | None) -> None:
+        await self._act(
+            c.REQUEST_FINALIZATION,
+            c.FinalizationIn(
+                run_id=self._inp.run_id,
+                outcome="budget_exceeded",
+                reason="max_wall_clock_secs budget exceeded",
+                budget="max_wall_clock_secs",
+                limit=str(budget),
+                spent=str(budget),
+            ),
+            c.StatusOut,
+        )
+
+    async def _supervise_by_activity(self) -> None:
+        """Before issue 12: one long-running activity per run watched it (held a worker slot for the run's life)."""
         timing = self._inp.timing
         supervisor = workflow.start_activity(
             c.SUPERVISE,
@@ -187,18 +262,7 @@ class RunWorkflow:
             )
         except TimeoutError:
             timed_out = True
-            await self._act(
-                c.REQUEST_FINALIZATION,
-                c.FinalizationIn(
-                    run_id=self._inp.run_id,
-                    outcome="budget_exceeded",
-                    reason="max_wall_clock_secs budget exceeded",
-                    budget="max_wall_clock_secs",
-                    limit=str(budget),
-                    spent=str(budget),
-                ),
-                c.StatusOut,
-            )
+            await self._exceed_wall_clock(budget)
         if not timed_out and not self._wake and not supervisor.done() and self._should_move():
             await self._move(supervisor, deadline)
         if supervisor.done() and not self._wake:
@@ -219,10 +283,13 @@ class RunWorkflow:
     def _should_move(self) -> bool:
         return self._updates >= self._inp.timing.move_after_updates or workflow.info().is_continue_as_new_suggested()
 
-    async def _move(self, supervisor: workflow.ActivityHandle[c.SuperviseOut], deadline: datetime | None) -> None:
+    async def _move(
+        self, supervisor: workflow.ActivityHandle[c.SuperviseOut] | None, deadline: datetime | None
+    ) -> None:
         """Continue as new: refuse new updates, release approval waits, let brokered calls finish."""
         self._moving = True
-        supervisor.cancel()
+        if supervisor is not None:
+            supervisor.cancel()
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
             c.RunInput(
