@@ -9,6 +9,7 @@ RUN_STATUS = SearchAttributeKey.for_keyword("RunStatus")
 AGENT_NAME = SearchAttributeKey.for_keyword("AgentName")
 SEARCH_ATTRIBUTES = {"RunStatus": "Keyword", "AgentName": "Keyword"}
 
+CLAIM_SANDBOX = "claim_sandbox"  # a local activity: a place under FLUIDBOX_MAX_SANDBOXES, or "wait"
 PROVISION = "provision_run"
 # Runs started before liveness moved to workflow timers still run this long activity until they end.
 SUPERVISE = "supervise_run"
@@ -24,6 +25,7 @@ RESUME_AFTER_APPROVAL = "resume_after_approval"
 BROKER_CALL = "broker_call"
 
 ALL_ACTIVITIES = (
+    CLAIM_SANDBOX,
     PROVISION,
     SUPERVISE,
     CHECK_LIVENESS,
@@ -53,6 +55,8 @@ class Timing(BaseModel):
     heartbeat_stale_secs: float = 60.0
     quiesce_secs: float = 30.0
     approval_recheck_secs: float = 30.0
+    # A run waiting for sandbox capacity looks again after 1 s, doubling up to this.
+    capacity_recheck_secs: float = 5.0
     # Continue-as-new after this many updates (approval waits, brokered calls); Temporal allows 2,000 per run.
     move_after_updates: int = 1500
 
@@ -71,6 +75,11 @@ class RunInput(BaseModel):
 
 class RunRef(BaseModel):
     run_id: str
+
+
+class ClaimOut(BaseModel):
+    claimed: bool
+    live: int  # sandboxes counted live (0 when no maximum is configured)
 
 
 class StatusOut(BaseModel):

@@ -60,6 +60,14 @@ class RunActivities:
         raw = row.get("sandbox_handle")
         return SandboxHandle.model_validate(raw) if raw else None
 
+    @activity.defn(name=c.CLAIM_SANDBOX)
+    async def claim_sandbox(self, ref: c.RunRef) -> c.ClaimOut:
+        """A place under FLUIDBOX_MAX_SANDBOXES for this run, or "wait" (the workflow looks again later)."""
+        if self.settings.max_sandboxes <= 0:
+            return c.ClaimOut(claimed=True, live=0)
+        claimed, live = await self.store.claim_sandbox(ref.run_id, self.settings.max_sandboxes)
+        return c.ClaimOut(claimed=claimed, live=live)
+
     @activity.defn(name=c.PROVISION)
     async def provision(self, ref: c.RunRef) -> c.StatusOut:
         run_id = ref.run_id
@@ -316,6 +324,7 @@ class RunActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         return [
+            self.claim_sandbox,
             self.provision,
             self.supervise,
             self.check_liveness,

@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     # Live runs whose workflow state stays in memory; past it a run's next task replays its history first.
     worker_max_cached_workflows: int = Field(default=1000, ge=0)
 
+    # Live sandboxes this control plane runs at once (0: no limit). Past it new runs wait, status 'created'
+    # with reason "waiting for sandbox capacity", and start as places free (the wait is a workflow timer).
+    max_sandboxes: int = Field(default=0, ge=0)
+    capacity_recheck_secs: float = Field(default=5.0, gt=0)
+
     # Run supervision (seconds).
     heartbeat_secs: float = 10.0
     heartbeat_stale_secs: float = 60.0

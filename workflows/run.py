@@ -28,6 +28,8 @@ RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=time
 PROVISION_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 # workflow.patched id: liveness is a workflow timer plus a local activity, not one long activity (issue 12).
 LIVENESS_BY_TIMER = "liveness-by-timer"
+# workflow.patched id: a run takes a place under FLUIDBOX_MAX_SANDBOXES before provisioning, waiting if none is free.
+SANDBOX_CAPACITY = "sandbox-capacity"
 ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 
@@ -158,6 +160,8 @@ class RunWorkflow:
             # Continued as new: the sandbox runs, the ledger has everything; pick up where the last run was.
             await self._supervise()
             return await self._finalize()
+        if workflow.patched(SANDBOX_CAPACITY) and not await self._wait_for_capacity():
+            return await self._finalize()  # cancelled while it waited
         try:
             out = await self._act(c.PROVISION, ref, c.StatusOut, timeout=timedelta(minutes=5), retry=PROVISION_RETRY)
             self._set_status(out.status)
@@ -166,6 +170,32 @@ class RunWorkflow:
         else:
             await self._supervise()
         return await self._finalize()
+
+    async def _wait_for_capacity(self) -> bool:
+        """Take a sandbox place, waiting on timers (never in an activity) while none is free.
+
+        False when the run was cancelled meanwhile. The wait starts at 1 s and doubles up to
+        ``capacity_recheck_secs``; the run's status stays ``created`` with a reason saying it waits.
+        """
+        wait = 1.0
+        while True:
+            out = await workflow.execute_local_activity(
+                c.CLAIM_SANDBOX,
+                c.RunRef(run_id=self._inp.run_id),
+                result_type=c.ClaimOut,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RETRY,
+                summary="take a sandbox place",
+            )
+            if out.claimed:
+                return True
+            try:
+                await workflow.wait_condition(lambda: self._wake, timeout=timedelta(seconds=wait))
+            except TimeoutError:
+                pass
+            if self._wake:
+                return False
+            wait = min(wait * 2, self._inp.timing.capacity_recheck_secs)
 
     async def _supervise(self) -> None:
         # Runs recorded before liveness moved to timers replay (and finish) on the long activity.

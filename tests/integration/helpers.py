@@ -116,6 +116,28 @@ async def approve_in_turn(api: httpx.AsyncClient, run_id: str, count: int) -> No
         decided.add(str(approval["id"]))
 
 
+async def pending_approvals(api: httpx.AsyncClient, want: int, timeout: float = 240) -> list[dict[str, Any]]:
+    """Wait until at least ``want`` approvals are pending across the stack (the approvals inbox)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        r = await api.get("/v1/approvals")
+        assert r.status_code == 200, r.text
+        rows = list(r.json()["approvals"])
+        if len(rows) >= want:
+            return rows
+        assert loop.time() < deadline, f"only {len(rows)} of {want} runs reached their approval"
+        await asyncio.sleep(0.2)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
 async def events(api: httpx.AsyncClient, run_id: str, after: int = 0) -> list[dict[str, Any]]:
     r = await api.get(f"/v1/sessions/{run_id}/events", params={"after": after, "limit": 1000})
     assert r.status_code == 200, r.text

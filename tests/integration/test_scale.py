@@ -16,12 +16,23 @@ import pytest
 
 from cli.stack import Stack
 from tests.integration.conftest import FAST
-from tests.integration.helpers import TERMINAL, events, make_agent, make_policy, own_stack, start_run, wait_status
+from tests.integration.helpers import (
+    TERMINAL,
+    events,
+    make_agent,
+    make_policy,
+    own_stack,
+    pending_approvals,
+    run_row,
+    start_run,
+    wait_status,
+)
 
 pytestmark = pytest.mark.stack
 
 SLOTS = 8
 RUNS = 30
+LIVE = {"provisioning", "initializing", "running", "awaiting_approval"}
 
 
 @pytest.fixture(scope="module")
@@ -34,20 +45,6 @@ async def narrow() -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
     }
     async with own_stack("fbxs-", env) as stack:
         yield stack
-
-
-async def pending_approvals(api: httpx.AsyncClient, want: int, timeout: float = 240) -> list[dict[str, object]]:
-    """Wait until ``want`` approvals are pending across the stack (the approvals inbox)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        r = await api.get("/v1/approvals")
-        assert r.status_code == 200, r.text
-        rows = list(r.json()["approvals"])
-        if len(rows) >= want:
-            return rows
-        assert loop.time() < deadline, f"only {len(rows)} of {want} runs reached their approval"
-        await asyncio.sleep(0.2)
 
 
 async def test_more_runs_than_worker_slots_all_wait_then_all_complete(
@@ -74,3 +71,58 @@ async def test_more_runs_than_worker_slots_all_wait_then_all_complete(
         assert [(d["verdict"], d["source"]) for d in decisions] == [("allow", "human")]
         said = "\n".join(e["payload"]["data"].get("text", "") for e in evs if e["type"] == "agent.message")
         assert "shipped" in said
+
+
+MAX_SANDBOXES = 2
+QUEUED_RUNS = 5
+
+
+@pytest.fixture(scope="module")
+async def capped() -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
+    env = {**FAST, "FLUIDBOX_MAX_SANDBOXES": str(MAX_SANDBOXES), "FLUIDBOX_CAPACITY_RECHECK_SECS": "0.5"}
+    async with own_stack("fbxq-", env) as stack:
+        yield stack
+
+
+async def test_runs_past_the_sandbox_maximum_wait_visibly_and_start_as_places_free(
+    capped: tuple[Stack, httpx.AsyncClient],
+) -> None:
+    _, api = capped
+    policy = await make_policy(api, {"defaults": {"tool_action": "approve"}})
+    agent = await make_agent(api, [{"tool": "Bash", "input": {"command": "echo shipped"}}], policy=policy)
+    runs = await asyncio.gather(*(start_run(api, agent, workspace=None) for _ in range(QUEUED_RUNS)))
+
+    # Two runs hold the two places (each waits on its approval); the other three wait, and say so.
+    await pending_approvals(api, MAX_SANDBOXES)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while True:
+        rows = [await run_row(api, run) for run in runs]
+        waiting = [r for r in rows if r["status"] == "created" and "sandbox capacity" in (r["status_reason"] or "")]
+        if len(waiting) == QUEUED_RUNS - MAX_SANDBOXES:
+            break
+        assert loop.time() < deadline, [(r["status"], r["status_reason"]) for r in rows]
+        await asyncio.sleep(0.1)
+    assert waiting[0]["status_reason"] == f"waiting for sandbox capacity ({MAX_SANDBOXES} live, max {MAX_SANDBOXES})"
+
+    # Approve whatever asks, as it asks: never more than two runs hold a sandbox, and all five complete.
+    decided: set[str] = set()
+    while len(decided) < QUEUED_RUNS:
+        r = await api.get("/v1/approvals")
+        pending = [a for a in r.json()["approvals"] if a["id"] not in decided]
+        live = [row for row in [await run_row(api, run) for run in runs] if row["status"] in LIVE]
+        assert len(live) <= MAX_SANDBOXES, [row["status"] for row in live]
+        for approval in pending:
+            d = await api.post(f"/v1/approvals/{approval['id']}/decision", json={"decision": "approve"})
+            assert d.status_code == 200, d.text
+            decided.add(str(approval["id"]))
+        assert loop.time() < deadline + 120, f"{len(decided)} of {QUEUED_RUNS} runs reached their approval"
+        await asyncio.sleep(0.1)
+    rows = await asyncio.gather(*(wait_status(api, run, TERMINAL, timeout=120) for run in runs))
+    assert [row["status"] for row in rows] == ["completed"] * QUEUED_RUNS
+    # Each queued run's ledger says it waited, once.
+    said = [
+        [e for e in await events(api, run) if "waiting for sandbox capacity" in e["payload"]["data"].get("text", "")]
+        for run in runs
+    ]
+    assert sorted(len(s) for s in said) == [0] * MAX_SANDBOXES + [1] * (QUEUED_RUNS - MAX_SANDBOXES)
