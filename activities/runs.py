@@ -7,8 +7,11 @@ a worker crash repeats nothing that was committed.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from activities import workspace
 from activities.delivery import start_deliveries
 from activities.env import runner_env, runner_secrets
 from config.settings import Settings
+from core import contract as wire
 from core import events as ev
 from core.digests import sha256_hex
 from core.errors import InvalidTransition
@@ -38,6 +42,7 @@ class RunActivities:
         self.store = store
         self.provider = provider
         self.settings = settings
+        self.started = time.monotonic()
 
     def _run_dir(self, run_id: str) -> Path:
         return self.settings.runs_dir / run_id
@@ -167,12 +172,44 @@ class RunActivities:
         handle = self._handle(row or {})
         state = await self.provider.status(handle) if handle else "missing"
         if state != "running":
-            return c.LivenessOut(state="exited", message="sandbox died (runner exited without reporting a result)")
-        if live["silent_secs"] > inp.heartbeat_stale_secs:
-            return c.LivenessOut(
-                state="stale", message=f"runner stopped heartbeating (silent for {int(live['silent_secs'])}s)"
-            )
+            return c.LivenessOut(state="exited", message=self._death(inp.run_id))
+        # Silence only counts while the runner could have reached us: since this worker and the API's
+        # gateway socket came up (a restarted control plane gives its runners time to find it again).
+        silent = live["silent_secs"]
+        if silent > inp.heartbeat_stale_secs:
+            silent = min(silent, time.monotonic() - self.started, await asyncio.to_thread(self._gateway_up_secs))
+        if silent > inp.heartbeat_stale_secs:
+            return c.LivenessOut(state="stale", message=f"runner stopped heartbeating (silent for {int(silent)}s)")
         return c.LivenessOut(state="ok")
+
+    def _gateway_up_secs(self) -> float:
+        """How long the API's gateway socket has been up (the API binds a new one on every start); 0 while down."""
+        path = self.settings.socket_path
+        if not path.parent.is_dir():
+            return float("inf")  # no local gateway to judge by (a remote API): runner silence alone decides
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(1.0)
+                probe.connect(str(path))
+            return max(0.0, time.time() - path.stat().st_mtime)
+        except OSError:
+            return 0.0
+
+    def _death(self, run_id: str) -> str:
+        """Why a sandbox ended without a result: the runner names a control plane it could not reach."""
+        try:
+            with open(self._run_dir(run_id) / "sandbox.log", "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 4096))
+                tail = fh.read().decode(errors="replace")
+        except OSError:
+            tail = ""
+        if wire.GATEWAY_GONE in tail:
+            return (
+                f"runner gave up: {wire.GATEWAY_GONE} for longer than {wire.ENV_GATEWAY_STALENESS_SECS}"
+                f" ({self.settings.gateway_staleness_secs:g}s)"
+            )
+        return "sandbox died (runner exited without reporting a result)"
 
     @activity.defn(name=c.REQUEST_FINALIZATION)
     async def request_finalization(self, inp: c.FinalizationIn) -> c.StatusOut:

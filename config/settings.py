@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     heartbeat_stale_secs: float = 60.0
     liveness_check_secs: float = 5.0
     quiesce_secs: float = 30.0
+    # A runner rides out an unreachable control plane (a restart) this long, then exits; its run fails naming it.
+    gateway_staleness_secs: float = Field(default=600.0, gt=0)
     approval_recheck_secs: float = 30.0
     # A run's workflow continues as new after this many approval waits and brokered calls (Temporal: 2,000 max).
     run_move_after_updates: int = Field(default=1500, ge=1, le=1900)

@@ -28,6 +28,10 @@ ENV_HEARTBEAT_SECS = "FLUIDBOX_HEARTBEAT_SECS"
 ENV_TOKEN_TTL_SECS = "FLUIDBOX_TOKEN_TTL_SECS"  # the run tokens' lifetime; the runner renews them in time
 ENV_CAPABILITIES = "FLUIDBOX_CAPABILITIES"
 ENV_MAX_TURNS = "FLUIDBOX_MAX_TURNS"
+# How long the runner rides out an unreachable control plane (an API restart) before it gives up.
+ENV_GATEWAY_STALENESS_SECS = "FLUIDBOX_GATEWAY_STALENESS_SECS"
+# The runner's last words when it gives up; the worker looks for them to name the cause of the death.
+GATEWAY_GONE = "control plane unreachable"
 
 ENV_SECRETS_FILE = "FLUIDBOX_SECRETS_FILE"
 SECRETS_FILE = "/tmp/fluidbox-secrets.json"
@@ -46,6 +50,7 @@ EXIT_AGENT_ERROR = 1
 EXIT_MISSING_ENV = 2
 EXIT_AUDIENCE_MISMATCH = 3
 EXIT_UNGOVERNED_TOOL = 5
+EXIT_GATEWAY_GONE = 6
 
 
 class _Strict(BaseModel):

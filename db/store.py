@@ -906,14 +906,21 @@ class Store:
             if authorize is not None:
                 authorize(row)
             if row["status"] != "pending":
-                raise Conflict("approval is not pending")
+                session_status = await conn.fetchval(
+                    "SELECT status FROM sessions WHERE id = $1", uuid.UUID(row["session_id"])
+                )
+                raise Conflict(
+                    "approval is not pending", approval_status=str(row["status"]), session_status=str(session_status)
+                )
             # Lock order (session, then approval) matches the gate's, so concurrent deciders queue here.
             status = await conn.fetchval(
                 "SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(row["session_id"])
             )
             if not accepts_work(status):
                 # The runner has already been told no; a late approval must not record an allow.
-                raise Conflict("approval is not pending")
+                raise Conflict(
+                    "approval is not pending", approval_status=str(row["status"]), session_status=str(status)
+                )
             return await self._settle(conn, row, decision, decided_by, "human", f"human:{decided_by}")
 
     async def expire_approval(self, approval_id: str) -> Row:
