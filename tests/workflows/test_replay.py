@@ -5,6 +5,7 @@ A change to the order of commands the workflow issues (without ``workflow.patche
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from workflows.run import WORKFLOWS
+from workflows.run import LIVENESS_BY_TIMER, SANDBOX_CAPACITY, WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"))
 
@@ -27,6 +28,28 @@ def test_histories_were_recorded() -> None:
         "run_moved_first",  # ends in ContinuedAsNew
         "run_moved_last",  # a resumed run: no provisioning
     }
+    # The same runs recorded after liveness moved to timers (the patched branches); the ones above
+    # keep the branch that runs already in flight on a deployed system take.
+    assert {p.stem for p in HISTORIES} >= {f"run_{n}_timers" for n in ("approved", "expired", "cancelled", "brokered")}
+    assert {p.stem for p in HISTORIES} >= {"run_moved_first_timers", "run_moved_last_timers"}
+
+
+def patches(text: str) -> set[str]:
+    """The workflow.patched ids a history recorded."""
+    out = set()
+    for event in json.loads(text)["events"]:
+        marker = event.get("markerRecordedEventAttributes")
+        if marker and marker.get("markerName") == "core_patch":
+            for payload in marker["details"]["patch-data"]["payloads"]:
+                out.add(json.loads(base64.b64decode(payload["data"]))["id"])
+    return out
+
+
+@pytest.mark.parametrize("path", [p for p in HISTORIES if p.stem.endswith("_timers")], ids=lambda p: p.stem)
+def test_histories_of_the_current_code_take_the_patched_branches(path: Path) -> None:
+    resumed = path.stem == "run_moved_last_timers"  # a continued run never provisions, so never claims a place
+    assert patches(path.read_text()) == ({LIVENESS_BY_TIMER} if resumed else {LIVENESS_BY_TIMER, SANDBOX_CAPACITY})
+    assert "supervise_run" not in path.read_text()
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
