@@ -30,6 +30,8 @@ PROVISION_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_att
 LIVENESS_BY_TIMER = "liveness-by-timer"
 # workflow.patched id: a run takes a place under FLUIDBOX_MAX_SANDBOXES before provisioning, waiting if none is free.
 SANDBOX_CAPACITY = "sandbox-capacity"
+# workflow.patched id: the short approval steps (open, re-read, resume) are local activities.
+LOCAL_APPROVAL_STEPS = "local-approval-steps"
 ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 
@@ -98,14 +100,14 @@ class RunWorkflow:
     async def await_approval(self, wait: c.ApprovalWait) -> c.ApprovalVerdict:
         """Hold one tool call until a human decides or its TTL passes. Update id = tool_call_id."""
         ref = c.ApprovalIn(run_id=self._inp.run_id, tool_call_id=wait.tool_call_id)
-        row = await self._act(c.OPEN_APPROVAL, ref, c.ApprovalRow)
+        row = await self._quick(c.OPEN_APPROVAL, ref, c.ApprovalRow)
         if row.status == "pending":
             self._set_status("awaiting_approval")
             decided = await self._wait_for_decision(ref, row)
             if decided is None:
                 return c.ApprovalVerdict(decision="moved")
             row = decided
-            resumed = await self._act(c.RESUME_AFTER_APPROVAL, c.RunRef(run_id=self._inp.run_id), c.StatusOut)
+            resumed = await self._quick(c.RESUME_AFTER_APPROVAL, c.RunRef(run_id=self._inp.run_id), c.StatusOut)
             if not self._closing:
                 self._set_status(resumed.status)  # still awaiting_approval while another call waits
         self._updates += 1
@@ -147,7 +149,7 @@ class RunWorkflow:
             if (deadline - workflow.now()).total_seconds() <= 0:
                 return await self._act(c.EXPIRE_APPROVAL, ref, c.ApprovalRow)
             # A slow re-read: a decision whose signal was lost still reaches the run.
-            current = await self._act(c.READ_APPROVAL, ref, c.ApprovalRow)
+            current = await self._quick(c.READ_APPROVAL, ref, c.ApprovalRow)
             if current.status != "pending":
                 return current
 
@@ -367,6 +369,21 @@ class RunWorkflow:
         if status != self._status:
             self._status = status
             workflow.upsert_search_attributes([c.RUN_STATUS.value_set(status)])
+
+    async def _quick(self, name: str, arg: object, result_type: type[M]) -> M:
+        """A short idempotent step as a local activity: it runs in the worker that holds this workflow
+        task, so an approval wake costs no task-queue round trip. Runs recorded before keep ``_act``."""
+        if not workflow.patched(LOCAL_APPROVAL_STEPS):
+            return await self._act(name, arg, result_type)
+        result = await workflow.execute_local_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=SHORT,
+            retry_policy=RETRY,
+            summary=name.replace("_", " "),
+        )
+        return cast(M, result)
 
     async def _act(
         self,
