@@ -13,7 +13,7 @@ CLAIM_SANDBOX = "claim_sandbox"  # a local activity: a place under FLUIDBOX_MAX_
 PROVISION = "provision_run"
 # Runs started before liveness moved to workflow timers still run this long activity until they end.
 SUPERVISE = "supervise_run"
-CHECK_LIVENESS = "check_liveness"  # a local activity: one DB read and one sandbox status
+SWEEP_LIVENESS = "sweep_liveness"  # one look at every live run (LivenessSweepWorkflow)
 REQUEST_FINALIZATION = "request_finalization"
 BEGIN_FINALIZE = "begin_finalize"
 AWAIT_SANDBOX_EXIT = "await_sandbox_exit"
@@ -28,7 +28,7 @@ ALL_ACTIVITIES = (
     CLAIM_SANDBOX,
     PROVISION,
     SUPERVISE,
-    CHECK_LIVENESS,
+    SWEEP_LIVENESS,
     REQUEST_FINALIZATION,
     BEGIN_FINALIZE,
     AWAIT_SANDBOX_EXIT,
@@ -96,14 +96,25 @@ class SuperviseOut(BaseModel):
     message: str | None = None
 
 
-class LivenessIn(BaseModel):
-    run_id: str
-    heartbeat_stale_secs: float
+# The one workflow that watches every live run's runner and sandbox (started by each worker, one per namespace).
+LIVENESS_SWEEP_ID = "fluidbox-liveness-sweep"
+# RunWorkflow's signal for "the sweep recorded an intent" (sent by name from the sweep activity).
+SWEEP_SIGNAL = "liveness_failed"
 
 
-class LivenessOut(BaseModel):
-    state: str  # "ok" | "intent" (wind down) | "exited" (the sandbox is not running) | "stale" (runner silent)
-    message: str | None = None
+class SweepInput(BaseModel):
+    suspects: list[str] = Field(default_factory=list)  # runs whose sandbox was not running at the last sweep
+
+
+class SweepIn(BaseModel):
+    suspects: list[str] = Field(default_factory=list)
+
+
+class SweepOut(BaseModel):
+    suspects: list[str] = Field(default_factory=list)  # to look at again soon (a first "not running")
+    failed: int = 0  # runs this sweep ended (dead or silent runner)
+    woken: int = 0  # runs with an intent whose workflow was signalled again (a lost signal)
+    next_secs: float = 5.0  # the worker's FLUIDBOX_LIVENESS_CHECK_SECS
 
 
 class FinalizationIn(BaseModel):

@@ -18,6 +18,7 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
 from activities import workspace
@@ -135,7 +136,7 @@ class RunActivities:
 
     @activity.defn(name=c.SUPERVISE)
     async def supervise(self, inp: c.SuperviseIn) -> c.SuperviseOut:
-        """Runs started before issue 12 only (new runs use ``check_liveness`` on a workflow timer).
+        """Runs started before issue 12 only (new runs are watched by ``sweep_liveness``).
 
         Return when the run has a wind-down intent, its sandbox died, or its runner went silent."""
         timing = inp.timing
@@ -162,25 +163,61 @@ class RunActivities:
                 )
             await asyncio.sleep(timing.liveness_check_secs if exited_checks == 0 else 1.0)
 
-    @activity.defn(name=c.CHECK_LIVENESS)
-    async def check_liveness(self, inp: c.LivenessIn) -> c.LivenessOut:
-        """One look at the run: a wind-down intent, a sandbox that is not running, or a silent runner."""
-        live = await self.store.liveness(inp.run_id)
-        if live["has_intent"] or is_terminal(live["status"]):
-            return c.LivenessOut(state="intent")
-        row = await self.store.get_run(None, inp.run_id)
-        handle = self._handle(row or {})
-        state = await self.provider.status(handle) if handle else "missing"
-        if state != "running":
-            return c.LivenessOut(state="exited", message=self._death(inp.run_id))
-        # Silence only counts while the runner could have reached us: since this worker and the API's
-        # gateway socket came up (a restarted control plane gives its runners time to find it again).
-        silent = live["silent_secs"]
-        if silent > inp.heartbeat_stale_secs:
-            silent = min(silent, time.monotonic() - self.started, await asyncio.to_thread(self._gateway_up_secs))
-        if silent > inp.heartbeat_stale_secs:
-            return c.LivenessOut(state="stale", message=f"runner stopped heartbeating (silent for {int(silent)}s)")
-        return c.LivenessOut(state="ok")
+    @activity.defn(name=c.SWEEP_LIVENESS)
+    async def sweep_liveness(self, inp: c.SweepIn) -> c.SweepOut:
+        """One look at every live run: end those whose sandbox died or whose runner went silent.
+
+        A sandbox found not running is a suspect first and fails only if the next sweep (about a second
+        later) still finds it so, giving a just-posted /result time to land. A failure is recorded the way
+        the workflow records one (a finalization intent and ``run.error``), then the run's workflow is
+        signalled; a run whose intent exists but whose workflow still waits is signalled again.
+        """
+        runs = await self.store.live_runs()
+        suspects: list[str] = []
+        out = c.SweepOut(next_secs=self.settings.liveness_check_secs)
+        gateway_up: float | None = None
+        for run in runs:
+            run_id = str(run["id"])
+            if run["has_intent"]:
+                await self._wake(run_id)
+                out.woken += 1
+                continue
+            handle = self._handle(run)
+            state = await self.provider.status(handle) if handle else "missing"
+            reason: str | None = None
+            if state != "running":
+                if run_id not in inp.suspects:
+                    suspects.append(run_id)
+                    continue
+                reason = self._death(run_id)
+            else:
+                # Silence only counts while the runner could have reached us: since this worker and the
+                # API's gateway socket came up (a restarted control plane gives its runners time).
+                silent = float(run["silent_secs"] or 0)
+                if silent > self.settings.heartbeat_stale_secs:
+                    if gateway_up is None:
+                        gateway_up = await asyncio.to_thread(self._gateway_up_secs)
+                    silent = min(silent, time.monotonic() - self.started, gateway_up)
+                if silent > self.settings.heartbeat_stale_secs:
+                    reason = f"runner stopped heartbeating (silent for {int(silent)}s)"
+            if reason is not None:
+                await self.request_finalization(
+                    c.FinalizationIn(run_id=run_id, outcome="failed", reason=reason, error=reason)
+                )
+                await self._wake(run_id)
+                out.failed += 1
+        out.suspects = suspects
+        return out
+
+    async def _wake(self, run_id: str) -> None:
+        """Signal the run's workflow to act on its intent (by name: activities never import workflows)."""
+        handle = activity.client().get_workflow_handle(c.workflow_id(run_id))
+        try:
+            await handle.signal(c.SWEEP_SIGNAL)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            # No such workflow (it ended already): nothing to wake.
 
     def _gateway_up_secs(self) -> float:
         """How long the API's gateway socket has been up (the API binds a new one on every start); 0 while down."""
@@ -364,7 +401,7 @@ class RunActivities:
             self.claim_sandbox,
             self.provision,
             self.supervise,
-            self.check_liveness,
+            self.sweep_liveness,
             self.request_finalization,
             self.begin_finalize,
             self.await_sandbox_exit,

@@ -1065,6 +1065,20 @@ class Store:
                 await conn.fetchrow("SELECT * FROM session_finalizations WHERE session_id = $1", uuid.UUID(run_id))
             )
 
+    async def live_runs(self) -> list[Row]:
+        """Every run the liveness sweep watches: a running or waiting runner, or an intent not acted on yet."""
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch(
+                    "SELECT s.id::text AS id, s.status, s.sandbox_handle, extract(epoch FROM now() -"
+                    " coalesce(s.last_heartbeat_at, s.started_at, s.updated_at)) AS silent_secs,"
+                    " f.outcome IS NOT NULL AS has_intent FROM sessions s"
+                    " LEFT JOIN session_finalizations f ON f.session_id = s.id"
+                    " WHERE s.status IN ('running', 'awaiting_approval')"
+                    " OR (f.outcome IS NOT NULL AND s.status IN ('created', 'provisioning', 'initializing'))"
+                )
+            )
+
     async def liveness(self, run_id: str) -> Row:
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(

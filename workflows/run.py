@@ -26,8 +26,8 @@ M = TypeVar("M")
 SHORT = timedelta(seconds=60)
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20))
 PROVISION_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
-# workflow.patched id: liveness is a workflow timer plus a local activity, not one long activity (issue 12).
-LIVENESS_BY_TIMER = "liveness-by-timer"
+# workflow.patched id: liveness is one sweep over every run (LivenessSweepWorkflow), not an activity per run.
+LIVENESS_BY_SWEEP = "liveness-by-sweep"
 # workflow.patched id: a run takes a place under FLUIDBOX_MAX_SANDBOXES before provisioning, waiting if none is free.
 SANDBOX_CAPACITY = "sandbox-capacity"
 # workflow.patched id: the short approval steps (open, re-read, resume) are local activities.
@@ -56,6 +56,11 @@ class RunWorkflow:
     @workflow.signal
     def runner_finished(self) -> None:
         """The runner posted /result (the intent is already in PostgreSQL)."""
+        self._wake = True
+
+    @workflow.signal(name=c.SWEEP_SIGNAL)
+    def liveness_failed(self) -> None:
+        """The liveness sweep found the run's intent (it recorded one for a dead or silent runner)."""
         self._wake = True
 
     @workflow.signal
@@ -201,24 +206,21 @@ class RunWorkflow:
 
     async def _supervise(self) -> None:
         # Runs recorded before liveness moved to timers replay (and finish) on the long activity.
-        if workflow.patched(LIVENESS_BY_TIMER):
+        if workflow.patched(LIVENESS_BY_SWEEP):
             await self._watch()
         else:
             await self._supervise_by_activity()
 
     async def _watch(self) -> None:
-        """Wait for a wake-up, the wall clock, a move, or a failed liveness check; hold no worker slot meanwhile.
+        """Wait for a wake-up (result, cancel, the liveness sweep), the wall clock or a move; no timer per check.
 
-        Each check is a timer and one local activity (a DB read and a sandbox status). The runner's
-        /result and a cancel signal the workflow, so the checks only have to catch deaths and hangs.
+        Nothing here polls: the runner's /result and a cancel signal the workflow, and the one
+        LivenessSweepWorkflow of the namespace records a dead or silent runner's failure and signals.
+        A waiting run adds nothing to its history and holds no worker slot.
         """
-        timing = self._inp.timing
         budget = self._inp.max_wall_clock_secs
         deadline = self._deadline(budget)
-        exited = 0  # consecutive checks that found the sandbox not running
         while True:
-            # After a first "exited", look again soon: a just-posted /result may still be landing.
-            period = timing.liveness_check_secs if exited == 0 else min(1.0, timing.liveness_check_secs)
             remaining = (deadline - workflow.now()).total_seconds() if deadline else None
             if remaining is not None and remaining <= 0:
                 await self._exceed_wall_clock(budget)
@@ -226,36 +228,13 @@ class RunWorkflow:
             try:
                 await workflow.wait_condition(
                     lambda: self._wake or self._should_move(),
-                    timeout=timedelta(seconds=min(period, remaining) if remaining is not None else period),
+                    timeout=timedelta(seconds=remaining) if remaining is not None else None,
                 )
             except TimeoutError:
-                pass
+                continue  # the top of the loop ends the run on its budget; it never moves on the way out
             if self._wake:
                 return
-            if deadline is not None and workflow.now() >= deadline:
-                continue  # the top of the loop ends the run on its budget; it never moves on the way out
-            if self._should_move():
-                await self._move(None, deadline)
-            seen = await workflow.execute_local_activity(
-                c.CHECK_LIVENESS,
-                c.LivenessIn(run_id=self._inp.run_id, heartbeat_stale_secs=timing.heartbeat_stale_secs),
-                result_type=c.LivenessOut,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RETRY,
-                summary="check the runner and its sandbox",
-            )
-            if self._wake or seen.state == "intent":
-                return
-            if seen.state == "exited":
-                exited += 1
-                if exited >= 2:
-                    await self._fail(seen.message or "sandbox died")
-                    return
-                continue
-            exited = 0
-            if seen.state == "stale":
-                await self._fail(seen.message or "runner lost")
-                return
+            await self._move(None, deadline)
 
     async def _exceed_wall_clock(self, budget: int | None) -> None:
         await self._act(

@@ -3,8 +3,8 @@
 ``moved`` records only the histories of a run that continued as new (its first run, which ends in
 ``ContinuedAsNew``, and the resumed run that completes it). ``--suffix`` writes ``run_<name><S>.json``
 beside the existing files instead of over them: histories recorded before a ``workflow.patched``
-change must stay, so the old branch keeps replaying (``_timers`` holds those of the liveness-by-timer
-and sandbox-capacity code).
+change must stay, so the old branch keeps replaying (``_v2`` holds those recorded with the
+liveness-by-sweep, sandbox-capacity and local-approval-steps patches).
 
 Re-record deliberately (and commit the JSON) only when a workflow change is meant to be
 incompatible and is guarded by ``workflow.patched``.
@@ -80,6 +80,11 @@ async def record() -> None:
             history = await handle.fetch_history()
             (OUT / f"run_{name}{SUFFIX}.json").write_text(history.to_json())
             print(f"recorded {name}: {len(history.events)} events")
+        # The liveness sweep of the same stack, as far as it got (it runs for the stack's life).
+        sweep = await client.get_workflow_handle(c.LIVENESS_SWEEP_ID).fetch_history()
+        (OUT / "liveness").mkdir(exist_ok=True)
+        (OUT / "liveness" / f"sweep{SUFFIX}.json").write_text(sweep.to_json())
+        print(f"recorded the liveness sweep: {len(sweep.events)} events")
     finally:
         stack.stop()
         shutil.rmtree(home, ignore_errors=True)
