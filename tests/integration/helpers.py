@@ -116,8 +116,13 @@ async def approve_in_turn(api: httpx.AsyncClient, run_id: str, count: int) -> No
         decided.add(str(approval["id"]))
 
 
-async def pending_approvals(api: httpx.AsyncClient, want: int, timeout: float = 240) -> list[dict[str, Any]]:
-    """Wait until at least ``want`` approvals are pending across the stack (the approvals inbox)."""
+async def pending_approvals(
+    api: httpx.AsyncClient, want: int, timeout: float = 240, runs: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Wait until at least ``want`` approvals are pending across the stack (the approvals inbox).
+
+    With ``runs``, a run that ends before asking fails at once, and a timeout names where the rest are.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -126,7 +131,14 @@ async def pending_approvals(api: httpx.AsyncClient, want: int, timeout: float = 
         rows = list(r.json()["approvals"])
         if len(rows) >= want:
             return rows
-        assert loop.time() < deadline, f"only {len(rows)} of {want} runs reached their approval"
+        elsewhere: list[tuple[str, str | None]] = []
+        if runs is not None:
+            waiting = {str(a["session_id"]) for a in rows}
+            for run in [run for run in runs if run not in waiting]:
+                row = await run_row(api, run)
+                elsewhere.append((row["status"], row["status_reason"]))
+            assert not [e for e in elsewhere if e[0] in TERMINAL], f"runs ended before asking: {elsewhere}"
+        assert loop.time() < deadline, f"only {len(rows)} of {want} runs reached their approval; others: {elsewhere}"
         await asyncio.sleep(0.2)
 
 

@@ -56,7 +56,7 @@ async def test_more_runs_than_worker_slots_all_wait_then_all_complete(
     runs = await asyncio.gather(*(start_run(api, agent, workspace=None) for _ in range(RUNS)))
 
     # Every run is live and waiting at once, far more than the worker's slots.
-    pending = await pending_approvals(api, RUNS)
+    pending = await pending_approvals(api, RUNS, runs=runs)
     assert {str(p["session_id"]) for p in pending} == set(runs)
     for approval in pending:
         r = await api.post(f"/v1/approvals/{approval['id']}/decision", json={"decision": "approve"})
