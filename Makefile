@@ -73,6 +73,7 @@ bench: install
 	$(BIN)/python bench/facade.py
 	$(BIN)/python bench/triggers.py
 	$(BIN)/python bench/sandbox.py
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf $(VENV) $(NODE_DIR) .fluidbox .pytest_cache .mypy_cache .ruff_cache

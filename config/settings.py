@@ -43,11 +43,26 @@ class Settings(BaseSettings):
     # the diff and artifacts are recorded; 0 removes it at once.
     run_dir_retention_secs: float = Field(default=0.0, ge=0)
 
+    # Worker slots (per worker process). No run holds a slot while it waits: liveness is a workflow timer plus a
+    # short local activity, so these bound how many steps run at once, never how many runs can be live.
+    worker_max_activities: int = Field(default=100, ge=1)
+    worker_max_local_activities: int = Field(default=100, ge=1)
+    worker_max_workflow_tasks: int = Field(default=100, ge=2)
+    # Live runs whose workflow state stays in memory; past it a run's next task replays its history first.
+    worker_max_cached_workflows: int = Field(default=1000, ge=0)
+
+    # Live sandboxes this control plane runs at once (0: no limit). Past it new runs wait, status 'created'
+    # with reason "waiting for sandbox capacity", and start as places free (the wait is a workflow timer).
+    max_sandboxes: int = Field(default=0, ge=0)
+    capacity_recheck_secs: float = Field(default=5.0, gt=0)
+
     # Run supervision (seconds).
     heartbeat_secs: float = 10.0
     heartbeat_stale_secs: float = 60.0
     liveness_check_secs: float = 5.0
     quiesce_secs: float = 30.0
+    # A runner rides out an unreachable control plane (a restart) this long, then exits; its run fails naming it.
+    gateway_staleness_secs: float = Field(default=600.0, gt=0)
     approval_recheck_secs: float = 30.0
     # A run's workflow continues as new after this many approval waits and brokered calls (Temporal: 2,000 max).
     run_move_after_updates: int = Field(default=1500, ge=1, le=1900)

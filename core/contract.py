@@ -28,6 +28,10 @@ ENV_HEARTBEAT_SECS = "FLUIDBOX_HEARTBEAT_SECS"
 ENV_TOKEN_TTL_SECS = "FLUIDBOX_TOKEN_TTL_SECS"  # the run tokens' lifetime; the runner renews them in time
 ENV_CAPABILITIES = "FLUIDBOX_CAPABILITIES"
 ENV_MAX_TURNS = "FLUIDBOX_MAX_TURNS"
+# How long the runner rides out an unreachable control plane (an API restart) before it gives up.
+ENV_GATEWAY_STALENESS_SECS = "FLUIDBOX_GATEWAY_STALENESS_SECS"
+# The runner's last words when it gives up; the worker looks for them to name the cause of the death.
+GATEWAY_GONE = "control plane unreachable"
 
 # The run's tokens arrive as one JSON object on an inherited pipe (never a file, argv or the environment);
 # FLUIDBOX_SECRETS_FD names the descriptor, which the runner reads to its end and closes.
@@ -48,6 +52,7 @@ EXIT_AGENT_ERROR = 1
 EXIT_MISSING_ENV = 2
 EXIT_AUDIENCE_MISMATCH = 3
 EXIT_UNGOVERNED_TOOL = 5
+EXIT_GATEWAY_GONE = 6
 
 
 class _Strict(BaseModel):

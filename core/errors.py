@@ -18,9 +18,11 @@ from __future__ import annotations
 class DomainError(Exception):
     status: int = 400
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, **details: str) -> None:
         super().__init__(message)
         self.message = message
+        # Machine-readable facts that go into the error body beside "error" (e.g. a run's terminal state).
+        self.details = details
 
 
 class BadRequest(DomainError):

@@ -26,6 +26,14 @@ from db.ids import new_id
 Conn = Any  # asyncpg.Connection or a pool proxy (asyncpg types are not generic at runtime)
 Row = dict[str, Any]
 NOTIFY_CHANNEL = "fluidbox_events"
+# pg_advisory_xact_lock key serialising sandbox-capacity claims (any constant no other lock uses).
+SANDBOX_CAPACITY_LOCK = 0x66627862_0001
+WAITING_FOR_CAPACITY = "waiting for sandbox capacity"
+# Runs that hold a sandbox or are about to (sessions_live_sandbox_idx covers these statuses).
+_LIVE_SANDBOXES = (
+    "SELECT count(*) FROM sessions WHERE status IN ('provisioning', 'initializing', 'running', 'awaiting_approval')"
+    " OR (status IN ('cancelling', 'finalizing') AND sandbox_handle IS NOT NULL)"
+)
 
 DECIDED_ALLOW = frozenset({"auto_allowed", "approved_once", "approved_session"})
 DECIDED_DENY = frozenset({"auto_denied", "denied", "expired"})
@@ -898,14 +906,21 @@ class Store:
             if authorize is not None:
                 authorize(row)
             if row["status"] != "pending":
-                raise Conflict("approval is not pending")
+                session_status = await conn.fetchval(
+                    "SELECT status FROM sessions WHERE id = $1", uuid.UUID(row["session_id"])
+                )
+                raise Conflict(
+                    "approval is not pending", approval_status=str(row["status"]), session_status=str(session_status)
+                )
             # Lock order (session, then approval) matches the gate's, so concurrent deciders queue here.
             status = await conn.fetchval(
                 "SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(row["session_id"])
             )
             if not accepts_work(status):
                 # The runner has already been told no; a late approval must not record an allow.
-                raise Conflict("approval is not pending")
+                raise Conflict(
+                    "approval is not pending", approval_status=str(row["status"]), session_status=str(status)
+                )
             return await self._settle(conn, row, decision, decided_by, "human", f"human:{decided_by}")
 
     async def expire_approval(self, approval_id: str) -> Row:
@@ -1019,10 +1034,49 @@ class Store:
             created = await self._request_finalization(conn, run_id, outcome, summary, reason, quiesce)
             return created, status
 
+    async def claim_sandbox(self, run_id: str, max_live: int) -> tuple[bool, int]:
+        """Take one of ``max_live`` sandbox places for a run still ``created`` (it moves to ``provisioning``).
+
+        Returns (claimed, live sandboxes counted). An advisory lock serialises the count and the move, so
+        two starts never both take the last place. A run past ``created`` already holds its place. A run
+        that must wait keeps ``created`` with a ``status_reason`` saying so (and one ledger message).
+        """
+        rid = uuid.UUID(run_id)
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", SANDBOX_CAPACITY_LOCK)
+            row = await conn.fetchrow("SELECT status, status_reason FROM sessions WHERE id = $1 FOR UPDATE", rid)
+            if row is None:
+                raise NotFound()
+            live = int(await conn.fetchval(_LIVE_SANDBOXES))
+            if row["status"] != RunStatus.CREATED:
+                return True, live
+            if live < max_live:
+                await self.transition(run_id, RunStatus.PROVISIONING, conn=conn)
+                return True, live + 1
+            reason = f"{WAITING_FOR_CAPACITY} ({live} live, max {max_live})"
+            await conn.execute("UPDATE sessions SET status_reason = $2 WHERE id = $1", rid, reason)
+            if not (row["status_reason"] or "").startswith(WAITING_FOR_CAPACITY):
+                await self.append(conn, run_id, [ev.system_message(reason)])
+            return False, live
+
     async def finalization(self, run_id: str) -> Row | None:
         async with self.pool.acquire() as conn:
             return _row(
                 await conn.fetchrow("SELECT * FROM session_finalizations WHERE session_id = $1", uuid.UUID(run_id))
+            )
+
+    async def live_runs(self) -> list[Row]:
+        """Every run the liveness sweep watches: a running or waiting runner, or an intent not acted on yet."""
+        async with self.pool.acquire() as conn:
+            return _rows(
+                await conn.fetch(
+                    "SELECT s.id::text AS id, s.status, s.sandbox_handle, extract(epoch FROM now() -"
+                    " coalesce(s.last_heartbeat_at, s.started_at, s.updated_at)) AS silent_secs,"
+                    " f.outcome IS NOT NULL AS has_intent FROM sessions s"
+                    " LEFT JOIN session_finalizations f ON f.session_id = s.id"
+                    " WHERE s.status IN ('running', 'awaiting_approval')"
+                    " OR (f.outcome IS NOT NULL AND s.status IN ('created', 'provisioning', 'initializing'))"
+                )
             )
 
     async def liveness(self, run_id: str) -> Row:

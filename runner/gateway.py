@@ -12,6 +12,7 @@ environment so that no child process the runner spawns can inherit one.
 Exceptions (independent, so catching one never swallows another)::
 
     GatewayError          -- a post that must succeed (/result) did not (exit 1)
+    GatewayGone           -- the control plane was unreachable for longer than the staleness window (exit 6)
     AudienceMismatch      -- the server answered wrong_audience: runner image and server disagree (exit 3)
     MissingEnv            -- required environment absent (exit 2)
 """
@@ -33,11 +34,13 @@ import httpx
 from core.contract import (
     ENV_CONTROL_SOCKET,
     ENV_CONTROL_URL,
+    ENV_GATEWAY_STALENESS_SECS,
     ENV_LLM_TOKEN,
     ENV_SECRETS_FD,
     ENV_SESSION_ID,
     ENV_SESSION_TOKEN,
     ENV_TOOL_TOKEN,
+    GATEWAY_GONE,
     TOKEN_ENV_VARS,
     EventBody,
     EventPost,
@@ -58,12 +61,18 @@ HEARTBEAT_RETRIES = 1
 RESULT_RETRIES = 5
 SUMMARY_MAX_CHARS = 4000
 INACTIVE_MESSAGE = "session is not active"
+# How long an unreachable control plane (a restart, an upgrade) is ridden out before the runner gives up.
+DEFAULT_GATEWAY_STALENESS_S = 600.0
 
 Sleep = Callable[[float], None]
 
 
 class GatewayError(Exception):
     """A post that must succeed (``/result``) failed for good."""
+
+
+class GatewayGone(Exception):
+    """No answer at all from the control plane for longer than the staleness window. Fatal."""
 
 
 class AudienceMismatch(Exception):
@@ -188,6 +197,8 @@ class Gateway:
         socket_path: str | None = None,
         sleep: Sleep = time.sleep,
         transport: httpx.BaseTransport | None = None,
+        staleness_s: float = DEFAULT_GATEWAY_STALENESS_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if transport is None and socket_path:
             transport = httpx.HTTPTransport(uds=socket_path)
@@ -196,14 +207,22 @@ class Gateway:
         self._control = credentials.control_token
         self._tool = credentials.tool_token
         self._sleep = sleep
+        self._staleness_s = staleness_s
+        self._clock = clock
+        self._unreachable_since: float | None = None  # first transport failure of the current outage
 
     @classmethod
     def from_env(cls, credentials: Credentials, environ: Mapping[str, str], *, sleep: Sleep = time.sleep) -> Gateway:
+        try:
+            staleness = float(environ.get(ENV_GATEWAY_STALENESS_SECS) or DEFAULT_GATEWAY_STALENESS_S)
+        except ValueError:
+            staleness = DEFAULT_GATEWAY_STALENESS_S
         return cls(
             credentials,
             base_url=environ.get(ENV_CONTROL_URL) or DEFAULT_CONTROL_URL,
             socket_path=environ.get(ENV_CONTROL_SOCKET) or None,
             sleep=sleep,
+            staleness_s=staleness,
         )
 
     def close(self) -> None:
@@ -337,12 +356,30 @@ class Gateway:
     # -- plumbing ----------------------------------------------------------------------------------
 
     def _post(self, leaf: str, payload: dict[str, Any], token: str, timeout: float) -> httpx.Response:
-        response = self._client.post(
-            f"{self._prefix}/{leaf}",
-            json=payload,
-            headers={"authorization": f"Bearer {token}"},
-            timeout=timeout,
-        )
+        """One post. A transport failure starts (or continues) an outage; past the staleness window it is fatal.
+
+        Raises:
+            GatewayGone: no answer for longer than the staleness window.
+            httpx.TransportError: no answer, still within the window (callers retry with backoff).
+        """
+        try:
+            response = self._client.post(
+                f"{self._prefix}/{leaf}",
+                json=payload,
+                headers={"authorization": f"Bearer {token}"},
+                timeout=timeout,
+            )
+        except httpx.TransportError:
+            now = self._clock()
+            if self._unreachable_since is None:
+                self._unreachable_since = now
+            elif now - self._unreachable_since > self._staleness_s:
+                gone = now - self._unreachable_since
+                raise GatewayGone(
+                    f"{GATEWAY_GONE} for {gone:.0f}s, longer than {ENV_GATEWAY_STALENESS_SECS}={self._staleness_s:g}"
+                ) from None
+            raise
+        self._unreachable_since = None
         if response.status_code in (401, 403) and "wrong_audience" in response.text:
             self._report_audience_mismatch(leaf)
             raise AudienceMismatch(f"/{leaf} answered wrong_audience: runner image and server disagree")

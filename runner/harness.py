@@ -10,9 +10,9 @@ import ctypes
 import os
 from collections.abc import MutableMapping
 
-from core.contract import ENV_HARNESS, EXIT_AUDIENCE_MISMATCH, EXIT_MISSING_ENV
+from core.contract import ENV_HARNESS, EXIT_AUDIENCE_MISMATCH, EXIT_GATEWAY_GONE, EXIT_MISSING_ENV
 from runner import replay
-from runner.gateway import AudienceMismatch, Gateway, MissingEnv, log, take_credentials
+from runner.gateway import AudienceMismatch, Gateway, GatewayGone, MissingEnv, log, take_credentials
 
 DEFAULT_HARNESS = "replay"
 CLAUDE_HARNESS = "claude-agent-sdk"
@@ -67,5 +67,8 @@ def main(environ: MutableMapping[str, str] | None = None) -> int:
     except AudienceMismatch as exc:
         log(f"{exc}; exiting without a result")
         return EXIT_AUDIENCE_MISMATCH
+    except GatewayGone as exc:
+        log(f"{exc}; giving up")
+        return EXIT_GATEWAY_GONE
     finally:
         gateway.close()

@@ -12,8 +12,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from core.contract import EXIT_AUDIENCE_MISMATCH
-from runner.gateway import AudienceMismatch, ControlPlane, log
+from core.contract import EXIT_AUDIENCE_MISMATCH, EXIT_GATEWAY_GONE
+from runner.gateway import AudienceMismatch, ControlPlane, GatewayGone, log
 
 DEFAULT_HEARTBEAT_SECS = 10.0
 
@@ -63,6 +63,10 @@ class Heartbeat:
                 action = self._gateway.heartbeat()
             except AudienceMismatch:
                 self._on_fatal(EXIT_AUDIENCE_MISMATCH)
+                return
+            except GatewayGone as exc:
+                log(f"{exc}; giving up")
+                self._on_fatal(EXIT_GATEWAY_GONE)
                 return
             except Exception as exc:  # the heartbeat must outlive any single bad answer
                 if self._stopped.is_set():

@@ -38,7 +38,7 @@ from core.contract import (
 from core.events import AGENT_MESSAGE, RUN_ERROR
 from core.tools import canonicalize
 from runner import tools
-from runner.gateway import AudienceMismatch, ControlPlane, GatewayError, log
+from runner.gateway import AudienceMismatch, ControlPlane, GatewayError, GatewayGone, log
 from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
 
 DEFAULT_TRANSCRIPT: Final[str] = (files("runner") / "transcripts" / "demo.json").read_text(encoding="utf-8")
@@ -297,7 +297,7 @@ def run(
             sleep=sleep,
         )
         tally = driver.run()
-    except AudienceMismatch:
+    except (AudienceMismatch, GatewayGone):
         heartbeat.stop()
         raise
     except Exception as exc:

@@ -67,6 +67,7 @@ def timing(settings: Settings) -> c.Timing:
         heartbeat_stale_secs=settings.heartbeat_stale_secs,
         quiesce_secs=settings.quiesce_secs,
         approval_recheck_secs=settings.approval_recheck_secs,
+        capacity_recheck_secs=settings.capacity_recheck_secs,
         move_after_updates=settings.run_move_after_updates,
     )
 
@@ -306,6 +307,8 @@ class RunFactory:
             ids = await conn.fetch(
                 "SELECT s.id FROM sessions s WHERE s.status = 'created' "
                 "AND s.created_at < now() - make_interval(secs => $1) "
+                # A run waiting for sandbox capacity has its workflow (the workflow wrote that reason).
+                "AND coalesce(s.status_reason, '') NOT LIKE 'waiting for sandbox capacity%' "
                 "AND NOT EXISTS (SELECT 1 FROM session_finalizations f WHERE f.session_id = s.id) "
                 "ORDER BY s.created_at LIMIT 100",
                 float(older_than_secs),

@@ -26,6 +26,12 @@ M = TypeVar("M")
 SHORT = timedelta(seconds=60)
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20))
 PROVISION_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+# workflow.patched id: liveness is one sweep over every run (LivenessSweepWorkflow), not an activity per run.
+LIVENESS_BY_SWEEP = "liveness-by-sweep"
+# workflow.patched id: a run takes a place under FLUIDBOX_MAX_SANDBOXES before provisioning, waiting if none is free.
+SANDBOX_CAPACITY = "sandbox-capacity"
+# workflow.patched id: the short approval steps (open, re-read, resume) are local activities.
+LOCAL_APPROVAL_STEPS = "local-approval-steps"
 ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 
@@ -50,6 +56,11 @@ class RunWorkflow:
     @workflow.signal
     def runner_finished(self) -> None:
         """The runner posted /result (the intent is already in PostgreSQL)."""
+        self._wake = True
+
+    @workflow.signal(name=c.SWEEP_SIGNAL)
+    def liveness_failed(self) -> None:
+        """The liveness sweep found the run's intent (it recorded one for a dead or silent runner)."""
         self._wake = True
 
     @workflow.signal
@@ -94,14 +105,14 @@ class RunWorkflow:
     async def await_approval(self, wait: c.ApprovalWait) -> c.ApprovalVerdict:
         """Hold one tool call until a human decides or its TTL passes. Update id = tool_call_id."""
         ref = c.ApprovalIn(run_id=self._inp.run_id, tool_call_id=wait.tool_call_id)
-        row = await self._act(c.OPEN_APPROVAL, ref, c.ApprovalRow)
+        row = await self._quick(c.OPEN_APPROVAL, ref, c.ApprovalRow)
         if row.status == "pending":
             self._set_status("awaiting_approval")
             decided = await self._wait_for_decision(ref, row)
             if decided is None:
                 return c.ApprovalVerdict(decision="moved")
             row = decided
-            resumed = await self._act(c.RESUME_AFTER_APPROVAL, c.RunRef(run_id=self._inp.run_id), c.StatusOut)
+            resumed = await self._quick(c.RESUME_AFTER_APPROVAL, c.RunRef(run_id=self._inp.run_id), c.StatusOut)
             if not self._closing:
                 self._set_status(resumed.status)  # still awaiting_approval while another call waits
         self._updates += 1
@@ -143,7 +154,7 @@ class RunWorkflow:
             if (deadline - workflow.now()).total_seconds() <= 0:
                 return await self._act(c.EXPIRE_APPROVAL, ref, c.ApprovalRow)
             # A slow re-read: a decision whose signal was lost still reaches the run.
-            current = await self._act(c.READ_APPROVAL, ref, c.ApprovalRow)
+            current = await self._quick(c.READ_APPROVAL, ref, c.ApprovalRow)
             if current.status != "pending":
                 return current
 
@@ -156,6 +167,8 @@ class RunWorkflow:
             # Continued as new: the sandbox runs, the ledger has everything; pick up where the last run was.
             await self._supervise()
             return await self._finalize()
+        if workflow.patched(SANDBOX_CAPACITY) and not await self._wait_for_capacity():
+            return await self._finalize()  # cancelled while it waited
         try:
             out = await self._act(c.PROVISION, ref, c.StatusOut, timeout=timedelta(minutes=5), retry=PROVISION_RETRY)
             self._set_status(out.status)
@@ -165,7 +178,80 @@ class RunWorkflow:
             await self._supervise()
         return await self._finalize()
 
+    async def _wait_for_capacity(self) -> bool:
+        """Take a sandbox place, waiting on timers (never in an activity) while none is free.
+
+        False when the run was cancelled meanwhile. The wait starts at 1 s and doubles up to
+        ``capacity_recheck_secs``; the run's status stays ``created`` with a reason saying it waits.
+        """
+        wait = 1.0
+        while True:
+            out = await workflow.execute_local_activity(
+                c.CLAIM_SANDBOX,
+                c.RunRef(run_id=self._inp.run_id),
+                result_type=c.ClaimOut,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RETRY,
+                summary="take a sandbox place",
+            )
+            if out.claimed:
+                return True
+            try:
+                await workflow.wait_condition(lambda: self._wake, timeout=timedelta(seconds=wait))
+            except TimeoutError:
+                pass
+            if self._wake:
+                return False
+            wait = min(wait * 2, self._inp.timing.capacity_recheck_secs)
+
     async def _supervise(self) -> None:
+        # Runs recorded before liveness moved to timers replay (and finish) on the long activity.
+        if workflow.patched(LIVENESS_BY_SWEEP):
+            await self._watch()
+        else:
+            await self._supervise_by_activity()
+
+    async def _watch(self) -> None:
+        """Wait for a wake-up (result, cancel, the liveness sweep), the wall clock or a move; no timer per check.
+
+        Nothing here polls: the runner's /result and a cancel signal the workflow, and the one
+        LivenessSweepWorkflow of the namespace records a dead or silent runner's failure and signals.
+        A waiting run adds nothing to its history and holds no worker slot.
+        """
+        budget = self._inp.max_wall_clock_secs
+        deadline = self._deadline(budget)
+        while True:
+            remaining = (deadline - workflow.now()).total_seconds() if deadline else None
+            if remaining is not None and remaining <= 0:
+                await self._exceed_wall_clock(budget)
+                return
+            try:
+                await workflow.wait_condition(
+                    lambda: self._wake or self._should_move(),
+                    timeout=timedelta(seconds=remaining) if remaining is not None else None,
+                )
+            except TimeoutError:
+                continue  # the top of the loop ends the run on its budget; it never moves on the way out
+            if self._wake:
+                return
+            await self._move(None, deadline)
+
+    async def _exceed_wall_clock(self, budget: int | None) -> None:
+        await self._act(
+            c.REQUEST_FINALIZATION,
+            c.FinalizationIn(
+                run_id=self._inp.run_id,
+                outcome="budget_exceeded",
+                reason="max_wall_clock_secs budget exceeded",
+                budget="max_wall_clock_secs",
+                limit=str(budget),
+                spent=str(budget),
+            ),
+            c.StatusOut,
+        )
+
+    async def _supervise_by_activity(self) -> None:
+        """Before issue 12: one long-running activity per run watched it (held a worker slot for the run's life)."""
         timing = self._inp.timing
         supervisor = workflow.start_activity(
             c.SUPERVISE,
@@ -187,18 +273,7 @@ class RunWorkflow:
             )
         except TimeoutError:
             timed_out = True
-            await self._act(
-                c.REQUEST_FINALIZATION,
-                c.FinalizationIn(
-                    run_id=self._inp.run_id,
-                    outcome="budget_exceeded",
-                    reason="max_wall_clock_secs budget exceeded",
-                    budget="max_wall_clock_secs",
-                    limit=str(budget),
-                    spent=str(budget),
-                ),
-                c.StatusOut,
-            )
+            await self._exceed_wall_clock(budget)
         if not timed_out and not self._wake and not supervisor.done() and self._should_move():
             await self._move(supervisor, deadline)
         if supervisor.done() and not self._wake:
@@ -219,10 +294,13 @@ class RunWorkflow:
     def _should_move(self) -> bool:
         return self._updates >= self._inp.timing.move_after_updates or workflow.info().is_continue_as_new_suggested()
 
-    async def _move(self, supervisor: workflow.ActivityHandle[c.SuperviseOut], deadline: datetime | None) -> None:
+    async def _move(
+        self, supervisor: workflow.ActivityHandle[c.SuperviseOut] | None, deadline: datetime | None
+    ) -> None:
         """Continue as new: refuse new updates, release approval waits, let brokered calls finish."""
         self._moving = True
-        supervisor.cancel()
+        if supervisor is not None:
+            supervisor.cancel()
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
             c.RunInput(
@@ -270,6 +348,21 @@ class RunWorkflow:
         if status != self._status:
             self._status = status
             workflow.upsert_search_attributes([c.RUN_STATUS.value_set(status)])
+
+    async def _quick(self, name: str, arg: object, result_type: type[M]) -> M:
+        """A short idempotent step as a local activity: it runs in the worker that holds this workflow
+        task, so an approval wake costs no task-queue round trip. Runs recorded before keep ``_act``."""
+        if not workflow.patched(LOCAL_APPROVAL_STEPS):
+            return await self._act(name, arg, result_type)
+        result = await workflow.execute_local_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=SHORT,
+            retry_policy=RETRY,
+            summary=name.replace("_", " "),
+        )
+        return cast(M, result)
 
     async def _act(
         self,

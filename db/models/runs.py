@@ -27,6 +27,14 @@ class Run(SQLModel, table=True):
             sa.text("created_at DESC"),
             postgresql_where=sa.text("invoked_by_user_id IS NOT NULL"),
         ),
+        # Migration 0012: counting live sandboxes (FLUIDBOX_MAX_SANDBOXES) reads only the live runs.
+        sa.Index(
+            "sessions_live_sandbox_idx",
+            "status",
+            postgresql_where=sa.text(
+                "status IN ('provisioning', 'initializing', 'running', 'awaiting_approval', 'cancelling', 'finalizing')"
+            ),
+        ),
     )
 
     id: uuid.UUID = Field(primary_key=True)

@@ -18,6 +18,8 @@ import httpx
 import pytest
 
 from cli.stack import free_port
+from core.ports import SandboxHandle
+from sandbox.registry import make_provider
 
 FLUIDBOX = str(Path(sys.executable).parent / "fluidbox")
 pytestmark = pytest.mark.stack
@@ -182,32 +184,68 @@ def test_cli_commands_drive_runs_and_approvals_over_http(home: Path) -> None:
         assert run["id"] in fb("runs", "list")
 
 
-def test_stopping_the_stack_destroys_running_sandboxes(home: Path) -> None:
+def start_idle_run(env: dict[str, str], home: Path) -> str:
+    """A run whose sandbox idles, once its sandbox runs."""
+    api = httpx.Client(
+        base_url=f"http://{env['FLUIDBOX_BIND']}",
+        headers={"authorization": f"Bearer {(home / 'admin-token').read_text().strip()}"},
+    )
+    agent = api.post(
+        "/v1/agents",
+        json={
+            "name": "idle",
+            "harness": "replay",
+            "policy": "demo",
+            "harness_config": {"script": [{"sleep_ms": 600000}]},
+        },
+    )
+    assert agent.status_code == 200, agent.text
+    run = api.post("/v1/sessions", json={"agent": "idle", "task": "wait"}).json()["session"]
+    for _ in range(300):
+        if api.get(f"/v1/sessions/{run['id']}").json()["session"]["status"] == "running":
+            break
+        asyncio.run(asyncio.sleep(0.1))
+    assert processes_mentioning("--args"), "a sandbox should be running"
+    return str(run["id"])
+
+
+def test_stopping_the_stack_leaves_its_sandboxes_running(home: Path) -> None:
     env = cli_env(home)
     with fluidbox_up(env):
-        api = httpx.Client(
-            base_url=f"http://{env['FLUIDBOX_BIND']}",
-            headers={"authorization": f"Bearer {(home / 'admin-token').read_text().strip()}"},
-        )
-        agent = api.post(
-            "/v1/agents",
-            json={
-                "name": "idle",
-                "harness": "replay",
-                "policy": "demo",
-                "harness_config": {"script": [{"sleep_ms": 600000}]},
-            },
-        )
-        assert agent.status_code == 200, agent.text
-        run = api.post("/v1/sessions", json={"agent": "idle", "task": "wait"}).json()["session"]
-        for _ in range(300):
-            if api.get(f"/v1/sessions/{run['id']}").json()["session"]["status"] == "running":
-                break
-            asyncio.run(asyncio.sleep(0.1))
-        assert processes_mentioning("--args"), "a sandbox should be running"
+        run_id = start_idle_run(env, home)
+    pidfile = home / "runs" / run_id / "sandbox.pid"
+    handle = SandboxHandle.model_validate_json(pidfile.read_text())
+    provider = make_provider("bwrap")
+    try:
+        assert asyncio.run(provider.status(handle)) == "running", "the sandbox outlives the stop"
+        # Everything else the stack started is gone: only the sandbox's own processes remain.
+        assert set(processes_mentioning(str(home))) <= set(processes_mentioning("--args"))
+    finally:
+        asyncio.run(provider.destroy(handle))
+
+
+def test_stopping_the_stack_with_destroy_sandboxes_on_stop_ends_them(home: Path) -> None:
+    env = cli_env(home, FLUIDBOX_DESTROY_SANDBOXES_ON_STOP="1")
+    with fluidbox_up(env):
+        run_id = start_idle_run(env, home)
     assert processes_mentioning(str(home)) == []
-    pidfile = home / "runs" / run["id"] / "sandbox.pid"
-    assert not pidfile.exists(), "the sandbox was destroyed on stop"
+    assert not (home / "runs" / run_id / "sandbox.pid").exists(), "the sandbox was destroyed on stop"
+
+
+def test_a_sigterm_while_the_stack_is_still_starting_leaves_no_process_behind(home: Path) -> None:
+    env = cli_env(home)
+    proc = subprocess.Popen([FLUIDBOX, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "starting the worker" in line:  # PostgreSQL and Temporal run, the worker and the API are coming
+                break
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert processes_mentioning(str(home)) == []
 
 
 def test_policies_are_managed_from_the_cli(home: Path) -> None:

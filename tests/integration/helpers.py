@@ -116,6 +116,40 @@ async def approve_in_turn(api: httpx.AsyncClient, run_id: str, count: int) -> No
         decided.add(str(approval["id"]))
 
 
+async def pending_approvals(
+    api: httpx.AsyncClient, want: int, timeout: float = 240, runs: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Wait until at least ``want`` approvals are pending across the stack (the approvals inbox).
+
+    With ``runs``, a run that ends before asking fails at once, and a timeout names where the rest are.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        r = await api.get("/v1/approvals")
+        assert r.status_code == 200, r.text
+        rows = list(r.json()["approvals"])
+        if len(rows) >= want:
+            return rows
+        elsewhere: list[tuple[str, str | None]] = []
+        if runs is not None:
+            waiting = {str(a["session_id"]) for a in rows}
+            for run in [run for run in runs if run not in waiting]:
+                row = await run_row(api, run)
+                elsewhere.append((row["status"], row["status_reason"]))
+            assert not [e for e in elsewhere if e[0] in TERMINAL], f"runs ended before asking: {elsewhere}"
+        assert loop.time() < deadline, f"only {len(rows)} of {want} runs reached their approval; others: {elsewhere}"
+        await asyncio.sleep(0.2)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
 async def events(api: httpx.AsyncClient, run_id: str, after: int = 0) -> list[dict[str, Any]]:
     r = await api.get(f"/v1/sessions/{run_id}/events", params={"after": after, "limit": 1000})
     assert r.status_code == 200, r.text

@@ -111,6 +111,7 @@ async def test_the_sandbox_holds_only_run_scoped_tokens_and_cannot_reach_the_hos
         "FLUIDBOX_WORKSPACE",
         "FLUIDBOX_HEARTBEAT_SECS",
         "FLUIDBOX_TOKEN_TTL_SECS",
+        "FLUIDBOX_GATEWAY_STALENESS_SECS",
         "FLUIDBOX_REPLAY_DELAY_MS",
         "FLUIDBOX_REPLAY_SCRIPT",
         "PATH",

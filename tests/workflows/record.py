@@ -1,7 +1,10 @@
-"""Record RunWorkflow histories for the replay test: ``python -m tests.workflows.record [moved]``.
+"""Record RunWorkflow histories for the replay test: ``python -m tests.workflows.record [moved] [--suffix S]``.
 
 ``moved`` records only the histories of a run that continued as new (its first run, which ends in
-``ContinuedAsNew``, and the resumed run that completes it).
+``ContinuedAsNew``, and the resumed run that completes it). ``--suffix`` writes ``run_<name><S>.json``
+beside the existing files instead of over them: histories recorded before a ``workflow.patched``
+change must stay, so the old branch keeps replaying (``_v2`` holds those recorded with the
+liveness-by-sweep, sandbox-capacity and local-approval-steps patches).
 
 Re-record deliberately (and commit the JSON) only when a workflow change is meant to be
 incompatible and is guarded by ``workflow.patched``.
@@ -25,6 +28,7 @@ from tests.integration.helpers import approve_in_turn, make_agent, make_policy, 
 from tests.mcp_servers import basic, serve
 
 OUT = Path(__file__).resolve().parent / "histories"
+SUFFIX = ""
 
 
 async def record() -> None:
@@ -74,8 +78,13 @@ async def record() -> None:
             handle = client.get_workflow_handle(c.workflow_id(run_id))
             await handle.result()
             history = await handle.fetch_history()
-            (OUT / f"run_{name}.json").write_text(history.to_json())
+            (OUT / f"run_{name}{SUFFIX}.json").write_text(history.to_json())
             print(f"recorded {name}: {len(history.events)} events")
+        # The liveness sweep of the same stack, as far as it got (it runs for the stack's life).
+        sweep = await client.get_workflow_handle(c.LIVENESS_SWEEP_ID).fetch_history()
+        (OUT / "liveness").mkdir(exist_ok=True)
+        (OUT / "liveness" / f"sweep{SUFFIX}.json").write_text(sweep.to_json())
+        print(f"recorded the liveness sweep: {len(sweep.events)} events")
     finally:
         stack.stop()
         shutil.rmtree(home, ignore_errors=True)
@@ -102,7 +111,7 @@ async def record_moved() -> None:
         last = max(runs, key=lambda w: w.start_time)
         for name, execution in (("moved_first", first), ("moved_last", last)):
             history = await client.get_workflow_handle(execution.id, run_id=execution.run_id).fetch_history()
-            (OUT / f"run_{name}.json").write_text(history.to_json())
+            (OUT / f"run_{name}{SUFFIX}.json").write_text(history.to_json())
             print(f"recorded {name}: {len(history.events)} events")
     finally:
         stack.stop()
@@ -112,5 +121,10 @@ async def record_moved() -> None:
 if __name__ == "__main__":
     import sys
 
-    asyncio.run(record_moved() if sys.argv[1:] == ["moved"] else record())
+    argv = sys.argv[1:]
+    if "--suffix" in argv:
+        at = argv.index("--suffix")
+        SUFFIX = argv[at + 1]
+        del argv[at : at + 2]
+    asyncio.run(record_moved() if argv == ["moved"] else record())
     os._exit(0)

@@ -5,6 +5,7 @@ A change to the order of commands the workflow issues (without ``workflow.patche
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -13,9 +14,11 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from workflows.run import WORKFLOWS
+from workflows.liveness import LivenessSweepWorkflow
+from workflows.run import LIVENESS_BY_SWEEP, LOCAL_APPROVAL_STEPS, SANDBOX_CAPACITY, WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"))
+SWEEPS = sorted((Path(__file__).resolve().parent / "histories" / "liveness").glob("*.json"))
 
 
 def test_histories_were_recorded() -> None:
@@ -27,6 +30,31 @@ def test_histories_were_recorded() -> None:
         "run_moved_first",  # ends in ContinuedAsNew
         "run_moved_last",  # a resumed run: no provisioning
     }
+    # The same runs recorded after liveness moved to the sweep (the patched branches); the ones above
+    # keep the branch that runs already in flight on a deployed system take.
+    assert {p.stem for p in HISTORIES} >= {f"run_{n}_v2" for n in ("approved", "expired", "cancelled", "brokered")}
+    assert {p.stem for p in HISTORIES} >= {"run_moved_first_v2", "run_moved_last_v2"}
+
+
+def patches(text: str) -> set[str]:
+    """The workflow.patched ids a history recorded."""
+    out = set()
+    for event in json.loads(text)["events"]:
+        marker = event.get("markerRecordedEventAttributes")
+        if marker and marker.get("markerName") == "core_patch":
+            for payload in marker["details"]["patch-data"]["payloads"]:
+                out.add(json.loads(base64.b64decode(payload["data"]))["id"])
+    return out
+
+
+@pytest.mark.parametrize("path", [p for p in HISTORIES if p.stem.endswith("_v2")], ids=lambda p: p.stem)
+def test_histories_of_the_current_code_take_the_patched_branches(path: Path) -> None:
+    resumed = path.stem == "run_moved_last_v2"  # a continued run never provisions, so never claims a place
+    want = {LIVENESS_BY_SWEEP} if resumed else {LIVENESS_BY_SWEEP, SANDBOX_CAPACITY}
+    if not any(k in path.stem for k in ("cancelled", "brokered")):  # these two never wait on an approval
+        want.add(LOCAL_APPROVAL_STEPS)
+    assert patches(path.read_text()) == want
+    assert "supervise_run" not in path.read_text()
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
@@ -44,3 +72,12 @@ async def test_a_reordered_workflow_fails_replay(tmp_path: Path) -> None:
     replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(WorkflowHistory.from_json("run-x", text), raise_on_replay_failure=False)
     assert result.replay_failure is not None
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+async def test_the_liveness_sweep_history_replays_deterministically(path: Path) -> None:
+    text = path.read_text()
+    replayer = Replayer(workflows=[LivenessSweepWorkflow], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(WorkflowHistory.from_json("fluidbox-liveness-sweep", text))
+    assert result.replay_failure is None
+    assert len(json.loads(text)["events"]) > 10, "a history with a few sweeps in it"
