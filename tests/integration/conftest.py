@@ -19,7 +19,7 @@ from tests.llm_upstream import Upstream, running_upstream, text
 FAST = {
     "FLUIDBOX_REPLAY_DELAY_MS": "0",
     "FLUIDBOX_HEARTBEAT_SECS": "0.5",
-    "FLUIDBOX_HEARTBEAT_STALE_SECS": "4",
+    "FLUIDBOX_HEARTBEAT_STALE_SECS": "10",
     "FLUIDBOX_LIVENESS_CHECK_SECS": "0.5",
     "FLUIDBOX_QUIESCE_SECS": "5",
     "FLUIDBOX_APPROVAL_RECHECK_SECS": "1",
