@@ -172,6 +172,8 @@ class Stack:
     quiet: bool = False
     # Stopping the stack leaves sandboxes running (their runs resume when it is back) unless this is set.
     destroy_sandboxes_on_stop: bool = False
+    # A throwaway stack takes another free port for its API if the one it picked was taken meanwhile.
+    any_api_port: bool = False
     # Started here (embedded), so a start after a stop starts them again on the same data.
     owns_postgres: bool = False
     owns_temporal: bool = False
@@ -193,6 +195,7 @@ class Stack:
             extra_env=dict(extra_env or {}),
             quiet=True,
             destroy_sandboxes_on_stop=True,
+            any_api_port=True,
         )
 
     async def start(self) -> str:
@@ -300,6 +303,10 @@ class Stack:
 
     async def start_app(self, token: str) -> None:
         """The worker and the API, against the backing services."""
+        host, _, port = self.bind.rpartition(":")
+        if self.any_api_port and not port_free(host, int(port)):
+            # Picked when the stack was made; since then any outgoing connection may have been given it.
+            self.bind = f"{host}:{free_port()}"
         host, _, port = self.bind.rpartition(":")
         require_port(host, int(port), "fluidbox API")
         self.env = self.child_env(token)
