@@ -10,7 +10,8 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from api.deps import OperatorDep, Services, ServicesDep
-from api.routes.connections import connect_static, public
+from api.routes.connections import connect_oauth, connect_static, public
+from api.routes.oauth import start_flow
 from core.capabilities import check_catalog_launch, launch_server, parse_bundle
 from core.digests import document_digest
 from core.errors import BadRequest, Conflict, NotFound
@@ -136,10 +137,21 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         doc = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
         made = await svc.capabilities.publish(op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc))
         return {"bundle": {"id": made["id"], "name": made["name"], "version": made["version"]}}
-    if row["auth_mode"] == "oauth":
-        raise BadRequest(f"'{slug}' connects with OAuth, which is not available yet; use an api_key connector")
     if not row["url"]:
         raise BadRequest(f"'{slug}' has no URL to connect to")
+    if row["auth_mode"] == "oauth":
+        if body.token is not None:
+            raise BadRequest(f"'{slug}' connects with OAuth: it takes no `token`")
+        made = await connect_oauth(
+            svc, op.tenant_id, base_url=row["url"], display_name=body.display_name or row["name"]
+        )
+        try:
+            go_url = await start_flow(svc, op.tenant_id, made, None)
+        except Exception:
+            # One call, one outcome: a server we cannot start signing in to leaves no pending connection behind.
+            await svc.connections.discard_pending_oauth(op.tenant_id, made["id"])
+            raise
+        return {"connection": public(made), "go_url": go_url}
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest(f"'{slug}' needs a `token`")
     hints = row["auth_hints"] or {}
