@@ -6,6 +6,7 @@ the moment it photographs the server or executes a brokered call.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from fastapi import APIRouter
@@ -23,6 +24,9 @@ from services.oauth_tokens import GrantLost
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
 
+# RFC 6749 §3.3 scope-token: printable ASCII except space, double quote and backslash.
+_SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
+
 
 class ConnectionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -36,7 +40,7 @@ class ConnectionCreate(BaseModel):
     owner: Literal["organization", "personal"] = "organization"
     client_id: str | None = Field(default=None, max_length=2048)
     client_secret: SecretStr | None = None
-    scopes: list[str] | None = None
+    scopes: list[str] | None = Field(default=None, min_length=1, max_length=50)
 
 
 def sealer_of(svc: Services) -> Any:
@@ -115,11 +119,10 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
             raise BadRequest(
                 "an oauth connection sends `Authorization: Bearer`; `header_name` and `scheme` do not apply"
             )
-        if body.client_id is not None or body.client_secret is not None or body.scopes is not None:
-            raise BadRequest(
-                "pre-registered `client_id`/`client_secret` and custom `scopes` are not supported yet: omit them "
-                "(the client registers itself and requests the scopes the server advertises)"
-            )
+        if body.client_secret is not None and body.client_id is None:
+            raise BadRequest("`client_secret` needs the `client_id` it was issued with")
+        if body.scopes is not None and not all(_SCOPE.fullmatch(scope) for scope in body.scopes):
+            raise BadRequest("`scopes` must be non-empty OAuth scope tokens (no spaces or quotes)")
         row = await connect_oauth(
             svc,
             who.tenant_id,
@@ -128,6 +131,14 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
             owner_user_id=who.user_id if body.owner == "personal" else None,
             created_by_user_id=who.user_id,
         )
+        if body.client_id is not None or body.scopes:
+            try:
+                await oauth_of(svc).preregister(
+                    who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
+                )
+            except (OAuthClientError, UrlRefused) as err:
+                await svc.connections.discard_pending_oauth(who.tenant_id, row["id"])
+                raise BadRequest(f"cannot use this client id with this server: {err}") from None
         return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
     if body.client_id is not None or body.client_secret is not None or body.scopes is not None:
         raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")

@@ -23,7 +23,9 @@ from temporalio.client import Client
 from activities.contracts import workflow_id
 from cli.stack import Stack
 from db.connections import credential_context
+from integrations.oauth import OAuthClient
 from integrations.sealing import Sealer
+from integrations.urls import UrlPolicy
 from services.oauth_tokens import access_context
 from tests.integration.conftest import FAST
 from tests.integration.helpers import (
@@ -306,6 +308,49 @@ async def test_an_oauth_catalog_entry_connects_in_one_call_and_one_sign_in(
     assert (await connection_row(api, connection["id"]))["status"] == "active"
     listed = {c["slug"]: c for c in (await api.get("/v1/catalog")).json()["connectors"]}
     assert listed[slug]["connection"]["id"] == connection["id"]
+
+
+async def test_a_preregistered_client_id_and_requested_scopes_are_used_on_both_legs(
+    api: httpx.AsyncClient, stack: Stack, auth: AuthorizationServer, mcp: RunningServer, browser: httpx.AsyncClient
+) -> None:
+    # A client registered out of band (here: at the provider's registration endpoint, by someone else).
+    oauth = OAuthClient(UrlPolicy(allow_loopback=True))
+    own = await oauth.register(await oauth.discover(mcp.url), f"{stack.api_url}/v1/oauth/callback")
+    r = await api.post(
+        "/v1/connections",
+        json={
+            "provider": "mcp_http", "base_url": mcp.url, "auth_kind": "oauth",
+            "client_id": own.client_id, "scopes": ["mcp:tools"],
+        },
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    cid = r.json()["connection"]["id"]
+    await auth.clear_requests()
+    page = await browser.get(await signed_in(api, auth, browser, cid))
+    assert page.status_code == 200, page.text
+    seen = await auth.requests()
+    authorize = [q["params"] for q in seen if q["route"] == "authorization"]
+    token = [q["params"] for q in seen if q["route"] == "token"]
+    assert authorize and all(p["client_id"] == own.client_id for p in authorize)
+    assert authorize[0]["scope"] == "mcp:tools offline_access", "offline_access is kept when offered"
+    assert token and token[0]["client_id"] == own.client_id
+    assert (await connection_row(api, cid))["status"] == "active"
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        source = await conn.fetchval(
+            "SELECT r.source FROM integration_connections c JOIN oauth_client_registrations r "
+            "ON r.id = c.registration_id WHERE c.id = $1",
+            uuid.UUID(cid),
+        )
+    finally:
+        await conn.close()
+    assert source == "preregistered"
+    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": mcp.url, "auth_kind": "oauth",
+                                                 "client_secret": "s"})  # fmt: skip
+    assert r.status_code == 400 and "needs the `client_id`" in r.json()["error"]
+    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": mcp.url, "auth_kind": "oauth",
+                                                 "scopes": ["has space"]})  # fmt: skip
+    assert r.status_code == 400 and "scope tokens" in r.json()["error"]
 
 
 async def test_bad_oauth_requests_are_clear_4xx_errors_that_change_nothing(
