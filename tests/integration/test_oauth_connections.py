@@ -193,6 +193,36 @@ async def test_an_oauth_connection_signs_in_and_its_runs_call_through_it_without
         assert all(secret not in text for text in texts)
 
 
+async def test_a_401_from_the_server_gets_one_retry_with_a_refreshed_token(
+    api: httpx.AsyncClient, auth: AuthorizationServer, mcp: RunningServer, browser: httpx.AsyncClient
+) -> None:
+    await connected(api, auth, browser, mcp.url)
+    script = [
+        {"tool": "mcp__calc__add", "input": {"a": 40, "b": 2}},
+        {"tool": "mcp__calc__add", "input": {"a": 1, "b": 1}},
+    ]
+    agent = await make_agent(
+        api, script, policy=await make_policy(api, BROKER_POLICY),
+        connection_requirements=[requirement(mcp.url, ["add"])],
+    )  # fmt: skip
+    await auth.clear_requests()
+    executed, answered = len(mcp.recorder.executions), len(mcp.recorder.http_requests)
+    # The server refuses the first call's token once: the broker refreshes past it and sends the call again.
+    mcp.recorder.reject_next_calls(1)
+    run_id = await start_run(api, agent)
+    await wait_status(api, run_id, {"completed", "failed"})
+    evs = await events(api, run_id)
+    said = [e["payload"]["data"]["text"] for e in evs if e["type"] == "agent.message"]
+    assert "mcp__calc__add → 42" in said, said
+    brokered = [e["payload"]["data"] for e in evs if e["type"] == "tool.brokered"]
+    assert [b["outcome"] for b in brokered] == ["succeeded", "succeeded"]
+    assert len(mcp.recorder.executions) - executed == 2
+    assert [status for _, status in mcp.recorder.http_requests[answered:]].count(401) == 1
+    grants = [r["params"].get("grant_type") for r in await auth.requests() if r["route"] == "token"]
+    # Each call refreshes its due 60 s token first; the refused one refreshes once more.
+    assert grants == ["refresh_token"] * 3, grants
+
+
 async def test_a_callback_from_another_browser_is_refused_without_burning_the_flow_and_a_replay_is_refused(
     api: httpx.AsyncClient, auth: AuthorizationServer, mcp: RunningServer, browser: httpx.AsyncClient
 ) -> None:
