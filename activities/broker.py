@@ -1,7 +1,12 @@
 """Brokered MCP calls, executed in the control plane with the sealed credential.
 
-Order for every call: binding re-check against live state → claim CAS → unseal → one MCP call →
-settle the claim and write the single ``tool.brokered`` event. The agent never sees the credential.
+Order for every call: binding re-check against live state → unseal (static) or an access token from
+:class:`services.oauth_tokens.AccessTokens` (oauth) → claim CAS → one MCP call → settle the claim and write the
+single ``tool.brokered`` event. The agent never sees the credential.
+
+For an OAuth connection the sealed credential is the refresh token: it never goes upstream. A server that answers
+401 (nothing ran) gets one more call with a token refreshed past the rejected one; a refresh the authorization
+server refuses leaves the connection in ``error`` and fails the call closed with the provider's reason.
 """
 
 from __future__ import annotations
@@ -10,12 +15,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import SecretStr
 from temporalio import activity
 
 from activities import contracts as c
 from core import events as ev
 from core.digests import document_digest
-from core.errors import NotFound
+from core.errors import Conflict, NotFound
 from core.redaction import MARK
 from core.states import accepts_work
 from core.tools import split_mcp
@@ -23,8 +29,10 @@ from db.connections import Connections, credential_context
 from integrations import mcp_client
 from integrations.headers import auth_headers
 from integrations.mcp_pool import SessionPool
+from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
-from integrations.urls import UrlPolicy, UrlRefused
+from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
+from services.oauth_tokens import AccessTokens, GrantLost
 
 
 class BrokerActivities:
@@ -34,6 +42,7 @@ class BrokerActivities:
         sealer: Sealer | None,
         url_policy: UrlPolicy,
         pool: SessionPool | None = None,
+        tokens: AccessTokens | None = None,
     ) -> None:
         self.connections = connections
         self.store = connections.store
@@ -41,6 +50,8 @@ class BrokerActivities:
         self.url_policy = url_policy
         # Kept-open MCP sessions (one HTTP exchange per call instead of four); None: a fresh session per call.
         self.pool = pool
+        # Access tokens of OAuth connections; None: OAuth-backed bindings are refused.
+        self.tokens = tokens
 
     async def _refuse(self, inp: c.BrokerIn, claim: dict[str, Any], reason: str) -> c.BrokerOut:
         """A binding that no longer holds denies the call: no credential is touched, nothing is sent."""
@@ -88,14 +99,20 @@ class BrokerActivities:
         if not accepts_work(claim["run_status"]):
             return await self._refuse(inp, claim, "session is not active")
         spec = await self.store.run_spec(inp.run_id)
+        oauth = binding["auth_kind"] == "oauth"
         try:
             # Read in the same statement as the checks, and only while the binding still holds.
             if claim["credential_sealed"] is None:
                 raise NotFound()
-            blob = bytes(claim["credential_sealed"])
-            token = self.sealer.open(blob, context=credential_context(spec.tenant_id)).decode()
+            if oauth:
+                token = await self._access_token(spec.tenant_id, binding)
+            else:
+                blob = bytes(claim["credential_sealed"])
+                token = self.sealer.open(blob, context=credential_context(spec.tenant_id)).decode()
         except (NotFound, SealingError):
             return await self._refuse(inp, claim, "the bound connection's credential is no longer usable")
+        except _NoAccess as err:
+            return await self._refuse(inp, claim, str(err))
         taken = await self.connections.take(inp.run_id, inp.tool_call_id, inp.input_digest)
         if taken is None:  # someone else holds it, or its outcome is final
             current = await self.connections.claim(inp.run_id, inp.tool_call_id, inp.input_digest)
@@ -103,6 +120,7 @@ class BrokerActivities:
         surface = next(b for b in spec.brokered if b["binding_id"] == claim["binding_id"])
         split = split_mcp(claim["tool"])
         assert split is not None
+        tokens = [token]
         started = time.monotonic()
         try:
             # Admitted again right before connecting: a name that now resolves somewhere forbidden
@@ -112,20 +130,27 @@ class BrokerActivities:
         except UrlRefused as err:
             outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
         else:
-            headers = auth_headers(token, header_name=binding["header_name"], scheme=binding["scheme"])
-            call = self.pool.call_tool if self.pool is not None else mcp_client.call_tool
-            outcome = await call(
-                admitted.url,
-                headers,
-                split[1],
-                claim["input"],
-                expected_protocol=surface.get("protocol_version"),
-                pin=admitted,
+            send = (admitted, split[1], claim["input"], surface.get("protocol_version"))
+            headers = (
+                auth_headers(token, header_name=None, scheme="Bearer")
+                if oauth
+                else auth_headers(token, header_name=binding["header_name"], scheme=binding["scheme"])
             )
+            outcome = await self._send(headers, *send)
+            if oauth and outcome.auth_rejected:
+                # The server refused the token before running anything: once more with a refreshed one.
+                try:
+                    retry_token = await self._access_token(spec.tenant_id, binding, rejected=token)
+                except _NoAccess as err:
+                    outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
+                else:
+                    tokens.append(retry_token)
+                    outcome = await self._send(auth_headers(retry_token, header_name=None, scheme="Bearer"), *send)
         latency_ms = int((time.monotonic() - started) * 1000)
         # An upstream that echoes the credential back must not carry it into the ledger or the sandbox.
-        result = _without(outcome.result, token)
-        error = _without(outcome.error, token)
+        result, error = outcome.result, outcome.error
+        for secret in tokens:
+            result, error = _without(result, secret), _without(error, secret)
         error = error.replace("{id}", str(binding["connection_id"])) if error else None
         data: dict[str, Any] = {
             "tool_call_id": inp.tool_call_id,
@@ -151,8 +176,40 @@ class BrokerActivities:
         )
         return c.BrokerOut(state=row["state"])
 
+    async def _access_token(self, tenant_id: str, binding: dict[str, Any], *, rejected: str | None = None) -> str:
+        """The OAuth connection's access token at the binding's generation, or :class:`_NoAccess` with the reason
+        the call fails closed."""
+        if self.tokens is None:
+            raise _NoAccess("OAuth connections are not enabled on this worker")
+        try:
+            token = await self.tokens.get(
+                tenant_id,
+                str(binding["connection_id"]),
+                int(binding["authority_generation"]),
+                rejected=SecretStr(rejected) if rejected is not None else None,
+            )
+        except GrantLost as lost:
+            raise _NoAccess(f"the bound connection is in error: {lost.reason} (reconnect it)") from None
+        except Conflict:
+            raise _NoAccess("the bound connection was reauthorized since this run started") from None
+        except NotFound:
+            raise _NoAccess("the bound connection is no longer active") from None
+        except OAuthClientError as err:
+            raise _NoAccess(f"could not obtain an access token for the bound connection: {err}") from None
+        return token.get_secret_value()
+
+    async def _send(
+        self, headers: dict[str, str], admitted: AdmittedUrl, name: str, arguments: Any, protocol: str | None
+    ) -> mcp_client.CallOutcome:
+        call = self.pool.call_tool if self.pool is not None else mcp_client.call_tool
+        return await call(admitted.url, headers, name, arguments, expected_protocol=protocol, pin=admitted)
+
     def all(self) -> list[Callable[..., Any]]:
         return [self.broker_call]
+
+
+class _NoAccess(Exception):
+    """No usable access token for an OAuth binding; the message is the call's refusal reason."""
 
 
 def _without(value: Any, secret: str) -> Any:

@@ -32,6 +32,7 @@ from api.routes import (
     triggers,
     usage,
 )
+from api.routes import oauth as oauth_routes
 from config.settings import Settings
 from core.digests import sha256_hex
 from core.policy import parse_policy
@@ -42,8 +43,11 @@ from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
 from db.usage import Metering, load_prices
+from integrations.oauth import OAuthClient, client_metadata_document_url
 from integrations.sealing import sealer_from_settings
 from integrations.urls import UrlPolicy
+from services.oauth_connect import OAuthConnect
+from services.oauth_tokens import AccessTokens
 
 log = logging.getLogger("fluidbox.api")
 POLICY_DIR = Path(__file__).resolve().parent.parent / "policies"
@@ -105,6 +109,7 @@ def create_app(settings: Settings) -> FastAPI:
         await hub.start()
         ceiling, ttl = settings.llm_max_concurrent_reservations, settings.llm_reservation_ttl_secs
         metering = Metering(store, load_prices(), ceiling=ceiling, ttl_secs=ttl)
+        connector_policy = UrlPolicy(allow_loopback=settings.allow_loopback_connectors)
         svc = Services(
             settings=settings,
             store=store,
@@ -114,10 +119,21 @@ def create_app(settings: Settings) -> FastAPI:
             connections=Connections(store),
             capabilities=Capabilities(store),
             catalog=catalog,
-            url_policy=UrlPolicy(allow_loopback=settings.allow_loopback_connectors),
+            url_policy=connector_policy,
             sealer=sealer,
             metering=metering,
         )
+        if sealer is not None:
+            oauth_client = OAuthClient(connector_policy)
+            svc.access_tokens = AccessTokens(store, sealer, oauth_client)
+            svc.oauth = OAuthConnect(
+                store,
+                sealer,
+                oauth_client,
+                connector_policy,
+                redirect_uri=f"{svc.public_base}/v1/oauth/callback",
+                metadata_document_url=client_metadata_document_url(svc.public_base),
+            )
         app.state.services = svc
         sweeper = asyncio.create_task(llm.sweep_reservations(metering, settings.llm_sweep_secs))
         reviver = asyncio.create_task(start_stranded_runs(svc))
@@ -150,6 +166,6 @@ def create_app(settings: Settings) -> FastAPI:
     routers = (health, agents, policies, connections, catalog, capabilities, sessions, approvals, triggers, deliveries)
     for module in (*routers, usage, internal, llm):
         app.include_router(module.router)
-    for module in (auth, admin_routes):
+    for module in (auth, admin_routes, oauth_routes):
         app.include_router(module.router)
     return app

@@ -27,6 +27,8 @@ from db.triggers import Triggers
 from db.usage import Metering
 from integrations.sealing import Sealer
 from integrations.urls import UrlPolicy
+from services.oauth_connect import OAuthConnect
+from services.oauth_tokens import AccessTokens
 from services.runs import RunFactory
 from services.triggers import TriggerService
 
@@ -44,6 +46,9 @@ class Services:
     url_policy: UrlPolicy
     sealer: Sealer | None = None
     metering: Metering | None = None
+    access_tokens: AccessTokens | None = None
+    oauth: OAuthConnect | None = None
+    """OAuth connect and access tokens exist only when credential storage does (a sealer)."""
     _temporal: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -58,6 +63,11 @@ class Services:
         return TriggerService(
             self.store, self.connections, self.capabilities, self.settings, self.temporal, self.sealer
         )
+
+    @property
+    def public_base(self) -> str:
+        """The browser-facing base URL of this deployment (no trailing slash)."""
+        return (self.settings.public_url or self.settings.api_url).rstrip("/")
 
     async def temporal(self) -> Client:
         if self._temporal is None:

@@ -67,6 +67,40 @@ class Connections:
             snapshot = await self._append_snapshot(conn, row["id"], 1, photo)
             return row, snapshot
 
+    async def create_pending_oauth(self, tenant_id: str, fields: Row) -> Row:
+        """An ``oauth`` connection waiting for its first sign-in: no credential, no snapshot, not bindable
+        (only ``active`` connections bind). ``fields`` as :meth:`create` (no header or scheme)."""
+        owner = fields.get("owner_user_id")
+        async with self.pool.acquire() as conn:
+            row = _row(
+                await conn.fetchrow(
+                    "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
+                    "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id) "
+                    "VALUES ($1,$2,$3,$4,$5,'oauth','Bearer','pending',$6,$7,$8) "
+                    f"RETURNING {CONNECTION_FIELDS}",
+                    uuid.UUID(new_id()),
+                    uuid.UUID(tenant_id),
+                    fields["provider"],
+                    fields["display_name"],
+                    fields["base_url"],
+                    "user" if owner else "organization",
+                    uuid.UUID(owner) if owner else None,
+                    uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
+                )
+            )
+        assert row is not None
+        return row
+
+    async def discard_pending_oauth(self, tenant_id: str, connection_id: str) -> None:
+        """Remove an ``oauth`` connection that never signed in (its first sign-in could not even start)."""
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                "DELETE FROM integration_connections WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' "
+                "AND status = 'pending' AND oauth_activated_at IS NULL",
+                uuid.UUID(tenant_id),
+                uuid.UUID(connection_id),
+            )
+
     async def all(self, tenant_id: str, viewer_user_id: str | None = None) -> list[Row]:
         """Organization connections plus the viewer's own personal ones (none for the operator)."""
         async with self.pool.acquire() as conn:
@@ -225,7 +259,7 @@ class Connections:
                     "SELECT cl.*, b.connection_id, b.authority_generation, b.connection_owner_type, "
                     "b.connection_owner_user_id, c.owner_user_id AS live_owner_user_id, "
                     "c.status AS connection_status, c.authorization_generation AS live_generation, "
-                    "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme, "
+                    "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme, c.auth_kind, "
                     "(m.status = 'active' AND u.status = 'active') AS owner_active, "
                     "CASE WHEN c.status = 'active' AND c.authorization_generation = b.authority_generation "
                     "AND (b.connection_owner_user_id IS NULL OR (c.owner_user_id = b.connection_owner_user_id "

@@ -140,6 +140,34 @@ class OAuthRecords:
                 )
             )
 
+    async def connection_settings(self, tenant_id: str, connection_id: str) -> Row:
+        """An oauth connection's ``oauth`` document and ``registration_id`` (not in the public connection fields)."""
+        async with self.pool.acquire() as conn:
+            row = _row(
+                await conn.fetchrow(
+                    "SELECT oauth, registration_id FROM integration_connections WHERE tenant_id = $1 AND id = $2",
+                    uuid.UUID(tenant_id),
+                    uuid.UUID(connection_id),
+                )
+            )
+        if row is None:
+            raise NotFound()
+        return row
+
+    async def configure_pending(
+        self, tenant_id: str, connection_id: str, *, oauth: dict[str, Any], registration_id: str | None
+    ) -> None:
+        """Record a pending connection's requested scopes and pre-registered identity before its first sign-in."""
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE integration_connections SET oauth = $3, registration_id = $4, updated_at = now() "
+                "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND status = 'pending'",
+                uuid.UUID(tenant_id),
+                uuid.UUID(connection_id),
+                oauth,
+                uuid.UUID(registration_id) if registration_id else None,
+            )
+
     # ---- flows ---------------------------------------------------------------------------------
 
     async def start_flow(

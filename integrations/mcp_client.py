@@ -164,6 +164,9 @@ class CallOutcome:
     outcome: Outcome
     result: dict[str, Any] | None
     error: str | None
+    auth_rejected: bool = False
+    """The server answered HTTP 401 before running anything: the bearer token was not accepted (an OAuth
+    caller refreshes it and tries once more)."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -437,7 +440,12 @@ def _classify_call_error(err: MCPError, wire: _Wire, name: str) -> CallOutcome:
         return CallOutcome("failed_upstream", _synthetic_error_result(text), f"tools/call {name!r} failed: {text}")
     if status is not None and 400 <= status < 500:
         text = f"server refused tools/call with HTTP {status}"
-        return CallOutcome("failed_upstream", _synthetic_error_result(text), f"tools/call {name!r}: {text}")
+        return CallOutcome(
+            "failed_upstream",
+            _synthetic_error_result(text),
+            f"tools/call {name!r}: {text}",
+            auth_rejected=status == 401,
+        )
     if status is not None and status >= 500:
         return CallOutcome("ambiguous", None, f"tools/call {name!r} answered HTTP {status} — outcome unknown")
     return CallOutcome("ambiguous", None, f"tools/call {name!r} lost its answer ({err.message}) — outcome unknown")
@@ -506,7 +514,9 @@ async def _handshake(
         except McpClientError as exc:
             return None, _before_send(str(exc))
         except (MCPError, ValidationError) as exc:
-            return None, _before_send(str(_initialize_failure(exc, wire, url)))
+            failure = _initialize_failure(exc, wire, url)
+            rejected = isinstance(failure, AuthRejected) and failure.status == 401
+            return None, CallOutcome("failed_before_send", None, str(failure), auth_rejected=rejected)
     if version is None:
         return None, _before_send(f"MCP server at {_safe_url(url)} did not complete initialize within {timeout}s")
     return version, None

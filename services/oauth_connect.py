@@ -95,8 +95,19 @@ class OAuthConnect:
             raise BadRequest("this connection does not use OAuth")
         if connection.get("status") == "revoked":
             raise Conflict("connection is revoked")
+        settings = await self.records.connection_settings(tenant_id, connection["id"])
         discovery = await self.client.discover(connection["base_url"])
-        identity, registration_id = await self._identity(tenant_id, discovery)
+        requested = (settings["oauth"] or {}).get("requested_scope")
+        if requested:
+            scopes = requested.split()
+            # A connection lives on its refresh token: keep asking for one when the server offers the scope.
+            if "offline_access" in (discovery.authorization_server.scopes_supported or []) and (
+                "offline_access" not in scopes
+            ):
+                scopes.append("offline_access")
+            discovery = discovery.model_copy(update={"scope": " ".join(scopes)})
+        own = await self._preregistered(tenant_id, settings.get("registration_id"), discovery)
+        identity, registration_id = own if own is not None else await self._identity(tenant_id, discovery)
         request = self.client.authorization_request(discovery, identity)
         verifier = self.sealer.seal(request.code_verifier.get_secret_value(), context=flow_verifier_context(tenant_id))
         flow = await self.records.start_flow(
@@ -117,6 +128,56 @@ class OAuthConnect:
             discovery.authorization_server.issuer,
         )
         return StartedFlow(flow["id"], request.url, flow["expires_at"])
+
+    async def preregister(
+        self,
+        tenant_id: str,
+        connection: Row,
+        *,
+        client_id: str | None,
+        client_secret: SecretStr | None,
+        scopes: list[str] | None,
+    ) -> None:
+        """Settle a pending connection's own client identity (a ``client_id`` registered out of band, with its
+        secret sealed) and the scopes to request instead of the advertised ones. A client id needs the server's
+        issuer, so discovery runs now; its failures pass through."""
+        document: dict[str, Any] = {}
+        if scopes:
+            document["requested_scope"] = " ".join(scopes)
+        registration_id: str | None = None
+        if client_id is not None:
+            discovery = await self.client.discover(connection["base_url"])
+            identity = await self.client.identify(
+                discovery, self.redirect_uri, preregistered=(client_id, client_secret)
+            )
+            row, _ = await self.records.save_registration(
+                tenant_id,
+                {
+                    "issuer": identity.issuer,
+                    "redirect_uri": identity.redirect_uri,
+                    "source": identity.source,
+                    "client_id": identity.client_id,
+                    "token_endpoint_auth_method": identity.token_endpoint_auth_method,
+                },
+                client_secret=self._seal(tenant_id, "client_secret", client_secret),
+            )
+            registration_id = row["id"]
+        await self.records.configure_pending(
+            tenant_id, connection["id"], oauth=document, registration_id=registration_id
+        )
+
+    async def _preregistered(
+        self, tenant_id: str, registration_id: Any, discovery: Discovery
+    ) -> tuple[ClientIdentity, str] | None:
+        """The connection's own pre-registered identity, if it has one at this authorization server."""
+        if registration_id is None:
+            return None
+        row = await self.records.registration(tenant_id, str(registration_id))
+        if row is None or row["source"] != "preregistered":
+            return None
+        if row["issuer"] != discovery.authorization_server.issuer:
+            raise BadRequest("the server's authorization server changed since its client id was registered")
+        return self._identity_from_row(tenant_id, row), row["id"]
 
     async def _identity(self, tenant_id: str, discovery: Discovery) -> tuple[ClientIdentity, str]:
         issuer = discovery.authorization_server.issuer
@@ -189,6 +250,7 @@ class OAuthConnect:
         code = parse_callback(query, state)
         registration = await self.records.registration(tenant_id, flow["registration_id"])
         connection = await self._connection(tenant_id, flow["connection_id"])
+        requested = (await self.records.connection_settings(tenant_id, flow["connection_id"]))["oauth"] or {}
         if registration is None:
             raise NotFound("the client registration of this sign-in is gone; start again")
         identity = self._identity_from_row(tenant_id, registration)
@@ -211,7 +273,7 @@ class OAuthConnect:
             flow,
             credential=(sealed, self.sealer.key_id),
             access=(access, self.sealer.key_id, tokens.expires_at),
-            oauth=_grant_document(discovery, identity, tokens),
+            oauth=_grant_document(discovery, identity, tokens, requested.get("requested_scope")),
             photo={"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest},
         )
         log.info("oauth connection %s active at generation %s", row["id"], row["authorization_generation"])
@@ -227,10 +289,14 @@ class OAuthConnect:
         return await self.policy.admit(url)
 
 
-def _grant_document(discovery: Discovery, identity: ClientIdentity, tokens: TokenSet) -> dict[str, Any]:
-    """What the connection records about its grant: enough for the broker to refresh, nothing secret."""
+def _grant_document(
+    discovery: Discovery, identity: ClientIdentity, tokens: TokenSet, requested_scope: str | None = None
+) -> dict[str, Any]:
+    """What the connection records about its grant: enough for the broker to refresh, nothing secret (and the
+    scopes the creator asked for, so a reconnect asks for them again)."""
     server = discovery.authorization_server
     return {
+        "requested_scope": requested_scope,
         "issuer": server.issuer,
         "authorization_endpoint": server.authorization_endpoint,
         "token_endpoint": server.token_endpoint,

@@ -82,6 +82,7 @@ class Recorder:
         self._calls: list[tuple[str, dict[str, Any]]] = []
         self._executions: list[str] = []
         self._http: list[tuple[str, int]] = []  # (HTTP method, status we answered with or 0 = passed through)
+        self._reject_calls = 0  # answer this many coming tools/call requests with a bare 401
 
     def record_rpc(self, method: str, params: Any) -> None:
         with self._lock:
@@ -93,6 +94,19 @@ class Recorder:
     def record_http(self, method: str, status: int) -> None:
         with self._lock:
             self._http.append((method, status))
+
+    def reject_next_calls(self, count: int) -> None:
+        """Answer the next ``count`` ``tools/call`` requests with HTTP 401 (as for a token the server stopped
+        accepting), whatever credential they carry."""
+        with self._lock:
+            self._reject_calls = count
+
+    def take_call_rejection(self) -> bool:
+        with self._lock:
+            if self._reject_calls <= 0:
+                return False
+            self._reject_calls -= 1
+            return True
 
     def record_execution(self, tool: str) -> None:
         with self._lock:
@@ -165,7 +179,8 @@ class _Gate:
             if "method" in msg and "id" in msg:
                 self.recorder.record_rpc(str(msg["method"]), msg.get("params"))
 
-        if not self._authorised(scope):
+        calling = any(m.get("method") == "tools/call" for m in rpc)
+        if not self._authorised(scope) or (calling and self.recorder.take_call_rejection()):
             self.recorder.record_http(scope["method"], 401)
             await _plain_response(send, 401, b'{"error":"unauthorized"}', [(b"www-authenticate", b"Bearer")])
             return

@@ -10,12 +10,14 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from api.deps import OperatorDep, Services, ServicesDep
-from api.routes.connections import connect_static, public
+from api.routes.connections import connect_oauth, connect_static, public
+from api.routes.oauth import oauth_of, start_flow
 from core.capabilities import check_catalog_launch, launch_server, parse_bundle
 from core.digests import document_digest
 from core.errors import BadRequest, Conflict, NotFound
 from db.catalog import duplicate_slug
 from integrations import mcp_client
+from integrations.oauth import OAuthClientError
 from integrations.urls import UrlRefused, same_origin_path
 
 router = APIRouter(tags=["catalog"])
@@ -47,6 +49,9 @@ class ConnectIn(_Body):
     token: SecretStr | None = None
     bundle_name: str | None = Field(default=None, pattern=r"^[a-z0-9_-]{1,64}$")
     owner: Literal["organization", "personal"] = "organization"
+    client_id: str | None = Field(default=None, max_length=2048)
+    client_secret: SecretStr | None = None
+    scopes: list[str] | None = Field(default=None, min_length=1, max_length=50)
 
 
 class ProbeIn(_Body):
@@ -136,10 +141,31 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         doc = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
         made = await svc.capabilities.publish(op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc))
         return {"bundle": {"id": made["id"], "name": made["name"], "version": made["version"]}}
-    if row["auth_mode"] == "oauth":
-        raise BadRequest(f"'{slug}' connects with OAuth, which is not available yet; use an api_key connector")
     if not row["url"]:
         raise BadRequest(f"'{slug}' has no URL to connect to")
+    if row["auth_mode"] == "oauth":
+        if body.token is not None:
+            raise BadRequest(f"'{slug}' connects with OAuth: it takes no `token`")
+        if body.client_secret is not None and body.client_id is None:
+            raise BadRequest("`client_secret` needs the `client_id` it was issued with")
+        made = await connect_oauth(
+            svc, op.tenant_id, base_url=row["url"], display_name=body.display_name or row["name"]
+        )
+        try:
+            scopes = body.scopes or row["scopes"] or None
+            if body.client_id is not None or scopes:
+                await oauth_of(svc).preregister(
+                    op.tenant_id, made, client_id=body.client_id, client_secret=body.client_secret, scopes=scopes
+                )
+            go_url = await start_flow(svc, op.tenant_id, made, None)
+        except (OAuthClientError, UrlRefused) as err:
+            await svc.connections.discard_pending_oauth(op.tenant_id, made["id"])
+            raise BadRequest(f"cannot start OAuth with this server: {err}") from None
+        except Exception:
+            # One call, one outcome: a server we cannot start signing in to leaves no pending connection behind.
+            await svc.connections.discard_pending_oauth(op.tenant_id, made["id"])
+            raise
+        return {"connection": public(made), "go_url": go_url}
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest(f"'{slug}' needs a `token`")
     hints = row["auth_hints"] or {}

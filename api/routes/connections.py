@@ -6,19 +6,26 @@ the moment it photographs the server or executes a brokered call.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from api.deps import Principal, PrincipalDep, Services, ServicesDep
-from core.errors import BadRequest, Forbidden, NotFound, Unavailable, UpstreamFailed
+from api.routes.oauth import oauth_of, start_flow
+from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable, UpstreamFailed
 from db.connections import credential_context
 from integrations import mcp_client
 from integrations.headers import auth_headers
+from integrations.oauth import OAuthClientError
 from integrations.urls import AdmittedUrl, UrlRefused
+from services.oauth_tokens import GrantLost
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
+
+# RFC 6749 §3.3 scope-token: printable ASCII except space, double quote and backslash.
+_SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
 
 
 class ConnectionCreate(BaseModel):
@@ -31,6 +38,9 @@ class ConnectionCreate(BaseModel):
     header_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
     scheme: Literal["Bearer", "Basic", ""] = "Bearer"
     owner: Literal["organization", "personal"] = "organization"
+    client_id: str | None = Field(default=None, max_length=2048)
+    client_secret: SecretStr | None = None
+    scopes: list[str] | None = Field(default=None, min_length=1, max_length=50)
 
 
 def sealer_of(svc: Services) -> Any:
@@ -103,7 +113,35 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
     if body.owner == "organization" and not who.mutates_resources:
         raise Forbidden("creating an organization connection requires the admin or owner role")
     if body.auth_kind == "oauth":
-        raise BadRequest("oauth connections are not available yet: use auth_kind static with a token")
+        if body.token is not None:
+            raise BadRequest("an oauth connection takes no `token`: it is obtained by signing in")
+        if body.header_name is not None or body.scheme != "Bearer":
+            raise BadRequest(
+                "an oauth connection sends `Authorization: Bearer`; `header_name` and `scheme` do not apply"
+            )
+        if body.client_secret is not None and body.client_id is None:
+            raise BadRequest("`client_secret` needs the `client_id` it was issued with")
+        if body.scopes is not None and not all(_SCOPE.fullmatch(scope) for scope in body.scopes):
+            raise BadRequest("`scopes` must be non-empty OAuth scope tokens (no spaces or quotes)")
+        row = await connect_oauth(
+            svc,
+            who.tenant_id,
+            base_url=body.base_url,
+            display_name=body.display_name,
+            owner_user_id=who.user_id if body.owner == "personal" else None,
+            created_by_user_id=who.user_id,
+        )
+        if body.client_id is not None or body.scopes:
+            try:
+                await oauth_of(svc).preregister(
+                    who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
+                )
+            except (OAuthClientError, UrlRefused) as err:
+                await svc.connections.discard_pending_oauth(who.tenant_id, row["id"])
+                raise BadRequest(f"cannot use this client id with this server: {err}") from None
+        return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
+    if body.client_id is not None or body.client_secret is not None or body.scopes is not None:
+        raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a static connection needs a `token`")
     return await connect_static(
@@ -156,6 +194,44 @@ async def connect_static(
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
 
+async def connect_oauth(
+    svc: Services,
+    tenant_id: str,
+    *,
+    base_url: str,
+    display_name: str | None,
+    owner_user_id: str | None = None,
+    created_by_user_id: str | None = None,
+) -> dict[str, Any]:
+    """A ``pending`` oauth connection (the row); it becomes usable after its first sign-in (``/oauth/start``)."""
+    oauth_of(svc)
+    try:
+        admitted = await svc.url_policy.admit(base_url)
+    except UrlRefused as err:
+        raise BadRequest(str(err)) from None
+    fields = {
+        "provider": "mcp_http",
+        "display_name": display_name or admitted.url,
+        "base_url": admitted.url,
+        "owner_user_id": owner_user_id,
+        "created_by_user_id": created_by_user_id,
+    }
+    return await svc.connections.create_pending_oauth(tenant_id, fields)
+
+
+@router.post("/{connection_id}/oauth/start", summary="Start (or redo) an OAuth connection's sign-in")
+async def oauth_start(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+    """A one-time ``go_url`` (600 s) to open in the browser that signs in; reconnecting bumps the generation."""
+    oauth_of(svc)
+    row = await visible(svc, who, connection_id)
+    require_manage(who, row, "connecting")
+    if row["auth_kind"] != "oauth":
+        raise BadRequest("this connection does not use OAuth")
+    if row["status"] == "revoked":
+        raise Conflict("connection is revoked")
+    return {"go_url": await start_flow(svc, who.tenant_id, row, who.user_id)}
+
+
 @router.get("", summary="List connections")
 async def list_connections(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Organization connections and the caller's own personal ones; never includes a secret."""
@@ -172,7 +248,10 @@ async def get_connection(connection_id: str, who: PrincipalDep, svc: ServicesDep
 async def revoke(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The sealed credential is destroyed; in-flight runs fail closed on their next brokered call."""
     require_manage(who, await visible(svc, who, connection_id), "revoking")
-    return {"connection": public(await svc.connections.revoke(who.tenant_id, connection_id))}
+    revoked = await svc.connections.revoke(who.tenant_id, connection_id)
+    if svc.access_tokens is not None:
+        svc.access_tokens.evict(connection_id)
+    return {"connection": public(revoked)}
 
 
 @router.get("/{connection_id}/tools", summary="The latest tool snapshot")
@@ -197,9 +276,36 @@ async def refresh(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> di
         admitted = await svc.url_policy.admit(row["base_url"])  # it may resolve elsewhere by now
     except UrlRefused as err:
         raise BadRequest(str(err)) from None
-    blob, _ = await svc.connections.credential(connection_id)
-    token = sealer.open(blob, context=credential_context(who.tenant_id)).decode()
-    headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
-    photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
+    if row["auth_kind"] == "oauth":
+        photo = await oauth_photograph(svc, who.tenant_id, row, admitted)
+    else:
+        blob, _ = await svc.connections.credential(connection_id)
+        token = sealer.open(blob, context=credential_context(who.tenant_id)).decode()
+        headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
+        photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
     snapshot = await svc.connections.refresh(connection_id, row["authorization_generation"], photo)
     return {"snapshot": snapshot_public(snapshot)}
+
+
+async def oauth_photograph(svc: Services, tenant_id: str, row: dict[str, Any], admitted: AdmittedUrl) -> dict[str, Any]:
+    """Photograph with the connection's access token; after a 401, once more with a refreshed one."""
+    tokens = svc.access_tokens
+    if tokens is None:
+        raise Unavailable("OAuth connections need credential storage (FLUIDBOX_CREDENTIAL_KEY)")
+    generation = int(row["authorization_generation"])
+    rejected: SecretStr | None = None
+    for _ in range(2):
+        try:
+            token = await tokens.get(tenant_id, str(row["id"]), generation, rejected=rejected)
+        except GrantLost as lost:
+            raise BadRequest(f"the connection is now in error: {lost.reason} (reconnect it)") from None
+        except OAuthClientError as err:
+            raise UpstreamFailed(f"could not obtain an access token: {err}") from None
+        headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
+        try:
+            return await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
+        except BadRequest:
+            if rejected is not None:
+                raise
+            rejected = token
+    raise AssertionError("unreachable")

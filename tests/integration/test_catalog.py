@@ -46,8 +46,12 @@ async def test_an_api_key_entry_connects_and_a_rejected_key_rolls_back(api: http
         assert {t["name"] for t in ok.json()["snapshot"]["tools"]} >= {"add", "echo"}
         listed = {c["slug"]: c for c in (await api.get("/v1/catalog")).json()["connectors"]}
         assert listed[slug]["connection"]["id"] == ok.json()["connection"]["id"]
+    # An OAuth entry whose server cannot be reached (this suite runs offline) is refused with nothing stored;
+    # tests/integration/test_oauth_connections.py connects one that can.
+    before = (await api.get("/v1/connections")).json()["connections"]
     oauth = await api.post("/v1/catalog/linear/connect", json={})
-    assert oauth.status_code == 400 and "OAuth" in oauth.json()["error"]
+    assert oauth.status_code == 400 and "mcp.linear.app" in oauth.json()["error"]
+    assert (await api.get("/v1/connections")).json()["connections"] == before
 
 
 async def test_an_in_image_entry_connects_as_a_sandbox_bundle(api: httpx.AsyncClient) -> None:

@@ -315,10 +315,10 @@ async def test_auth_refused_at_initialize_is_failed_before_send_without_leaking(
         ok = await call_tool(
             srv.url, {"Authorization": f"Bearer {TOKEN}"}, "add", {"a": 1, "b": 2}, expected_protocol="2025-11-25"
         )
-    assert out.outcome == "failed_before_send"
+    assert out.outcome == "failed_before_send" and out.auth_rejected
     assert out.error is not None and "HTTP 401" in out.error
     assert "feedface" not in out.error and TOKEN not in out.error
-    assert ok.outcome == "succeeded"
+    assert ok.outcome == "succeeded" and not ok.auth_rejected
     assert srv.calls == [("add", {"a": 1, "b": 2})]  # only the authorised call arrived
 
 
@@ -359,3 +359,13 @@ async def test_changing_server_call_uses_current_registry() -> None:
     assert out.result is not None and out.result["content"] == [{"type": "text", "text": "42"}]
     assert "structured_content" not in out.result
     assert srv.calls == [("double", {"n": 21})]
+
+
+@pytest.mark.parametrize(("status", "rejected"), [(401, True), (403, False)])
+async def test_only_a_401_to_tools_call_marks_the_token_as_rejected(status: int, rejected: bool) -> None:
+    """An OAuth caller refreshes and retries once after a 401 (the token was not accepted); a 403 is a scope
+    problem that a refresh does not fix."""
+    async with servers.serve(servers.http_error_on_call(status)) as srv:
+        out = await call_tool(srv.url, {}, "add", {"a": 1, "b": 2}, expected_protocol=None)
+    assert out.outcome == "failed_upstream" and out.auth_rejected is rejected
+    assert srv.executions == []

@@ -1,0 +1,133 @@
+"""Connector OAuth: the browser legs (unauthenticated by design; the one-time flow and its cookie are the proof).
+
+``POST /v1/connections/{id}/oauth/start`` (in :mod:`api.routes.connections`) records a flow and answers a
+``go_url`` whose ``f`` is the flow id and the authorization URL sealed together, so the URL (it carries ``state``)
+never sits in our database and a forged link cannot be opened. ``/go`` binds the flow to this browser's cookie
+and redirects to the authorization server; ``/callback`` finishes the flow only from that browser.
+
+The cookie is ``__Host-fbx_oauth_flow`` when the public URL is https. ``__Host-`` cookies must be ``Secure``,
+which a browser refuses to store from a plain-http origin, so an http deployment (loopback development) uses
+``fbx_oauth_flow`` with the same attributes minus ``Secure``. It is ``SameSite=Lax`` so the authorization server's
+top-level redirect back to the callback carries it. A browser keeps one cookie value for all its flows.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import secrets
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+
+from api.deps import Services, ServicesDep
+from core.errors import BadRequest, NotFound, Unavailable, UpstreamFailed
+from core.tokens import token_digest
+from db.store import Row
+from integrations import mcp_client
+from integrations.oauth import (
+    AuthorizationFailed,
+    OAuthClientError,
+    client_metadata_document,
+    client_metadata_document_url,
+)
+from integrations.sealing import SealingError
+from integrations.urls import UrlRefused
+from services.oauth_connect import OAuthConnect
+
+router = APIRouter(tags=["oauth"])
+
+GO_CONTEXT = "connector_oauth_flows.go"
+SECURE_COOKIE = "__Host-fbx_oauth_flow"
+PLAIN_COOKIE = "fbx_oauth_flow"
+COOKIE_MAX_AGE = 600  # the flow's own lifetime
+
+
+def oauth_of(svc: Services) -> OAuthConnect:
+    if svc.oauth is None or svc.sealer is None:
+        raise Unavailable(
+            "OAuth connections need credential storage: set FLUIDBOX_CREDENTIAL_KEY (64 hex characters) and restart"
+        )
+    return svc.oauth
+
+
+def cookie_name(svc: Services) -> str:
+    return SECURE_COOKIE if svc.public_base.startswith("https://") else PLAIN_COOKIE
+
+
+async def start_flow(svc: Services, tenant_id: str, connection: Row, actor_user_id: str | None) -> str:
+    """Record a one-time flow for ``connection``; returns its ``go_url``."""
+    oauth = oauth_of(svc)
+    try:
+        started = await oauth.start(tenant_id, connection, actor_user_id=actor_user_id)
+    except (OAuthClientError, UrlRefused) as err:
+        raise BadRequest(f"cannot start OAuth with this server: {err}") from None
+    assert svc.sealer is not None
+    sealed = svc.sealer.seal(json.dumps({"f": started.flow_id, "u": started.authorization_url}), context=GO_CONTEXT)
+    return f"{svc.public_base}/v1/oauth/go?f={base64.urlsafe_b64encode(sealed).decode().rstrip('=')}"
+
+
+def _open_go(svc: Services, f: str) -> tuple[str, str]:
+    assert svc.sealer is not None
+    try:
+        blob = base64.urlsafe_b64decode(f + "=" * (-len(f) % 4))
+        doc = json.loads(svc.sealer.open(blob, context=GO_CONTEXT))
+        return str(doc["f"]), str(doc["u"])
+    except (ValueError, SealingError, KeyError, TypeError):
+        raise BadRequest("this sign-in link is not valid") from None
+
+
+@router.get("/v1/oauth/go", summary="Open a connector sign-in link: bind it to this browser, go to the provider")
+async def go(f: str, request: Request, svc: ServicesDep) -> RedirectResponse:
+    """Sets the flow cookie and redirects (302) to the authorization server; a used or expired link is refused."""
+    oauth = oauth_of(svc)
+    flow_id, url = _open_go(svc, f)
+    name = cookie_name(svc)
+    browser = request.cookies.get(name) or secrets.token_urlsafe(32)
+    await oauth.open(flow_id, token_digest(browser))
+    response = RedirectResponse(url, status_code=302)
+    response.set_cookie(
+        name,
+        browser,
+        max_age=COOKIE_MAX_AGE,
+        path="/",
+        secure=name == SECURE_COOKIE,
+        httponly=True,
+        samesite="lax",
+    )
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    return response
+
+
+@router.get("/v1/oauth/callback", summary="The authorization server's redirect back: finish the connection")
+async def callback(request: Request, svc: ServicesDep) -> HTMLResponse:
+    """Consumes the flow once, from the browser that opened it; answers a small HTML page (no token in it)."""
+    oauth = oauth_of(svc)
+    browser = request.cookies.get(cookie_name(svc))
+    try:
+        done = await oauth.complete(dict(request.query_params), token_digest(browser) if browser else None)
+    except AuthorizationFailed as err:
+        raise BadRequest(f"sign-in did not complete: {err}") from None
+    except (OAuthClientError, mcp_client.McpClientError, UrlRefused) as err:
+        raise UpstreamFailed(f"the connection could not be completed: {err}") from None
+    if svc.access_tokens is not None:
+        svc.access_tokens.evict(done.connection["id"])
+    name = html.escape(str(done.connection.get("display_name") or "the server"))
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>Connected</title></head><body>"
+        f"<h1>Connected</h1><p>{name} is connected ({len(done.snapshot['tools_json'])} tools). "
+        "You can close this window.</p></body></html>"
+    )
+    return HTMLResponse(page, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
+
+
+@router.get("/.well-known/fluidbox-client.json", summary="Our OAuth Client ID Metadata Document")
+async def client_document(svc: ServicesDep) -> JSONResponse:
+    """Served only when the public URL is https and not loopback (an authorization server must fetch it)."""
+    if client_metadata_document_url(svc.public_base) is None:
+        raise NotFound()
+    document: dict[str, Any] = client_metadata_document(svc.public_base)
+    return JSONResponse(document, headers={"Cache-Control": "public, max-age=300"})
