@@ -20,6 +20,8 @@ from core.redaction import Redactor
 from db.engine import create_pool, migrate
 from db.ids import new_id
 from db.store import Store
+from tests.mcp_servers import RunningServer, serve
+from tests.oauth_servers import AuthorizationServer, authorization_server, protected
 
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="fbx-xdg-"))
 
@@ -58,3 +60,17 @@ async def tenant(db_pool: asyncpg.Pool[Any]) -> str:
     async with db_pool.acquire() as conn:
         await conn.execute("INSERT INTO tenants (id, name, slug) VALUES ($1, $2, $2)", uuid.UUID(tid), f"t-{tid}")
     return tid
+
+
+# Real OAuth servers for the tests that connect through them: npm oidc-provider and an MCP server that only
+# accepts its tokens (tests/oauth_servers.py), one of each per test module that asks.
+@pytest.fixture(scope="module")
+async def auth() -> AsyncIterator[AuthorizationServer]:
+    async with authorization_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+async def mcp(auth: AuthorizationServer) -> AsyncIterator[RunningServer]:
+    async with serve(protected(auth)) as server:
+        yield server

@@ -8,7 +8,6 @@ Skipped when Chromium or Playwright is absent (``make install`` installs both).
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -16,8 +15,8 @@ import pytest
 from tests.integration.helpers import events, make_agent, make_policy, start_run, wait_status
 from tests.integration.test_broker import BROKER_POLICY, requirement
 from tests.integration.test_oauth_connections import create
-from tests.mcp_servers import RunningServer, serve
-from tests.oauth_servers import AuthorizationServer, authorization_server, protected
+from tests.mcp_servers import RunningServer
+from tests.oauth_servers import AuthorizationServer
 
 pytestmark = pytest.mark.stack
 
@@ -25,18 +24,6 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 playwright = pytest.importorskip("playwright.async_api")
 if CHROMIUM is None:
     pytest.skip("Debian's chromium is not installed (make install)", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-async def auth() -> AsyncIterator[AuthorizationServer]:
-    async with authorization_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-async def mcp(auth: AuthorizationServer) -> AsyncIterator[RunningServer]:
-    async with serve(protected(auth)) as server:
-        yield server
 
 
 async def test_a_person_connects_in_a_real_browser_and_a_run_uses_the_new_grant(

@@ -39,24 +39,12 @@ from tests.integration.helpers import (
 )
 from tests.integration.test_broker import BROKER_POLICY, requirement
 from tests.mcp_servers import RunningServer, basic, serve
-from tests.oauth_servers import AuthorizationServer, authorization_server, protected
+from tests.oauth_servers import AuthorizationServer
 
 pytestmark = pytest.mark.stack
 
 SUPERSEDED = "this authorization was superseded by a newer one — restart the connect flow"
 COOKIE = "fbx_oauth_flow"  # the stack's public URL is plain http on loopback
-
-
-@pytest.fixture(scope="module")
-async def auth() -> AsyncIterator[AuthorizationServer]:
-    async with authorization_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-async def mcp(auth: AuthorizationServer) -> AsyncIterator[RunningServer]:
-    async with serve(protected(auth)) as server:
-        yield server
 
 
 @pytest.fixture
