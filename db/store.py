@@ -972,6 +972,29 @@ class Store:
             ]
             await self.append(conn, run_id, new)
 
+    async def settled_verdict(self, run_id: str, tool_call_id: str) -> GateOutcome | None:
+        """The verdict a held tool call gets once its approval is settled in PostgreSQL; None while it waits.
+
+        Worded as the run's workflow words it (``human decision: denied``, the recorded reason otherwise),
+        and ``session is not active`` once the run stopped accepting work, as the workflow answers then."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT a.status, a.decision_source, a.decision_reason, s.status AS session_status"
+                " FROM approvals a JOIN sessions s ON s.id = a.session_id"
+                " WHERE a.session_id = $1 AND a.tool_call_id = $2",
+                uuid.UUID(run_id),
+                tool_call_id,
+            )
+        if row is None or row["status"] in ("intent", "pending"):
+            return None
+        if not accepts_work(row["session_status"]):
+            return GateOutcome("deny", "session is not active")
+        if row["status"] in DECIDED_ALLOW:
+            return GateOutcome("allow")
+        if row["decision_source"] == "human" and row["status"] != "expired":
+            return GateOutcome("deny", f"human decision: {row['status']}")
+        return GateOutcome("deny", row["decision_reason"] or "denied by a human")
+
     async def resume_after_approval(self, run_id: str) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -34,6 +35,7 @@ RUNNER_EVENT_TYPES = (ev.AGENT_MESSAGE, ev.RUN_ERROR, "tool.completed")
 RUNNER_ACTORS = frozenset({"agent", "harness"})
 INACTIVE = PermissionResponse(decision="deny", message="session is not active")
 MOVE_PATIENCE_SECS = 60.0
+SETTLED_RECHECK_SECS = 2.0  # a held tool call re-reads its approval this often without a wake-up
 T = TypeVar("T")
 # Temporal holds at most 10 updates in flight per workflow: approval waits and brokered calls each use one.
 BUSY = (
@@ -66,12 +68,40 @@ async def while_moving(call: Callable[[], Awaitable[T]], moved: Callable[[T], bo
 
 
 async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> PermissionResponse:
-    """The one gate: answered from PostgreSQL, or held on the run's approval update."""
+    """The one gate: answered from PostgreSQL, or held until the tool call's approval is settled.
+
+    A held call waits on two things at once: the run's approval update (the workflow owns the wait,
+    its expiry and its cancellation) and the approval row itself, re-read whenever the run's ledger
+    moves (the decision's ``approval.decided`` wakes it through LISTEN/NOTIFY). The row is the
+    authority either way: a human decision is a compare-and-swap there before the workflow hears
+    of it, so answering from it as soon as it settles skips a workflow task on the wake path."""
     outcome = await svc.store.gate(run_id, req.tool_call_id, req.tool, req.input)
     if outcome.verdict == "allow":
         return PermissionResponse(decision="allow")
     if outcome.verdict == "deny":
         return PermissionResponse(decision="deny", message=outcome.message)
+    with svc.hub.subscribe(run_id) as moved:
+        held = asyncio.create_task(_held_by_workflow(svc, run_id, req))
+        try:
+            while True:
+                moved.clear()  # before the read: a decision committed after it still wakes the wait
+                settled = await svc.store.settled_verdict(run_id, req.tool_call_id)
+                if settled is not None:
+                    return PermissionResponse(decision=settled.verdict, message=settled.message)
+                woken = asyncio.create_task(moved.wait())
+                try:
+                    # The periodic re-read covers a NOTIFY lost while the hub reconnects.
+                    await asyncio.wait({held, woken}, timeout=SETTLED_RECHECK_SECS, return_when=FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
+                if held.done():
+                    return held.result()
+        finally:
+            held.cancel()
+
+
+async def _held_by_workflow(svc: ServicesDep, run_id: str, req: PermissionRequest) -> PermissionResponse:
+    """The run's approval update for this tool call (re-attached on retry: update id = tool_call_id)."""
     try:
         handle = run_handle(await svc.temporal(), run_id)
         verdict: c.ApprovalVerdict = await while_moving(
