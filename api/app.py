@@ -32,6 +32,7 @@ from api.routes import (
     triggers,
     usage,
 )
+from api.routes import managed_apps as managed_app_routes
 from api.routes import oauth as oauth_routes
 from config.settings import Settings
 from core.digests import sha256_hex
@@ -44,8 +45,9 @@ from db.engine import create_pool
 from db.store import Store
 from db.usage import Metering, load_prices
 from integrations.oauth import OAuthClient, client_metadata_document_url
-from integrations.sealing import sealer_from_settings
+from integrations.sealing import Sealer, sealer_from_settings
 from integrations.urls import UrlPolicy
+from services.managed_apps import ManagedApps
 from services.oauth_connect import OAuthConnect
 from services.oauth_tokens import AccessTokens
 
@@ -67,6 +69,7 @@ TAGS = [
     {"name": "health", "description": "Liveness and readiness."},
     {"name": "auth", "description": "The caller (operator or user) and its personal access tokens."},
     {"name": "admin", "description": "Operator surface: org members, deactivation and roles."},
+    {"name": "managed-apps", "description": "An embedding product's app connections: list, connect, complete."},
 ]
 
 
@@ -88,6 +91,28 @@ async def start_stranded_runs(svc: Services) -> None:
             await svc.runs.start_stranded(settings.stranded_after_secs)
         except Exception:
             log.warning("the stranded-run check failed; retrying", exc_info=True)
+
+
+def managed_apps(svc: Services, sealer: Sealer, client: OAuthClient, policy: UrlPolicy) -> ManagedApps:
+    """The managed app surface: the connector OAuth legs with the managed callback as their redirect URI."""
+    legs = OAuthConnect(
+        svc.store,
+        sealer,
+        client,
+        policy,
+        redirect_uri=f"{svc.public_base}/v1/mcp-oauth/catalog/callback",
+        metadata_document_url=client_metadata_document_url(svc.public_base),
+    )
+    return ManagedApps(
+        svc.store,
+        sealer,
+        svc.catalog,
+        legs,
+        policy,
+        app_ids=svc.settings.managed_apps,
+        redirect_urls=svc.settings.managed_app_redirect_urls,
+        access_tokens=svc.access_tokens,
+    )
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -134,6 +159,7 @@ def create_app(settings: Settings) -> FastAPI:
                 redirect_uri=f"{svc.public_base}/v1/oauth/callback",
                 metadata_document_url=client_metadata_document_url(svc.public_base),
             )
+            app.state.managed_apps = managed_apps(svc, sealer, oauth_client, connector_policy)
         app.state.services = svc
         sweeper = asyncio.create_task(llm.sweep_reservations(metering, settings.llm_sweep_secs))
         reviver = asyncio.create_task(start_stranded_runs(svc))
@@ -166,6 +192,6 @@ def create_app(settings: Settings) -> FastAPI:
     routers = (health, agents, policies, connections, catalog, capabilities, sessions, approvals, triggers, deliveries)
     for module in (*routers, usage, internal, llm):
         app.include_router(module.router)
-    for module in (auth, admin_routes, oauth_routes):
+    for module in (auth, admin_routes, oauth_routes, managed_app_routes):
         app.include_router(module.router)
     return app

@@ -188,6 +188,8 @@ class Principal:
     name: str | None = None
     org_slug: str | None = None
     org_display_name: str | None = None
+    read_only: bool = False
+    """A read-only PAT: refused (403) on every method but GET, HEAD and OPTIONS."""
 
     @property
     def is_operator(self) -> bool:
@@ -218,6 +220,8 @@ async def principal(request: Request, svc: ServicesDep) -> Principal:
     found = await user_principal(svc, token)
     if found is None:
         raise Unauthorized()
+    if found.read_only and request.method not in ("GET", "HEAD", "OPTIONS"):
+        raise Forbidden("this token is read-only; this request needs a token that may write")
     return found
 
 
@@ -236,6 +240,7 @@ async def user_principal(svc: Services, token: str) -> Principal | None:
         name=row["name"],
         org_slug=row["org_slug"],
         org_display_name=row["org_display_name"],
+        read_only=bool(row.get("read_only")),
     )
 
 

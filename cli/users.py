@@ -105,6 +105,7 @@ def token(
         None, "--expires-in", help="Lifetime in seconds (default 90 days; clamped to 60 s … 365 days)."
     ),
     org: str = typer.Option("default", "--org", help="Org slug."),
+    read_only: bool = typer.Option(False, "--read-only", help="The token may only read (GET/HEAD)."),
 ) -> None:
     """Mint a personal access token for an active member. The token is printed once, never again."""
 
@@ -113,7 +114,7 @@ def token(
         if member is None:
             raise CliError(f"no user with email '{email}' in org '{org}' (add one with `fluidbox users add`)")
         secret, row = await identity.mint_pat(
-            tenant_id, member["id"], name, expires_in, actor=("system", "cli:users token")
+            tenant_id, member["id"], name, expires_in, actor=("system", "cli:users token"), read_only=read_only
         )
         return {"token": secret, "pat": row}
 

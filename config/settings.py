@@ -86,6 +86,11 @@ class Settings(BaseSettings):
     allow_loopback_callbacks: bool = False
     # The browser/client-facing base of this deployment (trigger invoke/poll URLs); default: the bind address.
     public_url: str | None = None
+    # Managed app connections (/v1/mcp-oauth/catalog): the OAuth catalog entries (slugs, JSON list) this deployment
+    # offers to embedding products; empty: the surface answers 503. `redirect_url`s a client may name must equal
+    # one of managed_app_redirect_urls (scheme, host, port and path; a query string is kept).
+    managed_apps: list[str] = Field(default_factory=list)
+    managed_app_redirect_urls: list[str] = Field(default_factory=list)
 
     # The LLM facade: where model traffic goes, with the real key swapped in (never the sandbox's).
     llm_upstream_url: str | None = None

@@ -201,9 +201,17 @@ class Identity:
     # ---- personal access tokens ----------------------------------------------------------------
 
     async def mint_pat(
-        self, tenant_id: str, membership_id: str, name: str, expires_in: int | None, *, actor: tuple[str, str | None]
+        self,
+        tenant_id: str,
+        membership_id: str,
+        name: str,
+        expires_in: int | None,
+        *,
+        actor: tuple[str, str | None],
+        read_only: bool = False,
     ) -> tuple[str, Row]:
-        """A new PAT for an active membership: the token (shown once, never stored) and its row."""
+        """A new PAT for an active membership: the token (shown once, never stored) and its row. A ``read_only``
+        token (audience ``read``) is refused on every method that may change something."""
         label = name.strip()
         if not label or len(label) > MAX_TOKEN_NAME:
             raise BadRequest(f"a token name must be 1 to {MAX_TOKEN_NAME} characters")
@@ -215,7 +223,7 @@ class Identity:
             row = _row(
                 await conn.fetchrow(
                     "INSERT INTO api_tokens (id, token_sha256, tenant_id, kind, audience, expires_at, membership_id, "
-                    "user_id, name, display_prefix) VALUES ($1, $2, $3, 'pat', 'all', "
+                    "user_id, name, display_prefix) VALUES ($1, $2, $3, 'pat', $9, "
                     "now() + make_interval(secs => $4), $5, $6, $7, $8) "
                     f"RETURNING {PAT_FIELDS}",
                     uuid.UUID(new_id()),
@@ -226,6 +234,7 @@ class Identity:
                     uuid.UUID(member["user_id"]),
                     label,
                     token[: len(PAT_PREFIX) + 8],
+                    "read" if read_only else "all",
                 )
             )
             assert row is not None
@@ -243,7 +252,8 @@ class Identity:
                 await conn.fetchrow(
                     "WITH hit AS ("
                     " SELECT t.id AS token_id, t.tenant_id, t.membership_id, t.user_id, t.last_used_at, m.roles,"
-                    " u.email, u.name, n.slug AS org_slug, coalesce(n.display_name, n.name) AS org_display_name"
+                    " t.audience, u.email, u.name, n.slug AS org_slug,"
+                    " coalesce(n.display_name, n.name) AS org_display_name"
                     " FROM api_tokens t JOIN org_memberships m ON m.id = t.membership_id"
                     " JOIN users u ON u.id = t.user_id JOIN tenants n ON n.id = t.tenant_id"
                     " WHERE t.token_sha256 = $1 AND t.kind = 'pat' AND t.revoked_at IS NULL AND t.expires_at > now()"
@@ -252,7 +262,7 @@ class Identity:
                     " touch AS (UPDATE api_tokens SET last_used_at = now() WHERE id = (SELECT token_id FROM hit)"
                     " AND (last_used_at IS NULL OR last_used_at < now() - make_interval(secs => $2)))"
                     " SELECT token_id, tenant_id, membership_id, user_id, roles, email, name, org_slug,"
-                    " org_display_name FROM hit",
+                    " org_display_name, audience = 'read' AS read_only FROM hit",
                     token_digest(token),
                     float(LAST_USED_GRANULARITY_SECS),
                 )

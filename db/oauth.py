@@ -154,6 +154,20 @@ class OAuthRecords:
             raise NotFound()
         return row
 
+    async def grant_material(self, tenant_id: str, connection_id: str) -> Row | None:
+        """An oauth connection's sealed refresh token, ``oauth`` document and registration (to revoke its grant at
+        the authorization server), or None when it has no grant."""
+        async with self.pool.acquire() as conn:
+            return _row(
+                await conn.fetchrow(
+                    "SELECT credential_sealed, oauth, registration_id FROM integration_connections "
+                    "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND credential_sealed IS NOT NULL "
+                    "AND registration_id IS NOT NULL",
+                    uuid.UUID(tenant_id),
+                    uuid.UUID(connection_id),
+                )
+            )
+
     async def configure_pending(
         self, tenant_id: str, connection_id: str, *, oauth: dict[str, Any], registration_id: str | None
     ) -> None:
@@ -183,16 +197,18 @@ class OAuthRecords:
         discovery: dict[str, Any] | None = None,
         created_by_user_id: str | None = None,
         ttl: timedelta = FLOW_TTL,
+        purpose: str = "connection",
     ) -> Row:
         """Record a new browser leg; it expires ``ttl`` after now (database time). ``discovery`` is what the
-        callback needs to redeem the code (endpoints, resource; nothing secret)."""
+        callback needs to redeem the code (endpoints, resource; nothing secret). ``purpose`` names the callback
+        that may claim it (``connection`` or ``managed_app``)."""
         async with self.pool.acquire() as conn:
             row = _row(
                 await conn.fetchrow(
                     "INSERT INTO connector_oauth_flows (id, tenant_id, connection_id, registration_id, state_hash, "
                     "pkce_verifier_sealed, pkce_verifier_key_id, resource, discovery, expected_generation, "
-                    "created_by_user_id, expires_at) "
-                    "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11, now() + $12::interval) "
+                    "created_by_user_id, expires_at, purpose) "
+                    "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11, now() + $12::interval, $13) "
                     f"RETURNING {FLOW_FIELDS}",
                     uuid.UUID(new_id()),
                     uuid.UUID(tenant_id),
@@ -206,6 +222,7 @@ class OAuthRecords:
                     expected_generation,
                     uuid.UUID(created_by_user_id) if created_by_user_id else None,
                     ttl,
+                    purpose,
                 )
             )
         assert row is not None
@@ -225,7 +242,7 @@ class OAuthRecords:
             row = _row(
                 await conn.fetchrow(
                     "UPDATE connector_oauth_flows SET browser_hash = $2 WHERE id = $1 AND consumed_at IS NULL "
-                    "AND expires_at > now() AND (browser_hash IS NULL OR browser_hash = $2) "
+                    "AND expires_at > now() AND (browser_hash IS NULL OR browser_hash = $2) AND purpose = 'connection' "
                     f"RETURNING {FLOW_FIELDS}",
                     fid,
                     browser_hash,
@@ -233,28 +250,32 @@ class OAuthRecords:
             )
             if row is not None:
                 return row
-            raise await self._refusal(conn, "id = $1", fid)
+            raise await self._refusal(conn, "id = $1 AND purpose = 'connection'", fid)
 
-    async def claim_flow(self, state_hash: str, browser_hash: str | None) -> Row:
+    async def claim_flow(self, state_hash: str, browser_hash: str | None, *, purpose: str = "connection") -> Row:
         """Consume the flow whose ``state`` digest this is, exactly once, from the browser bound to it.
 
         Returns the flow with its sealed verifier. Refusals change nothing: :class:`NotFound` (unknown or
         expired), :class:`Conflict` (already used), :class:`Forbidden` (another browser, or no cookie; the
-        flow stays usable from the right one).
+        flow stays usable from the right one). A flow of another ``purpose`` is unknown to this callback.
+        ``managed_app`` flows have no browser cookie (their grant is held until the account completes it), so
+        ``browser_hash`` is not part of their claim.
         """
         async with self.pool.acquire() as conn:
             row = _row(
                 await conn.fetchrow(
                     "UPDATE connector_oauth_flows SET consumed_at = now() WHERE state_hash = $1 "
-                    "AND consumed_at IS NULL AND expires_at > now() AND browser_hash = $2 "
+                    "AND consumed_at IS NULL AND expires_at > now() AND purpose = $3 "
+                    "AND ($3 = 'managed_app' OR browser_hash = $2) "
                     f"RETURNING {FLOW_FIELDS}, pkce_verifier_sealed, pkce_verifier_key_id",
                     state_hash,
                     browser_hash,
+                    purpose,
                 )
             )
             if row is not None:
                 return row
-            raise await self._refusal(conn, "state_hash = $1", state_hash)
+            raise await self._refusal(conn, "state_hash = $1 AND purpose = $2", state_hash, purpose)
 
     # ---- the connection ------------------------------------------------------------------------
 
@@ -383,12 +404,12 @@ class OAuthRecords:
         return bool(done)
 
     @staticmethod
-    async def _refusal(conn: Any, predicate: str, value: object) -> Exception:
+    async def _refusal(conn: Any, predicate: str, *values: object) -> Exception:
         """Why a flow could not be bound or claimed (read after the conditional update found nothing)."""
         row = await conn.fetchrow(
             "SELECT consumed_at IS NOT NULL AS used, expires_at <= now() AS expired "
             f"FROM connector_oauth_flows WHERE {predicate}",
-            value,
+            *values,
         )
         if row is None:
             return NotFound("this sign-in is unknown; start the connection again")

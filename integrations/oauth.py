@@ -265,7 +265,8 @@ def client_metadata_document_url(public_url: str) -> str | None:
 
 def client_metadata_document(public_url: str, client_name: str = "fluidbox") -> dict[str, Any]:
     """The Client ID Metadata Document served at :func:`client_metadata_document_url` (its own URL is the
-    ``client_id``): a public client using PKCE and refresh tokens, redirecting to ``/v1/oauth/callback``."""
+    ``client_id``): a public client using PKCE and refresh tokens, redirecting to ``/v1/oauth/callback``
+    (connections) or ``/v1/mcp-oauth/catalog/callback`` (managed apps)."""
     client_id = client_metadata_document_url(public_url)
     if client_id is None:
         raise ValueError("a Client ID Metadata Document needs an https, non-loopback public URL")
@@ -274,7 +275,7 @@ def client_metadata_document(public_url: str, client_name: str = "fluidbox") -> 
         "client_id": client_id,
         "client_name": client_name,
         "client_uri": base,
-        "redirect_uris": [f"{base}/v1/oauth/callback"],
+        "redirect_uris": [f"{base}/v1/oauth/callback", f"{base}/v1/mcp-oauth/catalog/callback"],
         "grant_types": ["authorization_code", "refresh_token"],
         "response_types": ["code"],
         "token_endpoint_auth_method": "none",

@@ -30,12 +30,20 @@ from db.connections import Connections, credential_context
 from db.oauth import OAuthRecords, flow_verifier_context, registration_secret_context
 from db.store import Row, Store
 from integrations import mcp_client
-from integrations.oauth import ClientIdentity, Discovery, OAuthClient, TokenSet, parse_callback
+from integrations.oauth import (
+    AuthorizationServer,
+    ClientIdentity,
+    Discovery,
+    OAuthClient,
+    OAuthClientError,
+    TokenSet,
+    parse_callback,
+)
 from integrations.sealing import Sealer
 from integrations.urls import AdmittedUrl, UrlPolicy
 from services.oauth_tokens import access_context
 
-__all__ = ["Activated", "OAuthConnect", "Photographer", "StartedFlow"]
+__all__ = ["Activated", "OAuthConnect", "Photographer", "Redeemed", "StartedFlow"]
 
 log = logging.getLogger("fluidbox.services.oauth_connect")
 
@@ -48,6 +56,17 @@ class StartedFlow:
     authorization_url: str
     """Carries ``state``: hand it to the browser only through the sealed ``go_url``."""
     expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Redeemed:
+    """A claimed flow whose code was exchanged: the tokens are not stored anywhere yet."""
+
+    flow: Row
+    connection: Row
+    tokens: TokenSet
+    grant: dict[str, Any]
+    """The non-secret grant description the connection will record (issuer, endpoints, resource, scope)."""
 
 
 @dataclass(frozen=True)
@@ -89,8 +108,11 @@ class OAuthConnect:
 
     # ---- start ---------------------------------------------------------------------------------
 
-    async def start(self, tenant_id: str, connection: Row, *, actor_user_id: str | None = None) -> StartedFlow:
-        """Prepare a browser leg for ``connection`` (an ``oauth`` connection that is not revoked)."""
+    async def start(
+        self, tenant_id: str, connection: Row, *, actor_user_id: str | None = None, purpose: str = "connection"
+    ) -> StartedFlow:
+        """Prepare a browser leg for ``connection`` (an ``oauth`` connection that is not revoked). ``purpose``
+        names the callback that may finish it (``managed_app``: :mod:`services.managed_apps`)."""
         if connection.get("auth_kind") != "oauth":
             raise BadRequest("this connection does not use OAuth")
         if connection.get("status") == "revoked":
@@ -120,6 +142,7 @@ class OAuthConnect:
             discovery=discovery.model_dump(mode="json"),
             expected_generation=int(connection["authorization_generation"]),
             created_by_user_id=actor_user_id,
+            purpose=purpose,
         )
         log.info(
             "oauth flow %s started for connection %s at %s",
@@ -177,12 +200,12 @@ class OAuthConnect:
             return None
         if row["issuer"] != discovery.authorization_server.issuer:
             raise BadRequest("the server's authorization server changed since its client id was registered")
-        return self._identity_from_row(tenant_id, row), row["id"]
+        return self.identity_of(tenant_id, row), row["id"]
 
     async def _identity(self, tenant_id: str, discovery: Discovery) -> tuple[ClientIdentity, str]:
         issuer = discovery.authorization_server.issuer
         known_row = await self.records.reusable_registration(tenant_id, issuer, self.redirect_uri)
-        known = self._identity_from_row(tenant_id, known_row) if known_row else None
+        known = self.identity_of(tenant_id, known_row) if known_row else None
         identity = await self.client.identify(
             discovery, self.redirect_uri, metadata_document_url=self.metadata_document_url, known=known
         )
@@ -204,7 +227,7 @@ class OAuthConnect:
             registration_access_token=self._seal(tenant_id, "registration_access_token", access),
         )
         if not created:  # a concurrent flow registered first: use its identity, ours is never used
-            return self._identity_from_row(tenant_id, row), row["id"]
+            return self.identity_of(tenant_id, row), row["id"]
         return identity, row["id"]
 
     def _seal(self, tenant_id: str, column: str, secret: SecretStr | None) -> tuple[bytes, str] | None:
@@ -213,7 +236,9 @@ class OAuthConnect:
         context = registration_secret_context(tenant_id, column)
         return self.sealer.seal(secret.get_secret_value(), context=context), self.sealer.key_id
 
-    def _identity_from_row(self, tenant_id: str, row: Row) -> ClientIdentity:
+    def identity_of(self, tenant_id: str, row: Row) -> ClientIdentity:
+        """A stored registration as a client identity (its secrets unsealed)."""
+
         def unseal(column: str) -> SecretStr | None:
             blob = row.get(f"{column}_sealed")
             if blob is None:
@@ -232,6 +257,41 @@ class OAuthConnect:
             registration_client_uri=row.get("registration_client_uri"),
         )
 
+    # ---- revoke --------------------------------------------------------------------------------
+
+    async def revocation(self, tenant_id: str, connection_id: str) -> Callable[[], Awaitable[bool]] | None:
+        """Read what revoking the connection's grant at its authorization server needs (call it *before* the
+        connection's credential is destroyed); returns the revocation to run afterwards, or None (no grant)."""
+        material = await self.records.grant_material(tenant_id, connection_id)
+        if material is None:
+            return None
+        oauth = material["oauth"] or {}
+        registration = await self.records.registration(tenant_id, str(material["registration_id"]))
+        if registration is None or not oauth.get("revocation_endpoint"):
+            return None
+        identity = self.identity_of(tenant_id, registration)
+        server = AuthorizationServer(
+            issuer=oauth["issuer"],
+            authorization_endpoint=oauth["authorization_endpoint"],
+            token_endpoint=oauth["token_endpoint"],
+            revocation_endpoint=oauth["revocation_endpoint"],
+        )
+        refresh = SecretStr(
+            self.sealer.open(bytes(material["credential_sealed"]), context=credential_context(tenant_id)).decode()
+        )
+
+        async def revoke() -> bool:
+            """RFC 7009, best effort: the connection is revoked here whatever the provider answers."""
+            try:
+                await self.client.revoke(server, identity, refresh)
+            except OAuthClientError as err:
+                log.warning("could not revoke connection %s's grant at %s: %s", connection_id, server.issuer, err)
+                return False
+            log.info("revoked connection %s's grant at %s", connection_id, server.issuer)
+            return True
+
+        return revoke
+
     # ---- go ------------------------------------------------------------------------------------
 
     async def open(self, flow_id: str, browser_hash: str) -> Row:
@@ -240,12 +300,14 @@ class OAuthConnect:
 
     # ---- callback ------------------------------------------------------------------------------
 
-    async def complete(self, query: Mapping[str, str], browser_hash: str | None) -> Activated:
-        """Finish the flow named by the callback's ``state``; see the module docstring."""
+    async def redeem(
+        self, query: Mapping[str, str], browser_hash: str | None, *, purpose: str = "connection"
+    ) -> Redeemed:
+        """Claim the flow named by the callback's ``state`` (once) and redeem its code; activates nothing."""
         state = query.get("state")
         if not state:
             raise BadRequest("the authorization response carries no state")
-        flow = await self.records.claim_flow(token_digest(state), browser_hash)
+        flow = await self.records.claim_flow(token_digest(state), browser_hash, purpose=purpose)
         tenant_id = flow["tenant_id"]
         code = parse_callback(query, state)
         registration = await self.records.registration(tenant_id, flow["registration_id"])
@@ -253,13 +315,22 @@ class OAuthConnect:
         requested = (await self.records.connection_settings(tenant_id, flow["connection_id"]))["oauth"] or {}
         if registration is None:
             raise NotFound("the client registration of this sign-in is gone; start again")
-        identity = self._identity_from_row(tenant_id, registration)
+        identity = self.identity_of(tenant_id, registration)
         discovery = Discovery.model_validate(flow["discovery"])
         verifier = self.sealer.open(bytes(flow["pkce_verifier_sealed"]), context=flow_verifier_context(tenant_id))
         tokens = await self.client.exchange_code(
             discovery.authorization_server, identity, code, SecretStr(verifier.decode()), discovery.resource
         )
         assert tokens.refresh_token is not None  # exchange_code refuses an answer without one
+        grant = _grant_document(discovery, identity, tokens, requested.get("requested_scope"))
+        return Redeemed(flow, connection, tokens, grant)
+
+    async def complete(self, query: Mapping[str, str], browser_hash: str | None) -> Activated:
+        """Finish the flow named by the callback's ``state``; see the module docstring."""
+        redeemed = await self.redeem(query, browser_hash)
+        flow, connection, tokens = redeemed.flow, redeemed.connection, redeemed.tokens
+        tenant_id = flow["tenant_id"]
+        assert tokens.refresh_token is not None
         pin = await self._admit(connection["base_url"])
         photo = await self.photographer(
             connection["base_url"],
@@ -273,7 +344,7 @@ class OAuthConnect:
             flow,
             credential=(sealed, self.sealer.key_id),
             access=(access, self.sealer.key_id, tokens.expires_at),
-            oauth=_grant_document(discovery, identity, tokens, requested.get("requested_scope")),
+            oauth=redeemed.grant,
             photo={"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest},
         )
         log.info("oauth connection %s active at generation %s", row["id"], row["authorization_generation"])

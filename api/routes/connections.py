@@ -248,9 +248,13 @@ async def get_connection(connection_id: str, who: PrincipalDep, svc: ServicesDep
 async def revoke(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The sealed credential is destroyed; in-flight runs fail closed on their next brokered call."""
     require_manage(who, await visible(svc, who, connection_id), "revoking")
+    # An OAuth grant is also revoked at its authorization server (RFC 7009), best effort, after ours is gone.
+    upstream = await svc.oauth.revocation(who.tenant_id, connection_id) if svc.oauth is not None else None
     revoked = await svc.connections.revoke(who.tenant_id, connection_id)
     if svc.access_tokens is not None:
         svc.access_tokens.evict(connection_id)
+    if upstream is not None:
+        await upstream()
     return {"connection": public(revoked)}
 
 

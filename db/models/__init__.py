@@ -22,6 +22,7 @@ from db.models.connections import (
 from db.models.deliveries import Delivery
 from db.models.identity import AuthAuditLog, OrgMembership, Tenant, User
 from db.models.ledger import Event
+from db.models.managed_apps import ManagedAppConnection, ManagedAppFlow
 from db.models.oauth import ConnectorOAuthFlow, OAuthClientRegistration
 from db.models.policies import Policy, PolicyVersion
 from db.models.runs import Artifact, Run, RunFinalization
@@ -61,6 +62,8 @@ __all__ = [
     "Event",
     "IntegrationConnection",
     "LlmReservation",
+    "ManagedAppConnection",
+    "ManagedAppFlow",
     "OAuthClientRegistration",
     "OrgMembership",
     "Policy",

@@ -15,6 +15,7 @@ from sqlmodel import Field, SQLModel
 from db.models._columns import BYTEA, JSONB, NOW, TEXT, TIMESTAMPTZ, default, one_of
 
 RegistrationSource = Literal["dcr", "cimd", "preregistered"]
+FlowPurpose = Literal["connection", "managed_app"]
 
 
 class OAuthClientRegistration(SQLModel, table=True):
@@ -52,7 +53,10 @@ class ConnectorOAuthFlow(SQLModel, table=True):
     """One browser leg of connecting (or reconnecting) an OAuth connection."""
 
     __tablename__ = "connector_oauth_flows"
-    __table_args__ = (sa.Index("connector_oauth_flows_connection", "connection_id", "created_at"),)
+    __table_args__ = (
+        sa.Index("connector_oauth_flows_connection", "connection_id", "created_at"),
+        sa.CheckConstraint(one_of("purpose", FlowPurpose), name="connector_oauth_flows_purpose_check"),
+    )
 
     id: uuid.UUID = Field(primary_key=True)
     tenant_id: uuid.UUID = Field(foreign_key="tenants.id")
@@ -69,3 +73,5 @@ class ConnectorOAuthFlow(SQLModel, table=True):
     created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
     expires_at: datetime = Field(sa_type=TIMESTAMPTZ)
     consumed_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
+    # Which callback may claim the flow (migration 0013): the connector one, or the managed-app one.
+    purpose: FlowPurpose = Field(sa_type=TEXT, sa_column_kwargs=default("'connection'"))

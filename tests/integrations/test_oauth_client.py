@@ -163,7 +163,10 @@ def test_the_client_metadata_document_url_exists_only_for_public_https_deploymen
     assert client_metadata_document_url("https://[::1]:8787") is None
     doc = client_metadata_document("https://fluidbox.example.com/")
     assert doc["client_id"] == "https://fluidbox.example.com/.well-known/fluidbox-client.json"
-    assert doc["redirect_uris"] == ["https://fluidbox.example.com/v1/oauth/callback"]
+    assert doc["redirect_uris"] == [
+        "https://fluidbox.example.com/v1/oauth/callback",
+        "https://fluidbox.example.com/v1/mcp-oauth/catalog/callback",
+    ]
     assert doc["token_endpoint_auth_method"] == "none"
     with pytest.raises(ValueError, match="https"):
         client_metadata_document("http://127.0.0.1:8787")
