@@ -7,6 +7,7 @@ a worker crash repeats nothing that was committed.
 from __future__ import annotations
 
 import asyncio
+import compileall
 import os
 import secrets
 import socket
@@ -35,6 +36,17 @@ from core.tokens import RUN_AUDIENCES
 from db.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
+# What a sandbox mounts to run the runner (read-only, no bytecode written inside).
+RUNNER_CODE_DIRS = (ROOT / "runner", ROOT / "core")
+
+
+def precompile_runner_code() -> None:
+    """Write the runner's bytecode once, on the host: a sandbox can write none (read-only mounts), so
+    without it every run's interpreter compiles the same modules again (about 40 ms of CPU a start)."""
+    for code_dir in RUNNER_CODE_DIRS:
+        compileall.compile_dir(code_dir, quiet=1)
+
+
 LAUNCH_ORDER = [RunStatus.CREATED, RunStatus.PROVISIONING, RunStatus.INITIALIZING, RunStatus.RUNNING]
 
 
@@ -116,7 +128,7 @@ class RunActivities:
             run_id=run_id,
             workspace_dir=str(run_dir / "workspace"),
             socket_dir=str(socket_dir),
-            code_dirs=[str(ROOT / "runner"), str(ROOT / "core")],
+            code_dirs=[str(d) for d in RUNNER_CODE_DIRS],
             env=runner_env(spec, self.settings),
             secrets=runner_secrets(tokens),
             argv=[sys.executable, "-m", "runner"],

@@ -1,6 +1,7 @@
-"""Runner ↔ control-plane wire models (``/internal/sessions/{id}/...``).
+"""Runner ↔ control-plane wire models (``/internal/sessions/{id}/...``), server side.
 
-Shared by the API (server side) and ``runner/`` (client side); pydantic only.
+The names both sides share (environment, exit codes, replay step rules) live in :mod:`core.wire`,
+which the runner imports instead of this module; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -9,50 +10,106 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Environment variable names the sandbox receives.
-ENV_CONTROL_URL = "FLUIDBOX_CONTROL_URL"
-ENV_CONTROL_SOCKET = "FLUIDBOX_CONTROL_SOCKET"
-ENV_SESSION_ID = "FLUIDBOX_SESSION_ID"
-ENV_SESSION_TOKEN = "FLUIDBOX_SESSION_TOKEN"
-ENV_TOOL_TOKEN = "FLUIDBOX_TOOL_TOKEN"
-ENV_LLM_TOKEN = "FLUIDBOX_LLM_TOKEN"
-ENV_TASK = "FLUIDBOX_TASK"
-ENV_AUTONOMY = "FLUIDBOX_AUTONOMY"
-ENV_MODEL = "FLUIDBOX_MODEL"
-ENV_WORKSPACE = "FLUIDBOX_WORKSPACE"
-ENV_HARNESS = "FLUIDBOX_HARNESS"
-ENV_SYSTEM_PROMPT = "FLUIDBOX_SYSTEM_PROMPT"
-ENV_REPLAY_SCRIPT = "FLUIDBOX_REPLAY_SCRIPT"
-ENV_REPLAY_DELAY_MS = "FLUIDBOX_REPLAY_DELAY_MS"
-ENV_HEARTBEAT_SECS = "FLUIDBOX_HEARTBEAT_SECS"
-ENV_TOKEN_TTL_SECS = "FLUIDBOX_TOKEN_TTL_SECS"  # the run tokens' lifetime; the runner renews them in time
-ENV_CAPABILITIES = "FLUIDBOX_CAPABILITIES"
-ENV_MAX_TURNS = "FLUIDBOX_MAX_TURNS"
-# How long the runner rides out an unreachable control plane (an API restart) before it gives up.
-ENV_GATEWAY_STALENESS_SECS = "FLUIDBOX_GATEWAY_STALENESS_SECS"
-# The runner's last words when it gives up; the worker looks for them to name the cause of the death.
-GATEWAY_GONE = "control plane unreachable"
-
-# The run's tokens arrive as one JSON object on an inherited pipe (never a file, argv or the environment);
-# FLUIDBOX_SECRETS_FD names the descriptor, which the runner reads to its end and closes.
-ENV_SECRETS_FD = "FLUIDBOX_SECRETS_FD"
-SECRETS_FD = 4
-
-TOKEN_ENV_VARS = (ENV_SESSION_TOKEN, ENV_TOOL_TOKEN, ENV_LLM_TOKEN, "ANTHROPIC_API_KEY")
-
-SANDBOX_WORKSPACE = "/workspace"
-SANDBOX_SOCKET_DIR = "/run/fluidbox"
-SANDBOX_SOCKET = SANDBOX_SOCKET_DIR + "/api.sock"
-
-WRONG_AUDIENCE = {"error": "wrong_audience"}
-
-# Runner exit codes.
-EXIT_OK = 0
-EXIT_AGENT_ERROR = 1
-EXIT_MISSING_ENV = 2
-EXIT_AUDIENCE_MISMATCH = 3
-EXIT_UNGOVERNED_TOOL = 5
-EXIT_GATEWAY_GONE = 6
+from core.wire import (
+    ENV_AUTONOMY as ENV_AUTONOMY,
+)
+from core.wire import (
+    ENV_CAPABILITIES as ENV_CAPABILITIES,
+)
+from core.wire import (
+    ENV_CONTROL_SOCKET as ENV_CONTROL_SOCKET,
+)
+from core.wire import (  # re-exported: the server imports them from here
+    ENV_CONTROL_URL as ENV_CONTROL_URL,
+)
+from core.wire import (
+    ENV_GATEWAY_STALENESS_SECS as ENV_GATEWAY_STALENESS_SECS,
+)
+from core.wire import (
+    ENV_HARNESS as ENV_HARNESS,
+)
+from core.wire import (
+    ENV_HEARTBEAT_SECS as ENV_HEARTBEAT_SECS,
+)
+from core.wire import (
+    ENV_LLM_TOKEN as ENV_LLM_TOKEN,
+)
+from core.wire import (
+    ENV_MAX_TURNS as ENV_MAX_TURNS,
+)
+from core.wire import (
+    ENV_MODEL as ENV_MODEL,
+)
+from core.wire import (
+    ENV_REPLAY_DELAY_MS as ENV_REPLAY_DELAY_MS,
+)
+from core.wire import (
+    ENV_REPLAY_SCRIPT as ENV_REPLAY_SCRIPT,
+)
+from core.wire import (
+    ENV_SECRETS_FD as ENV_SECRETS_FD,
+)
+from core.wire import (
+    ENV_SESSION_ID as ENV_SESSION_ID,
+)
+from core.wire import (
+    ENV_SESSION_TOKEN as ENV_SESSION_TOKEN,
+)
+from core.wire import (
+    ENV_SYSTEM_PROMPT as ENV_SYSTEM_PROMPT,
+)
+from core.wire import (
+    ENV_TASK as ENV_TASK,
+)
+from core.wire import (
+    ENV_TOKEN_TTL_SECS as ENV_TOKEN_TTL_SECS,
+)
+from core.wire import (
+    ENV_TOOL_TOKEN as ENV_TOOL_TOKEN,
+)
+from core.wire import (
+    ENV_WORKSPACE as ENV_WORKSPACE,
+)
+from core.wire import (
+    EXIT_AGENT_ERROR as EXIT_AGENT_ERROR,
+)
+from core.wire import (
+    EXIT_AUDIENCE_MISMATCH as EXIT_AUDIENCE_MISMATCH,
+)
+from core.wire import (
+    EXIT_GATEWAY_GONE as EXIT_GATEWAY_GONE,
+)
+from core.wire import (
+    EXIT_MISSING_ENV as EXIT_MISSING_ENV,
+)
+from core.wire import (
+    EXIT_OK as EXIT_OK,
+)
+from core.wire import (
+    EXIT_UNGOVERNED_TOOL as EXIT_UNGOVERNED_TOOL,
+)
+from core.wire import (
+    GATEWAY_GONE as GATEWAY_GONE,
+)
+from core.wire import REPLAY_KINDS, REPLAY_TOOL_PATTERN, SLEEP_MS_MAX, TIMEOUT_MS_MAX
+from core.wire import (
+    SANDBOX_SOCKET as SANDBOX_SOCKET,
+)
+from core.wire import (
+    SANDBOX_SOCKET_DIR as SANDBOX_SOCKET_DIR,
+)
+from core.wire import (
+    SANDBOX_WORKSPACE as SANDBOX_WORKSPACE,
+)
+from core.wire import (
+    SECRETS_FD as SECRETS_FD,
+)
+from core.wire import (
+    TOKEN_ENV_VARS as TOKEN_ENV_VARS,
+)
+from core.wire import (
+    WRONG_AUDIENCE as WRONG_AUDIENCE,
+)
 
 
 class _Strict(BaseModel):
@@ -95,14 +152,14 @@ class ReplayStep(_Strict):
     """One step of a replay script: exactly one of ``say``, ``tool`` or ``sleep_ms``."""
 
     say: str | None = None
-    tool: str | None = Field(default=None, pattern=r"^(Bash|Write|Edit|Read|mcp__[a-z0-9-]+__.+)$")
+    tool: str | None = Field(default=None, pattern=REPLAY_TOOL_PATTERN)
     input: dict[str, Any] | None = None
     on_deny_say: str | None = None
-    timeout_ms: int | None = Field(default=None, ge=1, le=600_000)
-    sleep_ms: int | None = Field(default=None, ge=0, le=3_600_000)
+    timeout_ms: int | None = Field(default=None, ge=1, le=TIMEOUT_MS_MAX)
+    sleep_ms: int | None = Field(default=None, ge=0, le=SLEEP_MS_MAX)
 
     def kind(self) -> str:
-        set_fields = [k for k in ("say", "tool", "sleep_ms") if getattr(self, k) is not None]
+        set_fields = [k for k in REPLAY_KINDS if getattr(self, k) is not None]
         if len(set_fields) != 1:
             raise ValueError("a replay step has exactly one of say, tool, sleep_ms")
         return set_fields[0]

@@ -9,17 +9,18 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from core.wire import AGENT_MESSAGE as AGENT_MESSAGE  # the runner posts these two
+from core.wire import RUN_ERROR as RUN_ERROR
+
 SESSION_CREATED = "session.created"
 STATUS_CHANGED = "session.status_changed"
 WORKSPACE_INITIALIZED = "workspace.initialized"
-AGENT_MESSAGE = "agent.message"
 TOOL_REQUESTED = "tool.requested"
 TOOL_DECISION = "tool.decision"
 APPROVAL_REQUESTED = "approval.requested"
 APPROVAL_DECIDED = "approval.decided"
 BUDGET_EXCEEDED = "budget.exceeded"
 RUN_RESULT = "run.result"
-RUN_ERROR = "run.error"
 ARTIFACT_COLLECTED = "artifact.collected"
 ARTIFACT_MISSING = "artifact.missing"
 QUIESCE_REQUESTED = "run.quiesce_requested"

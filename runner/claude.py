@@ -55,7 +55,9 @@ from claude_agent_sdk import (
     create_sdk_mcp_server,
 )
 
-from core.contract import (
+from core.tools import canonicalize
+from core.wire import (
+    AGENT_MESSAGE,
     ENV_AUTONOMY,
     ENV_CAPABILITIES,
     ENV_CONTROL_SOCKET,
@@ -70,10 +72,9 @@ from core.contract import (
     EXIT_AUDIENCE_MISMATCH,
     EXIT_OK,
     EXIT_UNGOVERNED_TOOL,
+    RUN_ERROR,
     SANDBOX_WORKSPACE,
 )
-from core.events import AGENT_MESSAGE, RUN_ERROR
-from core.tools import canonicalize
 from runner.gateway import AudienceMismatch, ControlPlane, Credentials, GatewayError, log
 from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
 from runner.relay import Relay

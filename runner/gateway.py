@@ -3,6 +3,10 @@
 Synchronous on purpose: the runner is one driver thread plus a heartbeat thread, and a blocking
 ``/permission`` call *is* the gate — the tool must not run until the answer arrives.
 
+Built on the standard library's ``http.client`` (one short connection per request, so the two threads
+never share one): a sandbox starts a fresh interpreter for every run, and httpx and pydantic would
+cost each start about 0.3 s of CPU, which a burst of runs pays hundreds of times over.
+
 Inside bubblewrap there is no network; the API is reached through a Unix socket bound into the sandbox
 (``FLUIDBOX_CONTROL_SOCKET``), and the URL host is then only cosmetic.
 
@@ -20,18 +24,18 @@ Exceptions (independent, so catching one never swallows another)::
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
-import httpx
-
-from core.contract import (
+from core.wire import (
     ENV_CONTROL_SOCKET,
     ENV_CONTROL_URL,
     ENV_GATEWAY_STALENESS_SECS,
@@ -41,15 +45,9 @@ from core.contract import (
     ENV_SESSION_TOKEN,
     ENV_TOOL_TOKEN,
     GATEWAY_GONE,
+    RUN_ERROR,
     TOKEN_ENV_VARS,
-    EventBody,
-    EventPost,
-    HeartbeatResponse,
-    PermissionRequest,
-    PermissionResponse,
-    ResultPost,
 )
-from core.events import RUN_ERROR
 
 DEFAULT_CONTROL_URL = "http://fluidbox"
 DEFAULT_TIMEOUT_S = 30.0
@@ -83,6 +81,98 @@ class MissingEnv(Exception):
     """A required environment variable (session id, control token) is absent."""
 
 
+class TransportError(Exception):
+    """No HTTP answer arrived (refused, reset, timed out): the request may be retried unchanged."""
+
+
+@dataclass(frozen=True)
+class Response:
+    """A complete HTTP answer from the control plane."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The body as JSON. Raises ValueError when it is not."""
+        return json.loads(self.content)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's answer to one tool call (``/permission``)."""
+
+    decision: str  # allow | deny
+    message: str | None = None
+    updated_input: dict[str, Any] | None = None
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the gateway's Unix socket (bound into the sandbox); the host name is cosmetic."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("fluidbox", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class _Http:
+    """One JSON POST per connection, over the gateway socket or to ``FLUIDBOX_CONTROL_URL``."""
+
+    def __init__(self, base_url: str, socket_path: str | None) -> None:
+        parts = urlsplit(base_url)
+        self._socket_path = socket_path
+        self._tls = parts.scheme == "https"
+        self._host = parts.hostname or "fluidbox"
+        self._port = parts.port
+        self._base_path = parts.path.rstrip("/")
+
+    def post(self, path: str, payload: dict[str, Any], token: str, timeout: float) -> Response:
+        """Raises TransportError when no complete answer arrived."""
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        conn: http.client.HTTPConnection
+        if self._socket_path:
+            conn = _UnixConnection(self._socket_path, timeout)
+        elif self._tls:
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        try:
+            conn.request(
+                "POST",
+                self._base_path + path,
+                body=body,
+                headers={
+                    "authorization": f"Bearer {token}",
+                    "content-type": "application/json",
+                    "accept": "application/json",
+                    "connection": "close",
+                },
+            )
+            answer = conn.getresponse()
+            return Response(answer.status, answer.read())
+        except (OSError, http.client.HTTPException) as exc:
+            raise TransportError(f"{type_name(exc)}: {exc}") from None
+        finally:
+            conn.close()
+
+
 @dataclass(frozen=True)
 class Credentials:
     session_id: str
@@ -100,7 +190,7 @@ class ControlPlane(Protocol):
 
     def renew_tokens(self) -> bool: ...
 
-    def permission(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> PermissionResponse: ...
+    def permission(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> Verdict: ...
 
     def tools_call(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -170,7 +260,7 @@ def is_transient(status: int) -> bool:
     return status in (408, 425, 429) or 500 <= status <= 599
 
 
-def error_text(response: httpx.Response) -> str:
+def error_text(response: Response) -> str:
     """The server's error message, from a JSON ``detail``/``error``/``message`` field or the raw body."""
     try:
         body = response.json()
@@ -187,7 +277,7 @@ def error_text(response: httpx.Response) -> str:
 
 
 class Gateway:
-    """Sync httpx client for one session's internal routes."""
+    """Sync client for one session's internal routes."""
 
     def __init__(
         self,
@@ -196,13 +286,10 @@ class Gateway:
         base_url: str = DEFAULT_CONTROL_URL,
         socket_path: str | None = None,
         sleep: Sleep = time.sleep,
-        transport: httpx.BaseTransport | None = None,
         staleness_s: float = DEFAULT_GATEWAY_STALENESS_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if transport is None and socket_path:
-            transport = httpx.HTTPTransport(uds=socket_path)
-        self._client = httpx.Client(base_url=base_url, transport=transport, timeout=DEFAULT_TIMEOUT_S)
+        self._http = _Http(base_url, socket_path)
         self._prefix = f"/internal/sessions/{quote(credentials.session_id, safe='')}"
         self._control = credentials.control_token
         self._tool = credentials.tool_token
@@ -226,7 +313,7 @@ class Gateway:
         )
 
     def close(self) -> None:
-        self._client.close()
+        """Nothing to release: every request has its own short connection."""
 
     # -- public calls ------------------------------------------------------------------------------
 
@@ -236,7 +323,7 @@ class Gateway:
         Raises:
             AudienceMismatch: the only failure that is not ignored.
         """
-        payload = EventPost(actor=actor, body=EventBody(type=type, data=data)).model_dump()
+        payload = {"actor": actor, "body": {"type": type, "data": data}}
         response = self._send("events", payload, self._control, retries=EMIT_RETRIES, backoff_cap=8.0)
         if response is None or not response.is_success:
             reason = "unreachable" if response is None else f"HTTP {response.status_code}"
@@ -249,29 +336,28 @@ class Gateway:
             log(f"heartbeat failed: {'unreachable' if response is None else f'HTTP {response.status_code}'}")
             return None
         try:
-            return HeartbeatResponse.model_validate(response.json()).action
+            body = response.json()
         except ValueError:
+            body = None
+        if not isinstance(body, dict) or body.get("action") not in (None, "quiesce"):
             log("heartbeat answer unreadable")
             return None
+        action = body.get("action")
+        return str(action) if action is not None else None
 
     def renew_tokens(self) -> bool:
         """Extend the run's four tokens (``/internal/token/renew``, control token); True when renewed."""
         try:
-            response = self._client.post(
-                "/internal/token/renew",
-                json={},
-                headers={"authorization": f"Bearer {self._control}"},
-                timeout=DEFAULT_TIMEOUT_S,
-            )
-        except httpx.TransportError as exc:
-            log(f"token renewal failed: {type_name(exc)}")
+            response = self._http.post("/internal/token/renew", {}, self._control, DEFAULT_TIMEOUT_S)
+        except TransportError as exc:
+            log(f"token renewal failed: {exc}")
             return False
         if not response.is_success:
             log(f"token renewal refused: HTTP {response.status_code}: {error_text(response)}")
             return False
         return True
 
-    def permission(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> PermissionResponse:
+    def permission(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> Verdict:
         """Ask the gate whether a tool call may run; blocks while a human decides.
 
         Transient failures are retried forever with the same ``tool_call_id``: the server dedupes on it,
@@ -281,21 +367,21 @@ class Gateway:
         Raises:
             AudienceMismatch: the tool token has the wrong audience.
         """
-        payload = PermissionRequest(tool_call_id=tool_call_id, tool=tool, input=input).model_dump()
+        payload = {"tool_call_id": tool_call_id, "tool": tool, "input": input}
         attempt = 0
         while True:
             try:
                 response = self._post("permission", payload, self._tool, PERMISSION_TIMEOUT_S)
-            except httpx.TransportError as exc:
-                failure = f"{type_name(exc)}: {exc}"
+            except TransportError as exc:
+                failure = str(exc)
             else:
                 status = response.status_code
                 if response.is_success:
                     return _decision(response)
                 if status in (401, 403):
-                    return PermissionResponse(decision="deny", message=INACTIVE_MESSAGE)
+                    return Verdict(decision="deny", message=INACTIVE_MESSAGE)
                 if not is_transient(status):
-                    return PermissionResponse(decision="deny", message=error_text(response))
+                    return Verdict(decision="deny", message=error_text(response))
                 failure = f"HTTP {status}"
             delay = min(2.0 * (attempt + 1), 10.0)
             log(f"permission {tool_call_id}: {failure}; retrying in {delay:g}s")
@@ -308,12 +394,12 @@ class Gateway:
         Up to 3 transport attempts with the same ``tool_call_id`` when no usable answer arrived; the
         server's execution claim makes the upstream call at-most-once whatever happens here.
         """
-        payload = PermissionRequest(tool_call_id=tool_call_id, tool=tool, input=input).model_dump()
+        payload = {"tool_call_id": tool_call_id, "tool": tool, "input": input}
         for attempt in range(3):
             try:
                 response = self._post("tools/call", payload, self._tool, PERMISSION_TIMEOUT_S + 30)
-            except httpx.TransportError as exc:
-                failure = f"{type_name(exc)}: {exc}"
+            except TransportError as exc:
+                failure = str(exc)
             else:
                 if response.is_success:
                     try:
@@ -346,7 +432,7 @@ class Gateway:
         """
         if len(summary) > SUMMARY_MAX_CHARS:
             summary = summary[: SUMMARY_MAX_CHARS - 1] + "…"
-        payload = ResultPost(outcome=outcome, summary=summary).model_dump()
+        payload = {"outcome": outcome, "summary": summary}
         response = self._send("result", payload, self._control, retries=RESULT_RETRIES, backoff_cap=8.0)
         if response is None:
             raise GatewayError("could not post /result: control plane unreachable")
@@ -355,21 +441,16 @@ class Gateway:
 
     # -- plumbing ----------------------------------------------------------------------------------
 
-    def _post(self, leaf: str, payload: dict[str, Any], token: str, timeout: float) -> httpx.Response:
+    def _post(self, leaf: str, payload: dict[str, Any], token: str, timeout: float) -> Response:
         """One post. A transport failure starts (or continues) an outage; past the staleness window it is fatal.
 
         Raises:
             GatewayGone: no answer for longer than the staleness window.
-            httpx.TransportError: no answer, still within the window (callers retry with backoff).
+            TransportError: no answer, still within the window (callers retry with backoff).
         """
         try:
-            response = self._client.post(
-                f"{self._prefix}/{leaf}",
-                json=payload,
-                headers={"authorization": f"Bearer {token}"},
-                timeout=timeout,
-            )
-        except httpx.TransportError:
+            response = self._http.post(f"{self._prefix}/{leaf}", payload, token, timeout)
+        except TransportError:
             now = self._clock()
             if self._unreachable_since is None:
                 self._unreachable_since = now
@@ -387,15 +468,15 @@ class Gateway:
 
     def _send(
         self, leaf: str, payload: dict[str, Any], token: str, *, retries: int, backoff_cap: float
-    ) -> httpx.Response | None:
+    ) -> Response | None:
         """Post, retrying transient failures; the last response, or None if none ever arrived."""
         attempt = 0
         while True:
-            response: httpx.Response | None
+            response: Response | None
             try:
                 response = self._post(leaf, payload, token, DEFAULT_TIMEOUT_S)
-            except httpx.TransportError as exc:
-                response, failure = None, f"{type_name(exc)}: {exc}"
+            except TransportError as exc:
+                response, failure = None, str(exc)
             else:
                 if not is_transient(response.status_code):
                     return response
@@ -413,26 +494,24 @@ class Gateway:
             f"runner aborted: /{leaf} rejected the token with wrong_audience — "
             "the runner image and the server disagree on token audiences"
         )
-        payload = EventPost(actor="harness", body=EventBody(type=RUN_ERROR, data={"message": message})).model_dump()
+        payload = {"actor": "harness", "body": {"type": RUN_ERROR, "data": {"message": message}}}
         log(message)
-        try:
-            self._client.post(
-                f"{self._prefix}/events",
-                json=payload,
-                headers={"authorization": f"Bearer {self._control}"},
-                timeout=DIAGNOSTIC_TIMEOUT_S,
-            )
-        except httpx.HTTPError:
-            pass
+        with contextlib.suppress(TransportError):
+            self._http.post(f"{self._prefix}/events", payload, self._control, DIAGNOSTIC_TIMEOUT_S)
 
 
 def type_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _decision(response: httpx.Response) -> PermissionResponse:
+def _decision(response: Response) -> Verdict:
     try:
-        return PermissionResponse.model_validate(response.json())
+        body = response.json()
     except ValueError:
-        # A complete but unreadable 2xx is a server bug, not a dropped connection: fail closed.
-        return PermissionResponse(decision="deny", message="unreadable permission answer from the control plane")
+        body = None
+    if isinstance(body, dict) and body.get("decision") in ("allow", "deny"):
+        message, updated = body.get("message"), body.get("updated_input")
+        if (message is None or isinstance(message, str)) and (updated is None or isinstance(updated, dict)):
+            return Verdict(decision=str(body["decision"]), message=message, updated_input=updated)
+    # A complete but unreadable 2xx is a server bug, not a dropped connection: fail closed.
+    return Verdict(decision="deny", message="unreadable permission answer from the control plane")

@@ -10,7 +10,7 @@ import ctypes
 import os
 from collections.abc import MutableMapping
 
-from core.contract import ENV_HARNESS, EXIT_AUDIENCE_MISMATCH, EXIT_GATEWAY_GONE, EXIT_MISSING_ENV
+from core.wire import ENV_HARNESS, EXIT_AUDIENCE_MISMATCH, EXIT_GATEWAY_GONE, EXIT_MISSING_ENV
 from runner import replay
 from runner.gateway import AudienceMismatch, Gateway, GatewayGone, MissingEnv, log, take_credentials
 

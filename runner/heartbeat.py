@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from core.contract import EXIT_AUDIENCE_MISMATCH, EXIT_GATEWAY_GONE
+from core.wire import EXIT_AUDIENCE_MISMATCH, EXIT_GATEWAY_GONE
 from runner.gateway import AudienceMismatch, ControlPlane, GatewayGone, log
 
 DEFAULT_HEARTBEAT_SECS = 10.0

@@ -4,7 +4,7 @@ It exists so the whole control plane (gate, approvals, ledger, diff collection) 
 end at $0 and with no API key: every tool step still asks ``/permission`` and, when allowed, really runs
 against the workspace — only the "model" is a fixed script. Its first timeline message says so.
 
-The script comes from ``FLUIDBOX_REPLAY_SCRIPT`` (a JSON array of :class:`core.contract.ReplayStep`) or,
+The script comes from ``FLUIDBOX_REPLAY_SCRIPT`` (a JSON array of :class:`core.wire.Step`) or,
 when that is absent, the baked ``transcripts/demo.json``, which fixes ``examples/demo-repo``.
 """
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any, Final
 
-from pydantic import ValidationError
-
-from core.contract import (
+from core.tools import canonicalize
+from core.wire import (
+    AGENT_MESSAGE,
     ENV_AUTONOMY,
     ENV_HEARTBEAT_SECS,
     ENV_REPLAY_DELAY_MS,
@@ -32,11 +32,12 @@ from core.contract import (
     ENV_WORKSPACE,
     EXIT_AGENT_ERROR,
     EXIT_OK,
+    RUN_ERROR,
     SANDBOX_WORKSPACE,
-    ReplayStep,
+    step_problems,
+    to_step,
 )
-from core.events import AGENT_MESSAGE, RUN_ERROR
-from core.tools import canonicalize
+from core.wire import Step as ReplayStep
 from runner import tools
 from runner.gateway import AudienceMismatch, ControlPlane, GatewayError, GatewayGone, log
 from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
@@ -79,12 +80,12 @@ def parse_script(text: str) -> list[ReplayStep]:
 
 def _parse_step(number: int, item: Any) -> ReplayStep:
     where = f"invalid replay script: step {number}"
+    problems = step_problems(item)
+    if problems:
+        raise ScriptError(f"{where}: {'; '.join(problems)}")
+    step = to_step(item)
     try:
-        step = ReplayStep.model_validate(item)
         kind = step.kind()
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'step'}: {err['msg']}" for err in exc.errors())
-        raise ScriptError(f"{where}: {problems}") from None
     except ValueError as exc:
         raise ScriptError(f"{where}: {exc}") from None
     if kind != "tool":

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from core.contract import SANDBOX_WORKSPACE
+from core.wire import SANDBOX_WORKSPACE
 
 DEFAULT_ROOT = SANDBOX_WORKSPACE
 OUTPUT_CAP_BYTES = 16 * 1024
