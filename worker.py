@@ -18,7 +18,7 @@ from temporalio.worker import Worker
 from activities import contracts as c
 from activities.broker import BrokerActivities
 from activities.delivery import DeliveryActivities
-from activities.runs import RunActivities, precompile_runner_code
+from activities.runs import RunActivities, precompile_code
 from activities.schedules import ScheduleActivities
 from config.settings import Settings, get_settings
 from config.temporal import connect_client
@@ -63,7 +63,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         syscall_filter=settings.sandbox_syscall_filter,
         sandbox_user=settings.sandbox_user,
     )
-    await asyncio.to_thread(precompile_runner_code)
+    await asyncio.to_thread(precompile_code)
     acts = RunActivities(store, provider, settings)
     sessions = SessionPool()
     broker_sealer = sealer_from_settings(*settings.credential_keys())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from collections.abc import MutableMapping
 
 from core.wire import ENV_HARNESS, EXIT_AUDIENCE_MISMATCH, EXIT_GATEWAY_GONE, EXIT_MISSING_ENV
@@ -39,6 +40,14 @@ def guard_memory() -> None:
         log(f"cannot make the runner non-dumpable: {exc}")
 
 
+def load_site_packages() -> None:
+    """Add the interpreter's site-packages when it was started with ``-S`` (a no-op otherwise)."""
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+
+
 def main(environ: MutableMapping[str, str] | None = None) -> int:
     """Run the configured harness; returns the process exit code (see ``core.contract`` EXIT_*)."""
     env = os.environ if environ is None else environ
@@ -55,7 +64,9 @@ def main(environ: MutableMapping[str, str] | None = None) -> int:
         if harness == DEFAULT_HARNESS:
             return replay.run(gateway, env)
         if harness == CLAUDE_HARNESS:
-            # Imported here: the SDK is only loaded by runs that use it.
+            # Imported here: the SDK is only loaded by runs that use it, from the site-packages the
+            # sandbox starts without (``python -S``: the replay runner needs the standard library only).
+            load_site_packages()
             from runner import claude
 
             return claude.run(gateway, credentials, env)

@@ -235,7 +235,7 @@ async def test_a_denied_step_is_narrated_with_its_on_deny_text(api: httpx.AsyncC
 # of reading its tokens out of /proc/<pid>/mem). Same uid, a descendant: only non-dumpability stops it.
 MEMORY_PROBE = (
     "for p in /proc/[0-9]*; do "
-    "if tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -qE '^[^ ]*python[^ ]* -m runner $'; then "
+    "if tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -qE '^[^ ]*python[^ ]* (-S )?-m runner $'; then "
     "if head -c 64 $p/maps >/dev/null 2>&1; then echo RUNNER_MEMORY_READABLE; else echo RUNNER_MEMORY_DENIED; fi; "
     "fi; done"
 )

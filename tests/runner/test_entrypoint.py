@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_replay_runner_starts_without_pydantic_or_httpx() -> None:
+def test_the_replay_runner_starts_on_the_standard_library_alone() -> None:
     # Together they cost a start about 0.3 s of CPU; a burst of runs pays that once per run.
     probe = (
         "import sys, runner.harness, runner.replay, runner.gateway, runner.heartbeat, runner.tools\n"
@@ -17,7 +17,7 @@ def test_the_replay_runner_starts_without_pydantic_or_httpx() -> None:
         "print(','.join(heavy))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-I", "-c", probe],
+        [sys.executable, "-S", "-c", probe],  # as a sandbox starts it: no site-packages
         cwd=ROOT,
         env={"PYTHONPATH": str(ROOT)},
         capture_output=True,

@@ -26,6 +26,7 @@ import pytest_asyncio
 from core.ports import SandboxHandle, SandboxSpec
 from sandbox.bubblewrap import (
     CODE_ROOT,
+    MASK_CACHE_SECS,
     PIDFILE_NAME,
     PROC_READ_ONLY,
     STAGE_ROOT,
@@ -375,6 +376,17 @@ def test_unreadable_paths_lists_what_other_users_cannot_read(tmp_path: Path) -> 
         HiddenPath(str(tmp_path / "locked"), is_dir=True),
         HiddenPath(str(tmp_path / "secret.txt"), is_dir=False),
     ]
+
+
+def test_one_walk_of_a_masked_root_serves_sandboxes_for_a_short_while(tmp_path: Path) -> None:
+    clock = [1000.0]
+    (tmp_path / "a.txt").write_text("ok")
+    assert unreadable_paths(str(tmp_path), now=lambda: clock[0]) == []
+    (tmp_path / "a.txt").chmod(0o600)
+    clock[0] += MASK_CACHE_SECS / 2
+    assert unreadable_paths(str(tmp_path), now=lambda: clock[0]) == []  # the walk is reused
+    clock[0] += MASK_CACHE_SECS
+    assert unreadable_paths(str(tmp_path), now=lambda: clock[0]) == [HiddenPath(str(tmp_path / "a.txt"), False)]
 
 
 def test_make_provider_builds_bwrap_and_names_known_providers_on_unknown() -> None:
