@@ -234,6 +234,7 @@ async def statuses(api: httpx.AsyncClient, ids: list[str]) -> dict[str, str]:
 async def bench(args: argparse.Namespace) -> int:
     env = {"FLUIDBOX_REPLAY_DELAY_MS": "0", "FLUIDBOX_LOG_LEVEL": "WARNING"}
     stack = Stack.ephemeral("fbxsc-", env)
+    stack.worker_processes = args.workers
     api: httpx.AsyncClient | None = None
     ids: list[str] = []
     ok = False
@@ -336,7 +337,8 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
     lines = [
         "## A burst of runs that each wait on a human (`bench/scale.py`)",
         "",
-        f"{out.runs} replay runs created at once by {CLIENTS} clients against one stack (worker slots: "
+        f"{out.runs} replay runs created at once by {CLIENTS} clients against one stack "
+        f"({args.workers} worker process{'es' if args.workers > 1 else ''}; worker slots each: "
         f"{cfg.worker_max_activities} activities, {cfg.worker_max_local_activities} local activities, "
         f"{cfg.worker_max_workflow_tasks} workflow tasks; sandbox maximum: {cfg.max_sandboxes or 'none'}; "
         f"liveness check every {cfg.liveness_check_secs:g} s), each "
@@ -377,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=int, default=10, help="runs approved one at a time before the burst (default 10)")
     p.add_argument("--sample", type=int, default=20, help="burst runs approved one at a time (default 20)")
     p.add_argument("--within", type=float, default=600, help="seconds allowed for the burst to wait / end")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (FLUIDBOX_WORKER_PROCESSES, default 1)")
     p.add_argument("--quick", action="store_true", help="a small smoke run (20 runs) that only prints")
     p.add_argument("--no-write", dest="write", action="store_false", help="do not update docs/benchmarks.md")
     args = p.parse_args(argv)

@@ -53,7 +53,20 @@ def _stack_from_env() -> Any:
         ui_port=int(os.environ.get("FLUIDBOX_UI_PORT", "8233")),
         database_url=os.environ.get("FLUIDBOX_DATABASE_URL") or None,
         temporal_address=os.environ.get("FLUIDBOX_TEMPORAL_ADDRESS") or None,
+        worker_processes=_positive_int("FLUIDBOX_WORKER_PROCESSES", 1),
     )
+
+
+def _positive_int(name: str, default: int) -> int:
+    raw = os.environ.get(name) or str(default)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        typer.echo(f"error: {name} must be a whole number of at least 1, not {raw!r}", err=True)
+        raise typer.Exit(2)
+    return value
 
 
 async def _start(stack: Any) -> tuple[str, Path]:

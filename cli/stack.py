@@ -174,6 +174,9 @@ class Stack:
     destroy_sandboxes_on_stop: bool = False
     # A throwaway stack takes another free port for its API if the one it picked was taken meanwhile.
     any_api_port: bool = False
+    # Worker processes polling the run task queue. One worker runs workflow code on one core; more
+    # let a burst of run starts use more of the machine (FLUIDBOX_WORKER_PROCESSES).
+    worker_processes: int = 1
     # Started here (embedded), so a start after a stop starts them again on the same data.
     owns_postgres: bool = False
     owns_temporal: bool = False
@@ -310,8 +313,11 @@ class Stack:
         host, _, port = self.bind.rpartition(":")
         require_port(host, int(port), "fluidbox API")
         self.env = self.child_env(token)
-        self._say("• starting the worker")
+        count = max(1, self.worker_processes)
+        self._say("• starting the worker" if count == 1 else f"• starting {count} workers")
         self.start_worker()
+        for n in range(2, count + 1):
+            self._spawn(f"worker-{n}", [sys.executable, str(ROOT / "worker.py")], self.env)
         self._say(f"• starting the API on {self.api_url}")
         await self.start_api()
 
@@ -377,7 +383,7 @@ class Stack:
 
     def stop(self, destroy_sandboxes: bool | None = None) -> None:
         """Stop every process this stack started; sandboxes too when asked (default: the stack's setting)."""
-        for name in ("api", "worker"):
+        for name in ["api", *(n for n in list(self.procs) if n == "worker" or n.startswith("worker-"))]:
             self.stop_process(name)
         if self.destroy_sandboxes_on_stop if destroy_sandboxes is None else destroy_sandboxes:
             self.destroy_sandboxes()

@@ -133,6 +133,14 @@ def test_a_taken_port_is_a_one_line_error_naming_it(home: Path) -> None:
     assert processes_mentioning(str(home)) == []
 
 
+def test_a_bad_worker_process_count_is_a_one_line_error_and_starts_nothing(home: Path) -> None:
+    env = cli_env(home, FLUIDBOX_WORKER_PROCESSES="none")
+    proc = subprocess.run([FLUIDBOX, "up"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: FLUIDBOX_WORKER_PROCESSES must be a whole number of at least 1, not 'none'"
+    assert processes_mentioning(str(home)) == []
+
+
 def test_an_unreachable_api_is_a_one_line_error(home: Path) -> None:
     env = cli_env(home, FLUIDBOX_URL=f"http://127.0.0.1:{free_port()}", FLUIDBOX_ADMIN_TOKEN="x")
     proc = subprocess.run([FLUIDBOX, "runs", "list"], env=env, capture_output=True, text=True, timeout=60)

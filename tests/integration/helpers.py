@@ -22,9 +22,12 @@ TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}
 
 
 @asynccontextmanager
-async def own_stack(prefix: str, env: dict[str, str]) -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
+async def own_stack(
+    prefix: str, env: dict[str, str], *, workers: int = 1
+) -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
     """A whole stack of its own (for settings the session's stack must not share), with an admin client."""
     st = Stack.ephemeral(prefix, env)
+    st.worker_processes = workers
     try:
         await st.start()
         token = admin_token(st.home)[0]

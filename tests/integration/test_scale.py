@@ -1,7 +1,8 @@
 """More live runs than the worker has slots: a run holds no worker slot while it waits.
 
-A stack of its own whose worker runs at most 4 activities and 4 local activities at once starts 12 runs
-that each wait on an approval. Before issue 12 each run held a long-running
+A stack of its own with two worker processes, each running at most 4 activities, 4 local activities and 4
+workflow tasks at once (8 of each in all), starts 12 runs that each wait on an approval; the two workers
+share the task queue, so a run's steps move between them. Before issue 12 each run held a long-running
 activity for its whole life, so 4 runs took every slot and the rest never provisioned (nor did the
 approved 4 resume): this test deadlocked there.
 """
@@ -30,9 +31,10 @@ from tests.integration.helpers import (
 
 pytestmark = pytest.mark.stack
 
-# Three times more runs than slots. (30 runs on 8 slots also pass, but on a loaded 2-core machine the
+# More runs than the slots of both workers together. (30 runs on 8 slots also pass, but on a loaded 2-core machine the
 # embedded Temporal dev server's SQLite store times out under that many concurrent updates.)
 SLOTS = 4
+WORKERS = 2
 RUNS = 12
 LIVE = {"provisioning", "initializing", "running", "awaiting_approval"}
 
@@ -45,7 +47,7 @@ async def narrow() -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
         "FLUIDBOX_WORKER_MAX_LOCAL_ACTIVITIES": str(SLOTS),
         "FLUIDBOX_WORKER_MAX_WORKFLOW_TASKS": str(SLOTS),
     }
-    async with own_stack("fbxs-", env) as stack:
+    async with own_stack("fbxs-", env, workers=WORKERS) as stack:
         yield stack
 
 
