@@ -78,6 +78,7 @@ class Outcome:
     pss_mb: list[float] = field(default_factory=list)
     avail_drop_mb: float = 0.0
     all_done_s: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per part, burst start → all waiting
 
 
 class Ledger:
@@ -174,6 +175,71 @@ def pss_kb(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PARTS = ("runners (sandboxes)", "worker", "Temporal", "PostgreSQL", "API")
+
+
+@dataclass(frozen=True)
+class Proc:
+    cmd: str
+    ppid: int
+    cpu: float  # seconds: its own plus its waited-for children's
+
+
+def processes() -> dict[int, Proc]:
+    out: dict[int, Proc] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        f = stat.rsplit(")", 1)[1].split()
+        out[int(entry.name)] = Proc(cmd, int(f[1]), sum(int(x) for x in f[11:15]) / CLOCK_TICKS)
+    return out
+
+
+def session_of(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for pair in env:
+        if pair.startswith(b"FLUIDBOX_SESSION_ID="):
+            return pair.split(b"=", 1)[1].decode()
+    return None
+
+
+def part_of(pid: int, procs: dict[int, Proc], stack: Stack, runs: set[str]) -> str | None:
+    """Which part of the stack ``pid`` belongs to, by ancestry (a sandbox: by its run's id)."""
+    roots = {p.pid: name for name, p in stack.procs.items()}
+    home = str(stack.home)
+    seen = 0
+    cur: int | None = pid
+    while cur and cur in procs and seen < 64:
+        if cur in roots:
+            name = roots[cur]
+            return {"api": "API", "temporal": "Temporal"}.get(name, "worker" if name.startswith("worker") else None)
+        if "postgres" in procs[cur].cmd and home in procs[cur].cmd:
+            return "PostgreSQL"
+        cur, seen = procs[cur].ppid, seen + 1
+    return "runners (sandboxes)" if session_of(pid) in runs else None
+
+
+def cpu_by_part(before: dict[int, Proc], after: dict[int, Proc], stack: Stack, runs: set[str]) -> dict[str, float]:
+    """CPU seconds each part of the stack used between two snapshots of /proc."""
+    used = dict.fromkeys(PARTS, 0.0)
+    for pid, proc in after.items():
+        part = part_of(pid, after, stack, runs)
+        if part is None:
+            continue
+        prior = before.get(pid)
+        used[part] += proc.cpu - (prior.cpu if prior is not None and prior.cmd == proc.cmd else 0.0)
+    return used
 
 
 def mem_available_mb() -> float:
@@ -275,6 +341,7 @@ async def bench(args: argparse.Namespace) -> int:
                 burst.append(await start_run(api, name))  # type: ignore[arg-type]
 
         t0 = time.monotonic()
+        cpu_before = processes()
         await asyncio.gather(*(one() for _ in range(args.runs)))
         ids.extend(burst)
         say(f"  created in {time.monotonic() - t0:.1f}s; waiting until every run waits on its approval")
@@ -284,6 +351,7 @@ async def bench(args: argparse.Namespace) -> int:
 
         await wait_until(all_waiting, args.within, f"all {args.runs} runs waiting")
         out.all_waiting_s = time.monotonic() - t0
+        out.cpu = cpu_by_part(cpu_before, processes(), stack, set(burst))
         say(f"  all {args.runs} waiting after {out.all_waiting_s:.1f}s")
         out.starts, out.phases = await ledger.starts(burst)
 
@@ -366,6 +434,15 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         f"{pct(out.pss_mb, 50):.1f} MB / {max(out.pss_mb, default=float('nan')):.1f} MB |",
         f"| host `MemAvailable` drop per run while all wait | {out.avail_drop_mb:.1f} MB |",
         f"| burst start → every run ended | {out.all_done_s:.1f} s |",
+        "",
+        f"Where a run's start goes: CPU used from the burst's start until all {out.runs} runs waited, per part "
+        "of the stack (from `/proc`; sandboxes counted by their run's id), divided by the runs. The machine's "
+        f"{os.cpu_count()} CPUs give {os.cpu_count() or 1} CPU-seconds per second; a burst is bound by their sum.",
+        "",
+        "| part | CPU per run |",
+        "|---|---|",
+        *(f"| {part} | {used / max(out.runs, 1) * ms:.0f} ms |" for part, used in out.cpu.items()),
+        f"| **all parts** | **{sum(out.cpu.values()) / max(out.runs, 1) * ms:.0f} ms** |",
         "",
         f"<sub>{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, `bench/scale.py --runs {out.runs}`</sub>",
