@@ -15,13 +15,13 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
-from activities import contracts as c
 from activities.broker import BrokerActivities
 from activities.delivery import DeliveryActivities
 from activities.runs import RunActivities
 from activities.schedules import ScheduleActivities
 from config.settings import Settings, get_settings
 from config.temporal import connect_client
+from contracts import temporal as c
 from core.redaction import Redactor
 from db.capabilities import Capabilities
 from db.connections import Connections

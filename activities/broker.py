@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import SecretStr
 from temporalio import activity
 
-from activities import contracts as c
+from contracts import temporal as c
 from core import events as ev
 from core.digests import document_digest
 from core.errors import Conflict, NotFound

@@ -30,7 +30,7 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
-from activities import contracts as c
+from contracts import temporal as c
 from core import events as ev
 from core.digests import sha256_hex
 from core.redaction import MARK, scrub_text

@@ -20,11 +20,11 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import contracts as c
 from activities import rundirs, workspace
 from activities.delivery import start_deliveries
 from activities.env import runner_env, runner_secrets
 from config.settings import Settings
+from contracts import temporal as c
 from core import contract as wire
 from core import events as ev
 from core.digests import sha256_hex

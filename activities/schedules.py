@@ -13,7 +13,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import contracts as c
+from contracts import temporal as c
 from core.errors import NotFound
 from core.schedule import DEFAULT_MISSED_RUN_POLICY, fire_key, fire_time_text
 from services.triggers import FireOutcome, TriggerService

@@ -23,9 +23,9 @@ from temporalio.common import (
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from activities import contracts as c
 from activities.env import runner_env
 from config.settings import Settings
+from contracts import temporal as c
 from core.capabilities import frozen_entry
 from core.digests import document_digest
 from core.errors import BadRequest, Forbidden, Unavailable, Unprocessable

@@ -22,8 +22,8 @@ from typing import Any, Literal
 import asyncpg
 from temporalio.client import Client
 
-from activities import contracts as c
 from config.settings import Settings
+from contracts import temporal as c
 from core.errors import BadRequest, DomainError, NotFound, Unprocessable
 from core.policy import Budgets
 from core.runspec import InvocationContext, RunSpec

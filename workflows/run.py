@@ -20,7 +20,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    from contracts import temporal as c
 
 M = TypeVar("M")
 SHORT = timedelta(seconds=60)

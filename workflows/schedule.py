@@ -15,7 +15,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    from contracts import temporal as c
     from core.schedule import MISSED_AFTER
 
 # Set by Temporal on every workflow a schedule starts (scheduled runs, trigger() and backfills).

@@ -18,10 +18,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from activities import contracts as c
 from api.deps import READ_ALL_ROLES, Principal, PrincipalDep, ServicesDep
 from api.routes.sessions import run_handle
 from api.schemas import DecisionIn, approval_public
+from contracts import temporal as c
 from core.authority import Authority, classify
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
 from workflows.run import RunWorkflow

@@ -15,9 +15,9 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import contracts as c
 from api.deps import ServicesDep, bearer, run_token
 from api.routes.sessions import run_handle
+from contracts import temporal as c
 from core import events as ev
 from core.contract import EventPost, HeartbeatResponse, PermissionRequest, PermissionResponse, ResultPost
 from core.digests import input_digest

@@ -33,8 +33,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
-from activities import contracts as c
 from api.deps import Services, bearer, wrong_audience_response
+from contracts import temporal as c
 from core.errors import DomainError
 from core.llm_body import FREE, ROUTES, FacadeError, dialect_of, dialect_of_path, error_body, inspect_body, stream_error
 from core.tokens import Audience, token_digest

@@ -13,7 +13,6 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from temporalio.client import WorkflowHandle
 
-from activities import contracts as c
 from api.deps import Principal, PrincipalDep, Services, ServicesDep, bearer, user_principal
 from api.routes.agents import workspace_doc
 from api.schemas import (
@@ -24,6 +23,7 @@ from api.schemas import (
     approval_public,
     pick,
 )
+from contracts import temporal as c
 from core.errors import BadRequest, Forbidden, NotFound
 from core.runspec import InvocationContext
 from db.identity import Identity

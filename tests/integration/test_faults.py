@@ -270,9 +270,9 @@ async def test_a_retried_provisioning_replaces_the_sandbox_an_interrupted_attemp
 
     from temporalio.testing import ActivityEnvironment
 
-    from activities import contracts as c
     from activities.runs import RunActivities
     from config.settings import Settings
+    from contracts import temporal as c
     from core.redaction import Redactor
     from db.engine import create_pool
     from db.store import Store

@@ -38,11 +38,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities import contracts as c
 from activities.schedules import ScheduleActivities
 from api.app import seed_policies
 from cli.stack import Postgres
 from config.settings import Settings
+from contracts import temporal as c
 from core.redaction import Redactor
 from core.schedule import MISSED_AFTER, fire_key, fire_time_text, next_fire, parse_cron, parse_timezone
 from db.capabilities import Capabilities

@@ -1,4 +1,11 @@
-"""Activity names and their input/output models. Import-light: workflows import this module."""
+"""The Temporal contract: workflow and activity names, their input/output models, signal and update
+payloads, search attributes and workflow ids.
+
+The client side (``services``), the workflows and the activities all import this one module, so a name
+or a payload shape is defined once. Import-light: pydantic and ``temporalio.common`` only, because the
+workflow sandbox passes it through. Recorded histories (``tests/workflows/histories``) pin the names
+and shapes: change them only with a workflow patch and new histories.
+"""
 
 from __future__ import annotations
 
