@@ -12,6 +12,14 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from temporalio.common import SearchAttributeKey
 
+# Workflow type names (each class's @workflow.defn name): a caller that must not import the workflow
+# module (an activity starting a delivery) starts it by name.
+RUN_WORKFLOW = "RunWorkflow"
+DELIVERY_WORKFLOW = "DeliveryWorkflow"
+SCHEDULE_FIRE_WORKFLOW = "ScheduleFireWorkflow"
+LIVENESS_SWEEP_WORKFLOW = "LivenessSweepWorkflow"
+ALL_WORKFLOWS = (RUN_WORKFLOW, DELIVERY_WORKFLOW, SCHEDULE_FIRE_WORKFLOW, LIVENESS_SWEEP_WORKFLOW)
+
 RUN_STATUS = SearchAttributeKey.for_keyword("RunStatus")
 AGENT_NAME = SearchAttributeKey.for_keyword("AgentName")
 SEARCH_ATTRIBUTES = {"RunStatus": "Keyword", "AgentName": "Keyword"}

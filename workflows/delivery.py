@@ -38,7 +38,7 @@ def retry_delay(attempt: int) -> int | None:
     return BACKOFF_SECS[min(attempt, len(BACKOFF_SECS)) - 1]
 
 
-@workflow.defn(name="DeliveryWorkflow")
+@workflow.defn(name=c.DELIVERY_WORKFLOW)
 class DeliveryWorkflow:
     @workflow.run
     async def run(self, inp: c.DeliveryInput) -> str:

@@ -35,7 +35,7 @@ LOCAL_APPROVAL_STEPS = "local-approval-steps"
 ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 
-@workflow.defn(name="RunWorkflow")
+@workflow.defn(name=c.RUN_WORKFLOW)
 class RunWorkflow:
     @workflow.init
     def __init__(self, inp: c.RunInput) -> None:

@@ -25,7 +25,7 @@ SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 FIRE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
 
 
-@workflow.defn(name="ScheduleFireWorkflow")
+@workflow.defn(name=c.SCHEDULE_FIRE_WORKFLOW)
 class ScheduleFireWorkflow:
     @workflow.run
     async def run(self, inp: c.ScheduleFireInput) -> c.ScheduleFireOut:
