@@ -39,7 +39,7 @@ EXPIRE_APPROVAL = "expire_approval"
 RESUME_AFTER_APPROVAL = "resume_after_approval"
 BROKER_CALL = "broker_call"
 
-ALL_ACTIVITIES = (
+RUN_ACTIVITIES = (
     CLAIM_SANDBOX,
     PROVISION,
     SUPERVISE,
@@ -254,3 +254,7 @@ class ScheduleFireOut(BaseModel):
     session_id: str | None = None
     reason: str | None = None
     catch_up: bool = False
+
+
+# Every activity name of the contract: worker.py registers each exactly once (tests/test_registration.py).
+ALL_ACTIVITIES = (*RUN_ACTIVITIES, DELIVER_WEBHOOK, CLOSE_DELIVERY, FIRE_SCHEDULE)
