@@ -67,7 +67,7 @@ lint: install
 	$(BIN)/lint-imports
 
 typecheck: install
-	$(BIN)/mypy core db api workflows activities sandbox runner cli config integrations services worker.py
+	$(BIN)/mypy core contracts db api workflows activities sandbox runner cli config integrations services worker.py
 
 test: install lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

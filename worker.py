@@ -9,19 +9,21 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
-from activities import contracts as c
 from activities.broker import BrokerActivities
 from activities.delivery import DeliveryActivities
 from activities.runs import RunActivities, precompile_code
 from activities.schedules import ScheduleActivities
 from config.settings import Settings, get_settings
 from config.temporal import connect_client
+from contracts import temporal as c
 from core.redaction import Redactor
 from db.capabilities import Capabilities
 from db.connections import Connections
@@ -48,12 +50,14 @@ def redactor_for(settings: Settings) -> Redactor:
     return Redactor((*secrets, *settings.llm_secrets()))
 
 
-async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
-    if not settings.database_url:
-        raise SystemExit("FLUIDBOX_DATABASE_URL is not set (fluidbox up sets it for the embedded database)")
-    pool = await create_pool(settings.database_url, min_size=1, max_size=10)
-    client = await connect_client(settings)
-    store = Store(pool, redactor_for(settings))
+# Every workflow this worker hosts (tests/test_registration.py checks them against the contract).
+WORKER_WORKFLOWS: list[type] = [*WORKFLOWS, DeliveryWorkflow, ScheduleFireWorkflow, LivenessSweepWorkflow]
+
+
+def build_activities(
+    settings: Settings, store: Store, client: Client, sessions: SessionPool
+) -> list[Callable[..., Any]]:
+    """Every activity this worker hosts, with its dependencies injected (no I/O happens here)."""
     provider = make_provider(
         settings.sandbox_provider,
         bwrap_path=settings.bwrap_path,
@@ -65,7 +69,6 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     )
     await asyncio.to_thread(precompile_code)
     acts = RunActivities(store, provider, settings)
-    sessions = SessionPool()
     broker_sealer = sealer_from_settings(*settings.credential_keys())
     connector_policy = UrlPolicy(allow_loopback=settings.allow_loopback_connectors)
     broker = BrokerActivities(
@@ -94,11 +97,21 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             sealer_from_settings(*settings.credential_keys()),
         )
     )
+    return [*acts.all(), *broker.all(), *delivery.all(), *schedules.all()]
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
+    if not settings.database_url:
+        raise SystemExit("FLUIDBOX_DATABASE_URL is not set (fluidbox up sets it for the embedded database)")
+    pool = await create_pool(settings.database_url, min_size=1, max_size=10)
+    client = await connect_client(settings)
+    store = Store(pool, redactor_for(settings))
+    sessions = SessionPool()
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[*WORKFLOWS, DeliveryWorkflow, ScheduleFireWorkflow, LivenessSweepWorkflow],
-        activities=[*acts.all(), *broker.all(), *delivery.all(), *schedules.all()],
+        workflows=WORKER_WORKFLOWS,
+        activities=build_activities(settings, store, client, sessions),
         graceful_shutdown_timeout=timedelta(seconds=5),
         max_concurrent_activities=settings.worker_max_activities,
         max_concurrent_local_activities=settings.worker_max_local_activities,

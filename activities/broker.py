@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import SecretStr
 from temporalio import activity
 
-from activities import contracts as c
+from contracts import temporal as c
 from core import events as ev
 from core.digests import document_digest
-from core.errors import Conflict, NotFound
+from core.errors import Conflict, GrantLost, NotFound
 from core.redaction import MARK
 from core.states import accepts_work
 from core.tools import split_mcp
@@ -32,7 +32,14 @@ from integrations.mcp_pool import SessionPool
 from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
-from services.oauth_tokens import AccessTokens, GrantLost
+
+
+class AccessTokenSource(Protocol):
+    """Access tokens of OAuth connections (``services.oauth_tokens.AccessTokens``, injected by the worker)."""
+
+    async def get(
+        self, tenant_id: str, connection_id: str, generation: int, *, rejected: SecretStr | None = None
+    ) -> SecretStr: ...
 
 
 class BrokerActivities:
@@ -42,7 +49,7 @@ class BrokerActivities:
         sealer: Sealer | None,
         url_policy: UrlPolicy,
         pool: SessionPool | None = None,
-        tokens: AccessTokens | None = None,
+        tokens: AccessTokenSource | None = None,
     ) -> None:
         self.connections = connections
         self.store = connections.store

@@ -30,7 +30,7 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
-from activities import contracts as c
+from contracts import temporal as c
 from core import events as ev
 from core.digests import sha256_hex
 from core.redaction import MARK, scrub_text
@@ -39,7 +39,6 @@ from db.deliveries import Deliveries, callback_secret_context, webhook_destinati
 from db.store import Row, Store
 from integrations.sealing import Sealer, SealingError
 from integrations.urls import AdmittedUrl, IPAddress, UrlPolicy, UrlRefused
-from workflows.delivery import DeliveryWorkflow
 
 CALLBACK_DELIVERED = "callback.delivered"
 CALLBACK_FAILED = "callback.failed"
@@ -101,7 +100,7 @@ async def start_deliveries(store: Store, client: Client, task_queue: str, run_id
         index = int(row["destination_index"])
         try:
             await client.start_workflow(
-                DeliveryWorkflow.run,
+                c.DELIVERY_WORKFLOW,
                 c.DeliveryInput(delivery_id=str(row["id"]), run_id=run_id, index=index),
                 id=c.delivery_workflow_id(run_id, index),
                 task_queue=task_queue,

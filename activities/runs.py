@@ -21,16 +21,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import contracts as c
 from activities import rundirs, workspace
 from activities.delivery import start_deliveries
-from activities.env import runner_env, runner_secrets
 from config.settings import Settings
+from contracts import temporal as c
 from core import contract as wire
 from core import events as ev
 from core.digests import sha256_hex
 from core.errors import InvalidTransition
 from core.ports import ExecutionProvider, SandboxHandle, SandboxSpec
+from core.runner_env import runner_env, runner_secrets
 from core.states import RunStatus, is_terminal, outcome_status
 from core.tokens import RUN_AUDIENCES
 from db.store import Store

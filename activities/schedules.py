@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import contracts as c
+from contracts import temporal as c
 from core.errors import NotFound
 from core.schedule import DEFAULT_MISSED_RUN_POLICY, fire_key, fire_time_text
-from services.triggers import FireOutcome, TriggerService
+from core.triggers import FireOutcome
+from db.triggers import Triggers
 
 
 def _out(outcome: FireOutcome, catch_up: bool) -> c.ScheduleFireOut:
@@ -28,8 +29,30 @@ def _out(outcome: FireOutcome, catch_up: bool) -> c.ScheduleFireOut:
     )
 
 
+class Firing(Protocol):
+    """The one firing path (``services.triggers.TriggerService``, injected by the worker)."""
+
+    @property
+    def db(self) -> Triggers: ...
+
+    async def fire(
+        self,
+        tenant_id: str,
+        subscription_id: str,
+        *,
+        kind: Literal["schedule"],
+        idempotency_key: str,
+        variables: dict[str, str],
+        catch_up: bool = False,
+    ) -> FireOutcome: ...
+
+    async def record_skip(
+        self, tenant_id: str, subscription_id: str, *, kind: Literal["schedule"], idempotency_key: str, reason: str
+    ) -> FireOutcome: ...
+
+
 class ScheduleActivities:
-    def __init__(self, triggers: TriggerService) -> None:
+    def __init__(self, triggers: Firing) -> None:
         self.triggers = triggers
 
     @activity.defn(name=c.FIRE_SCHEDULE)

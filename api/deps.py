@@ -27,9 +27,12 @@ from db.triggers import Triggers
 from db.usage import Metering
 from integrations.sealing import Sealer
 from integrations.urls import UrlPolicy
+from services.connections import ConnectionService
 from services.oauth_connect import OAuthConnect
 from services.oauth_tokens import AccessTokens
+from services.run_control import RunControl
 from services.runs import RunFactory
+from services.subscriptions import SubscriptionService
 from services.triggers import TriggerService
 
 
@@ -58,11 +61,28 @@ class Services:
         return RunFactory(self.store, self.connections, self.capabilities, self.settings, self.temporal)
 
     @property
+    def connection_service(self) -> ConnectionService:
+        """Connecting MCP servers: static and OAuth connections, sign-in links, re-photographs."""
+        return ConnectionService(
+            self.connections, self.url_policy, self.sealer, self.oauth, self.access_tokens, self.public_base
+        )
+
+    @property
+    def run_control(self) -> RunControl:
+        """The one owner of runs' workflow handles (see ``services.run_control``)."""
+        return RunControl(self.store, self.temporal, self.settings)
+
+    @property
     def triggers(self) -> TriggerService:
         """The one firing path of trigger subscriptions (see ``services.triggers``)."""
         return TriggerService(
             self.store, self.connections, self.capabilities, self.settings, self.temporal, self.sealer
         )
+
+    @property
+    def subscriptions(self) -> SubscriptionService:
+        """Managing trigger subscriptions (see ``services.subscriptions``)."""
+        return SubscriptionService(self.store, self.connections, self.settings, self.temporal, self.sealer)
 
     @property
     def public_base(self) -> str:

@@ -8,26 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import defaultdict
 from typing import Any
 
-import asyncpg
-
-from db.engine import asyncpg_dsn
-from db.store import NOTIFY_CHANNEL
-
-log = logging.getLogger("fluidbox.hub")
+from db.notify import listen
 
 
 class EventHub:
     def __init__(self, database_url: str) -> None:
-        self._dsn = asyncpg_dsn(database_url)
+        self._database_url = database_url
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._listen())
+        self._task = asyncio.create_task(listen(self._database_url, self._notify))
 
     async def stop(self) -> None:
         if self._task:
@@ -35,28 +29,10 @@ class EventHub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def _notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+    def _notify(self, payload: str) -> None:
         session_id = payload.partition(":")[0]
         for event in self._waiters.get(session_id, ()):
             event.set()
-
-    async def _listen(self) -> None:
-        while True:
-            try:
-                conn = await asyncpg.connect(self._dsn)
-                closed = asyncio.Event()
-                conn.add_termination_listener(lambda _c, ev=closed: ev.set())
-                try:
-                    await conn.add_listener(NOTIFY_CHANNEL, self._notify)
-                    await closed.wait()
-                finally:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the database restarted: streams fall back to polling meanwhile
-                log.warning("LISTEN connection lost (%s); reconnecting", exc)
-                await asyncio.sleep(1)
 
     @contextlib.contextmanager
     def subscribe(self, session_id: str) -> Any:

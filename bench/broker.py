@@ -62,10 +62,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from activities.contracts import workflow_id  # noqa: E402
 from bench import gate as gb  # noqa: E402
 from bench.gate import say  # noqa: E402
 from cli.stack import Stack, StackError  # noqa: E402
+from contracts.temporal import workflow_id  # noqa: E402
 from db.engine import create_pool  # noqa: E402
 from integrations import mcp_client  # noqa: E402
 from integrations.headers import auth_headers  # noqa: E402

@@ -143,17 +143,10 @@ def _alive(pid: int) -> bool:
 
 
 async def ensure_database(admin_url: str, name: str) -> str:
-    import asyncpg
+    """Create database ``name`` unless it exists; returns its URL (imported late: the CLI starts fast)."""
+    from db.engine import ensure_database as ensure
 
-    conn = await asyncpg.connect(admin_url)
-    try:
-        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
-        if not exists:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    base, _, query = admin_url.partition("?")
-    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+    return await ensure(admin_url, name)
 
 
 @dataclass

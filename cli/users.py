@@ -44,23 +44,22 @@ def database_url() -> str:
 
 
 async def _with_identity(org: str, work: Any) -> Any:
-    import asyncpg
-
     from core.redaction import Redactor
     from db.engine import create_pool
+    from db.errors import DatabaseError, SchemaNotReady
     from db.identity import Identity
     from db.store import Store
 
     url = database_url()
     try:
         pool = await create_pool(url, min_size=1, max_size=1)
-    except (OSError, asyncpg.PostgresError) as exc:
+    except (OSError, DatabaseError) as exc:
         raise CliError(f"cannot connect to the fluidbox database: {exc}") from None
     try:
         identity = Identity(Store(pool, Redactor()))
         try:
             tenant = await identity.org(org)
-        except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError):
+        except SchemaNotReady:
             raise CliError("the database is not migrated for users yet — start the stack once to migrate it") from None
         if tenant is None:
             raise CliError(f"unknown org '{org}' (the boot org is 'default'; start the stack once to create it)")

@@ -155,3 +155,18 @@ def frozen_entry(row: dict[str, Any]) -> dict[str, Any]:
             for s in row["definition"]["servers"]
         ],
     }
+
+
+def narrow_pins(pins: list[dict[str, Any]], keep: list[str] | None) -> list[dict[str, Any]]:
+    """The revision's pinned bundles narrowed (remove-only) by a keep-list; ``None`` keeps all, ``[]`` none.
+
+    Raises:
+        BadRequest: ``keep`` names a bundle the revision does not pin (capabilities can only narrow).
+    """
+    if keep is None:
+        return pins
+    pinned = {p["name"] for p in pins}
+    extra = sorted(set(keep) - pinned)
+    if extra:
+        raise BadRequest(f"capabilities can only narrow: {', '.join(extra)} not attached to this agent's revision")
+    return [p for p in pins if p["name"] in keep]

@@ -71,3 +71,12 @@ class Unavailable(DomainError):
 
 class InvalidTransition(DomainError):
     status = 409
+
+
+class GrantLost(UpstreamFailed):
+    """The authorization server no longer honours the connection's grant (``invalid_grant``); ``.reason`` is
+    the provider's explanation. The connection is now ``error``: reconnect to fix it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the OAuth grant of this connection was refused by its authorization server: {reason}")
+        self.reason = reason

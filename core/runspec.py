@@ -6,7 +6,7 @@ Editing an agent or a policy afterwards affects only future runs.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +29,25 @@ class _Frozen(BaseModel):
 class WorkspaceSpec(_Frozen):
     kind: Literal["scratch", "local_copy"] = "scratch"
     path: str | None = None
+
+
+class WorkspaceInput(Protocol):
+    """A workspace as a request gives it (the API's ``WorkspaceIn``)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def path(self) -> str | None: ...
+
+
+def workspace_doc(ws: WorkspaceInput | None) -> dict[str, Any] | None:
+    """Normalize a workspace input; scratch is stored as null."""
+    if ws is None or ws.kind in ("scratch", "none"):
+        return None
+    if not ws.path or not ws.path.startswith("/"):
+        raise BadRequest("a local_copy workspace needs an absolute `path`")
+    return {"kind": "local_copy", "path": ws.path}
 
 
 class InvocationContext(_Frozen):

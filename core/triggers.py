@@ -286,3 +286,22 @@ def event_variables(ev: RepositoryEvent) -> dict[str, str]:
         "event": ev.event,
         "fork": "true" if ev.fork else "false",
     }
+
+
+OutcomeKind = Literal["created", "replay", "skipped", "in_flight"]
+
+
+@dataclass(frozen=True)
+class FireOutcome:
+    """What one firing did: ``created`` a run, ``replay`` of an earlier one, ``skipped`` (with the
+    reason; ``active_run_id`` for an overlap), or ``in_flight`` (an unbound claim holds the key)."""
+
+    outcome: OutcomeKind
+    run: dict[str, Any] | None = None
+    reason: str | None = None
+    active_run_id: str | None = None
+    earlier: bool = False  # the key was claimed by an earlier invocation (replay, or its skip)
+
+    @property
+    def session_id(self) -> str | None:
+        return str(self.run["id"]) if self.run else None

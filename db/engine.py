@@ -62,3 +62,16 @@ def _upgrade(url: str) -> None:
 async def migrate(url: str) -> None:
     """Apply every migration (alembic's env runs its own event loop, so it gets a thread)."""
     await asyncio.to_thread(_upgrade, url)
+
+
+async def ensure_database(admin_url: str, name: str) -> str:
+    """Create database ``name`` on the server of ``admin_url`` unless it exists; returns its URL."""
+    conn = await asyncpg.connect(admin_url)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    base, _, query = admin_url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")

@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import SecretStr
 
-from core.errors import UpstreamFailed
+from core.errors import GrantLost
 from db.connections import credential_context
 from db.oauth import GrantLock, OAuthRecords, registration_secret_context
 from db.store import Store
@@ -37,15 +37,6 @@ from integrations.sealing import Sealer
 __all__ = ["AccessTokens", "GrantLost", "access_context"]
 
 log = logging.getLogger("fluidbox.services.oauth_tokens")
-
-
-class GrantLost(UpstreamFailed):
-    """The authorization server no longer honours the connection's grant (``invalid_grant``); ``.reason`` is
-    the provider's explanation. The connection is now ``error``: reconnect to fix it."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"the OAuth grant of this connection was refused by its authorization server: {reason}")
-        self.reason = reason
 
 
 def access_context(tenant_id: str) -> str:

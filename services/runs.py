@@ -15,30 +15,22 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from temporalio.client import Client
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from activities import contracts as c
-from activities.env import runner_env
 from config.settings import Settings
-from core.capabilities import frozen_entry
+from core.capabilities import frozen_entry, narrow_pins
 from core.digests import document_digest
 from core.errors import BadRequest, Forbidden, Unavailable, Unprocessable
 from core.harnesses import RUNNABLE
 from core.policy import Budgets
-from core.redaction import scrub_text
+from core.runner_env import runner_env
 from core.runspec import InvocationContext, RunSpec, WorkspaceSpec, freeze
 from core.states import RunStatus
 from db.capabilities import Capabilities
 from db.connections import Connections
 from db.ids import new_id
 from db.store import Conn, Store
-from workflows.run import RunWorkflow
+from services.run_control import RunControl
 
 log = logging.getLogger("fluidbox.services.runs")
 
@@ -61,17 +53,6 @@ class RunRequest:
     result_destinations: list[dict[str, Any]] = field(default_factory=list)
 
 
-def timing(settings: Settings) -> c.Timing:
-    return c.Timing(
-        liveness_check_secs=settings.liveness_check_secs,
-        heartbeat_stale_secs=settings.heartbeat_stale_secs,
-        quiesce_secs=settings.quiesce_secs,
-        approval_recheck_secs=settings.approval_recheck_secs,
-        capacity_recheck_secs=settings.capacity_recheck_secs,
-        move_after_updates=settings.run_move_after_updates,
-    )
-
-
 def same_url(a: str, b: str) -> bool:
     pa, pb = urlsplit(a), urlsplit(b)
     return (pa.scheme.lower(), pa.netloc.lower(), pa.path.rstrip("/")) == (
@@ -91,14 +72,7 @@ class RunFactory:
 
     async def freeze_capabilities(self, pins: list[dict[str, Any]], keep: list[str] | None) -> list[dict[str, Any]]:
         """The revision's pinned bundles, narrowed (remove-only) by the run's keep-list; ``[]`` strips all."""
-        if keep is not None:
-            pinned = {p["name"] for p in pins}
-            extra = sorted(set(keep) - pinned)
-            if extra:
-                raise BadRequest(
-                    f"capabilities can only narrow: {', '.join(extra)} not attached to this agent's revision"
-                )
-            pins = [p for p in pins if p["name"] in keep]
+        pins = narrow_pins(pins, keep)
         rows = await self.capabilities.by_ids([p["id"] for p in pins])
         frozen = [frozen_entry(rows[p["id"]]) for p in pins]
         aliases = [s["name"] for b in frozen for s in b["servers"]]
@@ -276,28 +250,12 @@ class RunFactory:
             raise Unavailable("the workflow engine is unavailable; the run was not started") from exc
         return row
 
+    @property
+    def control(self) -> RunControl:
+        return RunControl(self.store, self.temporal, self.settings)
+
     async def _start_workflow(self, spec: RunSpec) -> None:
-        client = await self.temporal()
-        await client.start_workflow(
-            RunWorkflow.run,
-            c.RunInput(
-                run_id=spec.run_id,
-                agent_name=spec.agent_name,
-                max_wall_clock_secs=spec.budgets.max_wall_clock_secs,
-                timing=timing(self.settings),
-            ),
-            id=c.workflow_id(spec.run_id),
-            task_queue=self.settings.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=TypedSearchAttributes(
-                [
-                    SearchAttributePair(c.RUN_STATUS, "created"),
-                    SearchAttributePair(c.AGENT_NAME, spec.agent_name),
-                ]
-            ),
-            static_summary=scrub_text(f"{spec.agent_name}: {spec.task[:120]}"),
-        )
+        await self.control.start(spec)
 
     async def start_stranded(self, older_than_secs: float = STRANDED_AFTER_SECS) -> int:
         """Start the workflow of every run still ``created`` a while after its insert, with no wind-down

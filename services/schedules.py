@@ -43,8 +43,8 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import contracts as c
 from config.settings import Settings
+from contracts import temporal as c
 from core.errors import BadRequest, Unavailable
 from core.schedule import DEFAULT_TIMEZONE, fire_time_text, temporal_crons
 from workflows.schedule import ScheduleFireWorkflow

@@ -12,35 +12,31 @@ It holds no FastAPI objects, so a worker activity (the schedule fire) builds it 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import asyncpg
 from temporalio.client import Client
 
-from activities import contracts as c
 from config.settings import Settings
 from core.errors import BadRequest, DomainError, NotFound, Unprocessable
 from core.policy import Budgets
 from core.runspec import InvocationContext, RunSpec
 from core.templates import render
-from core.triggers import check_task_override, is_within, narrow_workspace
+from core.triggers import FireOutcome, check_task_override, is_within, narrow_workspace
 from db.capabilities import Capabilities
 from db.connections import Connections
+from db.errors import UniqueViolation
 from db.store import Conn, Row, Store
 from db.triggers import Existing, Refused, Triggers
 from integrations.sealing import Sealer
 from services.runs import RunFactory, RunRequest
-from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.services.triggers")
 
 FireKind = Literal["api", "schedule", "event", "manual"]
-OutcomeKind = Literal["created", "replay", "skipped", "in_flight"]
 INVOKED_BY = {"api": "trigger", "schedule": "schedule", "event": "webhook", "manual": "operator"}
 BODY_DRIFT = "Idempotency-Key was already used with a different request body"
 
@@ -51,22 +47,6 @@ class Overrides:
 
     task: str | None = None
     workspace: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class FireOutcome:
-    """What one firing did: ``created`` a run, ``replay`` of an earlier one, ``skipped`` (with the
-    reason; ``active_run_id`` for an overlap), or ``in_flight`` (an unbound claim holds the key)."""
-
-    outcome: OutcomeKind
-    run: dict[str, Any] | None = None
-    reason: str | None = None
-    active_run_id: str | None = None
-    earlier: bool = False  # the key was claimed by an earlier invocation (replay, or its skip)
-
-    @property
-    def session_id(self) -> str | None:
-        return str(self.run["id"]) if self.run else None
 
 
 @dataclass
@@ -133,7 +113,7 @@ class TriggerService:
                 )
             except Existing as found:
                 return await self._existing(found.claim, body_digest)
-            except asyncpg.UniqueViolationError:
+            except UniqueViolation:
                 # A simultaneous fire with the same key committed first (possible under ``allow``).
                 claim = await db.claim(subscription_id, idempotency_key)
                 if claim is None:
@@ -150,7 +130,8 @@ class TriggerService:
                     tenant_id, subscription_id, refused.reason, body_digest, active=refused.active_run_id, **skip
                 )
             if replaced:
-                await self._signal_cancel(replaced)
+                # The cancellation intents committed with the replacement; the signals only wake the runs.
+                await self.runs.control.wake_cancelled(replaced)
             return FireOutcome("created", run=row)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -286,18 +267,6 @@ class TriggerService:
         if row.get("skip_reason") == reason[:500] and not row.get("session_id"):
             return FireOutcome("skipped", reason=reason, active_run_id=active)
         return await self._existing(row, digest)  # somebody else claimed the key meanwhile
-
-    async def _signal_cancel(self, run_ids: list[str]) -> None:
-        """The cancellation intents are durable already; a lost signal is picked up by the run's
-        supervisor on its next liveness check."""
-        try:
-            client = await self.temporal()
-        except Exception:
-            log.warning("replace: no Temporal client to signal cancellation", exc_info=True)
-            return
-        for run_id in run_ids:
-            with contextlib.suppress(Exception):
-                await client.get_workflow_handle(c.workflow_id(run_id)).signal(RunWorkflow.cancel)
 
 
 def _check_on_disk(base: str, wanted: str) -> str:

@@ -20,7 +20,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    from contracts import temporal as c
 
 # Wait after failed attempt n (1-based): 5 s, 30 s, 2 min, 10 min, 30 min, 1 h (domain §10).
 BACKOFF_SECS = (5, 30, 120, 600, 1800, 3600)
@@ -38,7 +38,7 @@ def retry_delay(attempt: int) -> int | None:
     return BACKOFF_SECS[min(attempt, len(BACKOFF_SECS)) - 1]
 
 
-@workflow.defn(name="DeliveryWorkflow")
+@workflow.defn(name=c.DELIVERY_WORKFLOW)
 class DeliveryWorkflow:
     @workflow.run
     async def run(self, inp: c.DeliveryInput) -> str:

@@ -18,13 +18,13 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    from contracts import temporal as c
 
 SWEEPS_PER_HISTORY = 200  # about 7 events a sweep: a fresh history every ~1,400 events
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20))
 
 
-@workflow.defn(name="LivenessSweepWorkflow")
+@workflow.defn(name=c.LIVENESS_SWEEP_WORKFLOW)
 class LivenessSweepWorkflow:
     @workflow.run
     async def run(self, inp: c.SweepInput) -> None:

@@ -20,7 +20,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    from contracts import temporal as c
 
 M = TypeVar("M")
 SHORT = timedelta(seconds=60)
@@ -35,7 +35,7 @@ LOCAL_APPROVAL_STEPS = "local-approval-steps"
 ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 
-@workflow.defn(name="RunWorkflow")
+@workflow.defn(name=c.RUN_WORKFLOW)
 class RunWorkflow:
     @workflow.init
     def __init__(self, inp: c.RunInput) -> None:

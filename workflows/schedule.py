@@ -15,7 +15,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    from contracts import temporal as c
     from core.schedule import MISSED_AFTER
 
 # Set by Temporal on every workflow a schedule starts (scheduled runs, trigger() and backfills).
@@ -25,7 +25,7 @@ SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 FIRE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
 
 
-@workflow.defn(name="ScheduleFireWorkflow")
+@workflow.defn(name=c.SCHEDULE_FIRE_WORKFLOW)
 class ScheduleFireWorkflow:
     @workflow.run
     async def run(self, inp: c.ScheduleFireInput) -> c.ScheduleFireOut:

@@ -13,22 +13,13 @@ from api.schemas import (
     AgentCreate,
     ConnectionRequirement,
     RevisionCreate,
-    WorkspaceIn,
     pick,
 )
 from core.errors import BadRequest, NotFound
 from core.harnesses import check_harness, check_harness_config
+from core.runspec import workspace_doc
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
-
-
-def workspace_doc(ws: WorkspaceIn | None) -> dict[str, Any] | None:
-    """Normalize a workspace input; scratch is stored as null."""
-    if ws is None or ws.kind in ("scratch", "none"):
-        return None
-    if not ws.path or not ws.path.startswith("/"):
-        raise BadRequest("a local_copy workspace needs an absolute `path`")
-    return {"kind": "local_copy", "path": ws.path}
 
 
 async def capability_pins(svc: ServicesDep, tenant_id: str, pins: list[str] | None) -> list[dict[str, Any]]:

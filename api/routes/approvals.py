@@ -12,21 +12,16 @@ Who may decide an approval depends on whose authority its call would execute und
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
 
-from activities import contracts as c
 from api.deps import READ_ALL_ROLES, Principal, PrincipalDep, ServicesDep
-from api.routes.sessions import run_handle
 from api.schemas import DecisionIn, approval_public
 from core.authority import Authority, classify
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
-from workflows.run import RunWorkflow
 
-log = logging.getLogger("fluidbox.api.approvals")
 router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
 
 DECISIONS = {
@@ -96,12 +91,5 @@ async def decide(approval_id: str, body: DecisionIn, who: PrincipalDep, svc: Ser
     if decision is None:
         raise BadRequest(f"unknown decision '{body.decision}'")
     decided_by = "operator" if who.is_operator else str(who.user_id)
-    row = await svc.store.decide_approval(who.tenant_id, approval_id, decision, decided_by, authorizer(who))
-    try:
-        await run_handle(await svc.temporal(), row["session_id"]).signal(
-            RunWorkflow.approval_decided, c.ApprovalDecided(tool_call_id=row["tool_call_id"], status=decision)
-        )
-    except Exception:
-        # Settled in PostgreSQL already; the workflow's slow re-read picks it up.
-        log.warning("approval signal for run %s not delivered", row["session_id"], exc_info=True)
+    row = await svc.run_control.decide_approval(who.tenant_id, approval_id, decision, decided_by, authorizer(who))
     return {"approval": approval_public(row)}

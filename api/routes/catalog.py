@@ -10,8 +10,8 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from api.deps import OperatorDep, Services, ServicesDep
-from api.routes.connections import connect_oauth, connect_static, public
-from api.routes.oauth import oauth_of, start_flow
+from api.views import connection_public as public
+from api.views import snapshot_public
 from core.capabilities import check_catalog_launch, launch_server, parse_bundle
 from core.digests import document_digest
 from core.errors import BadRequest, Conflict, NotFound
@@ -148,16 +148,16 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
             raise BadRequest(f"'{slug}' connects with OAuth: it takes no `token`")
         if body.client_secret is not None and body.client_id is None:
             raise BadRequest("`client_secret` needs the `client_id` it was issued with")
-        made = await connect_oauth(
-            svc, op.tenant_id, base_url=row["url"], display_name=body.display_name or row["name"]
+        made = await svc.connection_service.connect_oauth(
+            op.tenant_id, base_url=row["url"], display_name=body.display_name or row["name"]
         )
         try:
             scopes = body.scopes or row["scopes"] or None
             if body.client_id is not None or scopes:
-                await oauth_of(svc).preregister(
+                await svc.connection_service.oauth_connect().preregister(
                     op.tenant_id, made, client_id=body.client_id, client_secret=body.client_secret, scopes=scopes
                 )
-            go_url = await start_flow(svc, op.tenant_id, made, None)
+            go_url = await svc.connection_service.start_sign_in(op.tenant_id, made, None)
         except (OAuthClientError, UrlRefused) as err:
             await svc.connections.discard_pending_oauth(op.tenant_id, made["id"])
             raise BadRequest(f"cannot start OAuth with this server: {err}") from None
@@ -169,8 +169,7 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest(f"'{slug}' needs a `token`")
     hints = row["auth_hints"] or {}
-    return await connect_static(
-        svc,
+    made, snapshot = await svc.connection_service.connect_static(
         op.tenant_id,
         base_url=row["url"],
         token=body.token.get_secret_value(),
@@ -178,6 +177,7 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         scheme=hints.get("scheme", "Bearer"),
         display_name=body.display_name or row["name"],
     )
+    return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
 
 
 async def _oauth_metadata(url: str) -> dict[str, Any] | None:
@@ -261,8 +261,7 @@ async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[
          "url": body.url, "transport": "streamable_http", "auth_mode": "api_key", "auth_hints": hints},
     )  # fmt: skip
     try:
-        connected = await connect_static(
-            svc,
+        made, snapshot = await svc.connection_service.connect_static(
             op.tenant_id,
             base_url=body.url,
             token=body.token.get_secret_value(),
@@ -273,4 +272,4 @@ async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[
     except Exception:
         await svc.catalog.delete(entry["id"])
         raise
-    return {"connector": entry_public(entry), **connected}
+    return {"connector": entry_public(entry), "connection": public(made), "snapshot": snapshot_public(snapshot)}

@@ -13,14 +13,11 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from api.deps import Principal, PrincipalDep, Services, ServicesDep
-from api.routes.oauth import oauth_of, start_flow
-from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable, UpstreamFailed
-from db.connections import credential_context
-from integrations import mcp_client
-from integrations.headers import auth_headers
+from api.views import connection_public as public
+from api.views import snapshot_public
+from core.errors import BadRequest, Conflict, Forbidden, NotFound
 from integrations.oauth import OAuthClientError
-from integrations.urls import AdmittedUrl, UrlRefused
-from services.oauth_tokens import GrantLost
+from integrations.urls import UrlRefused
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
 
@@ -43,48 +40,6 @@ class ConnectionCreate(BaseModel):
     scopes: list[str] | None = Field(default=None, min_length=1, max_length=50)
 
 
-def sealer_of(svc: Services) -> Any:
-    if svc.sealer is None:
-        raise Unavailable(
-            "credential storage is disabled: set FLUIDBOX_CREDENTIAL_KEY (64 hex characters, e.g. from "
-            "`python -c 'import secrets; print(secrets.token_hex(32))'`) and restart the server"
-        )
-    return svc.sealer
-
-
-def public(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: (v.isoformat() if hasattr(v, "isoformat") else v)
-        for k, v in row.items()
-        if k not in ("credential_sealed", "credential_key_id")
-    }
-
-
-def snapshot_public(row: dict[str, Any], *, with_schemas: bool = False) -> dict[str, Any]:
-    tools = row["tools_json"]
-    return {
-        "version": row["snapshot_version"],
-        "protocol_version": row["protocol_version"],
-        "tools_digest": row["tools_digest"],
-        "discovered_at": row["discovered_at"].isoformat(),
-        "authorization_generation": row["authorization_generation"],
-        "tools": tools if with_schemas else [{"name": t["name"], "description": t.get("description")} for t in tools],
-    }
-
-
-async def take_photograph(
-    url: str, headers: dict[str, str], *, rolled_back: bool, pin: AdmittedUrl | None = None
-) -> dict[str, Any]:
-    try:
-        photo = await mcp_client.photograph(url, headers, pin=pin)
-    except mcp_client.AuthRejected as err:
-        suffix = " (connection rolled back)" if rolled_back else ""
-        raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
-    except mcp_client.McpClientError as err:
-        raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
-    return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
-
-
 async def visible(svc: Services, who: Principal, connection_id: str) -> dict[str, Any]:
     """The connection if the caller may see it: someone else's personal connection is 404 for
     everyone, the operator and admins included."""
@@ -105,7 +60,7 @@ def require_manage(who: Principal, row: dict[str, Any], action: str) -> None:
 async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """A rejected credential or a refused photograph stores nothing. ``owner: personal`` makes a
     connection only its creator can see or use (any signed-in user; never the operator)."""
-    sealer_of(svc)
+    svc.connection_service.custody()
     if body.provider != "mcp_http":
         raise BadRequest(f"unsupported provider '{body.provider}' (supported: mcp_http)")
     if body.owner == "personal" and who.is_operator:
@@ -123,8 +78,7 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
             raise BadRequest("`client_secret` needs the `client_id` it was issued with")
         if body.scopes is not None and not all(_SCOPE.fullmatch(scope) for scope in body.scopes):
             raise BadRequest("`scopes` must be non-empty OAuth scope tokens (no spaces or quotes)")
-        row = await connect_oauth(
-            svc,
+        row = await svc.connection_service.connect_oauth(
             who.tenant_id,
             base_url=body.base_url,
             display_name=body.display_name,
@@ -133,7 +87,7 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         )
         if body.client_id is not None or body.scopes:
             try:
-                await oauth_of(svc).preregister(
+                await svc.connection_service.oauth_connect().preregister(
                     who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
                 )
             except (OAuthClientError, UrlRefused) as err:
@@ -144,8 +98,7 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a static connection needs a `token`")
-    return await connect_static(
-        svc,
+    row, snapshot = await svc.connection_service.connect_static(
         who.tenant_id,
         base_url=body.base_url,
         token=body.token.get_secret_value(),
@@ -155,81 +108,20 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         owner_user_id=who.user_id if body.owner == "personal" else None,
         created_by_user_id=who.user_id,
     )
-
-
-async def connect_static(
-    svc: Services,
-    tenant_id: str,
-    *,
-    base_url: str,
-    token: str,
-    header_name: str | None,
-    scheme: str,
-    display_name: str | None,
-    owner_user_id: str | None = None,
-    created_by_user_id: str | None = None,
-) -> dict[str, Any]:
-    """Admit the URL, photograph with the credential, then seal and store both in one transaction.
-    Any refusal before the insert stores nothing."""
-    sealer = sealer_of(svc)
-    if scheme == "Basic" and ":" not in token:
-        raise BadRequest("a Basic credential must be `email:api_token`")
-    try:
-        admitted = await svc.url_policy.admit(base_url)
-    except UrlRefused as err:
-        raise BadRequest(str(err)) from None
-    headers = auth_headers(token, header_name=header_name, scheme=scheme)
-    photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
-    sealed = sealer.seal(token, context=credential_context(tenant_id))
-    fields = {
-        "provider": "mcp_http",
-        "display_name": display_name or admitted.url,
-        "base_url": admitted.url,
-        "header_name": header_name,
-        "scheme": scheme,
-        "owner_user_id": owner_user_id,
-        "created_by_user_id": created_by_user_id,
-    }
-    row, snapshot = await svc.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
-
-
-async def connect_oauth(
-    svc: Services,
-    tenant_id: str,
-    *,
-    base_url: str,
-    display_name: str | None,
-    owner_user_id: str | None = None,
-    created_by_user_id: str | None = None,
-) -> dict[str, Any]:
-    """A ``pending`` oauth connection (the row); it becomes usable after its first sign-in (``/oauth/start``)."""
-    oauth_of(svc)
-    try:
-        admitted = await svc.url_policy.admit(base_url)
-    except UrlRefused as err:
-        raise BadRequest(str(err)) from None
-    fields = {
-        "provider": "mcp_http",
-        "display_name": display_name or admitted.url,
-        "base_url": admitted.url,
-        "owner_user_id": owner_user_id,
-        "created_by_user_id": created_by_user_id,
-    }
-    return await svc.connections.create_pending_oauth(tenant_id, fields)
 
 
 @router.post("/{connection_id}/oauth/start", summary="Start (or redo) an OAuth connection's sign-in")
 async def oauth_start(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """A one-time ``go_url`` (600 s) to open in the browser that signs in; reconnecting bumps the generation."""
-    oauth_of(svc)
+    svc.connection_service.oauth_connect()
     row = await visible(svc, who, connection_id)
     require_manage(who, row, "connecting")
     if row["auth_kind"] != "oauth":
         raise BadRequest("this connection does not use OAuth")
     if row["status"] == "revoked":
         raise Conflict("connection is revoked")
-    return {"go_url": await start_flow(svc, who.tenant_id, row, who.user_id)}
+    return {"go_url": await svc.connection_service.start_sign_in(who.tenant_id, row, who.user_id)}
 
 
 @router.get("", summary="List connections")
@@ -251,8 +143,7 @@ async def revoke(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dic
     # An OAuth grant is also revoked at its authorization server (RFC 7009), best effort, after ours is gone.
     upstream = await svc.oauth.revocation(who.tenant_id, connection_id) if svc.oauth is not None else None
     revoked = await svc.connections.revoke(who.tenant_id, connection_id)
-    if svc.access_tokens is not None:
-        svc.access_tokens.evict(connection_id)
+    svc.connection_service.evict_token(connection_id)
     if upstream is not None:
         await upstream()
     return {"connection": public(revoked)}
@@ -271,45 +162,8 @@ async def tools(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict
 @router.post("/{connection_id}/tools/refresh", summary="Re-photograph the server's tools")
 async def refresh(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Appends snapshot v+1 for future runs; runs in flight keep the snapshot they froze."""
-    sealer = sealer_of(svc)
+    svc.connection_service.custody()
     row = await visible(svc, who, connection_id)
     require_manage(who, row, "refreshing")
-    if row["status"] != "active":
-        raise BadRequest(f"connection is {row['status']}")
-    try:
-        admitted = await svc.url_policy.admit(row["base_url"])  # it may resolve elsewhere by now
-    except UrlRefused as err:
-        raise BadRequest(str(err)) from None
-    if row["auth_kind"] == "oauth":
-        photo = await oauth_photograph(svc, who.tenant_id, row, admitted)
-    else:
-        blob, _ = await svc.connections.credential(connection_id)
-        token = sealer.open(blob, context=credential_context(who.tenant_id)).decode()
-        headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
-        photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
-    snapshot = await svc.connections.refresh(connection_id, row["authorization_generation"], photo)
+    snapshot = await svc.connection_service.refresh(who.tenant_id, row)
     return {"snapshot": snapshot_public(snapshot)}
-
-
-async def oauth_photograph(svc: Services, tenant_id: str, row: dict[str, Any], admitted: AdmittedUrl) -> dict[str, Any]:
-    """Photograph with the connection's access token; after a 401, once more with a refreshed one."""
-    tokens = svc.access_tokens
-    if tokens is None:
-        raise Unavailable("OAuth connections need credential storage (FLUIDBOX_CREDENTIAL_KEY)")
-    generation = int(row["authorization_generation"])
-    rejected: SecretStr | None = None
-    for _ in range(2):
-        try:
-            token = await tokens.get(tenant_id, str(row["id"]), generation, rejected=rejected)
-        except GrantLost as lost:
-            raise BadRequest(f"the connection is now in error: {lost.reason} (reconnect it)") from None
-        except OAuthClientError as err:
-            raise UpstreamFailed(f"could not obtain an access token: {err}") from None
-        headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
-        try:
-            return await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
-        except BadRequest:
-            if rejected is not None:
-                raise
-            rejected = token
-    raise AssertionError("unreachable")

@@ -6,65 +6,26 @@ Every route authenticates a run-scoped token and checks its audience first.
 from __future__ import annotations
 
 import asyncio
-import logging
 from asyncio import FIRST_COMPLETED
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Body, Request
-from temporalio.client import WorkflowUpdateFailedError
-from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
 
-from activities import contracts as c
 from api.deps import ServicesDep, bearer, run_token
-from api.routes.sessions import run_handle
 from core import events as ev
 from core.contract import EventPost, HeartbeatResponse, PermissionRequest, PermissionResponse, ResultPost
 from core.digests import input_digest
-from core.errors import BadRequest, TooBusy, Unauthorized, Unavailable
+from core.errors import BadRequest, Unauthorized
 from core.states import RunStatus, accepts_work, is_terminal
 from core.tokens import Audience
 from core.tools import split_mcp
 from db.connections import CLAIM_TTL_SECS, MAX_ATTEMPTS
-from workflows.run import RunWorkflow
 
-log = logging.getLogger("fluidbox.api.internal")
 router = APIRouter(prefix="/internal", tags=["internal"])
 RUNNER_EVENT_TYPES = (ev.AGENT_MESSAGE, ev.RUN_ERROR, "tool.completed")
 RUNNER_ACTORS = frozenset({"agent", "harness"})
 INACTIVE = PermissionResponse(decision="deny", message="session is not active")
-MOVE_PATIENCE_SECS = 60.0
 SETTLED_RECHECK_SECS = 2.0  # a held tool call re-reads its approval this often without a wake-up
-T = TypeVar("T")
-# Temporal holds at most 10 updates in flight per workflow: approval waits and brokered calls each use one.
-BUSY = (
-    "too many tool calls of this run are waiting on an approval or a brokered call (the workflow engine holds 10 "
-    "at a time); retry with the same tool_call_id"
-)
-
-
-async def while_moving(call: Callable[[], Awaitable[T]], moved: Callable[[T], bool]) -> T:
-    """Run a workflow update again while the run moves to a fresh history (continue-as-new): refused
-    with ``RunMoving``, or an approval wait answered ``moved``. A move takes a workflow task or two; past
-    MOVE_PATIENCE_SECS the caller gets 503 and retries with the same tool_call_id."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + MOVE_PATIENCE_SECS
-    pause = 0.02
-    while True:
-        try:
-            result = await call()
-        except WorkflowUpdateFailedError as exc:
-            cause = exc.cause
-            if not (isinstance(cause, ApplicationError) and cause.type == c.RUN_MOVING):
-                raise
-        else:
-            if not moved(result):
-                return result
-        if loop.time() > deadline:
-            raise Unavailable("the run is moving to a fresh workflow history; retry with the same tool_call_id")
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, 1.0)
 
 
 async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> PermissionResponse:
@@ -101,28 +62,9 @@ async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> Permiss
 
 
 async def _held_by_workflow(svc: ServicesDep, run_id: str, req: PermissionRequest) -> PermissionResponse:
-    """The run's approval update for this tool call (re-attached on retry: update id = tool_call_id)."""
-    try:
-        handle = run_handle(await svc.temporal(), run_id)
-        verdict: c.ApprovalVerdict = await while_moving(
-            lambda: handle.execute_update(
-                RunWorkflow.await_approval,
-                c.ApprovalWait(tool_call_id=req.tool_call_id),
-                id=f"approval:{req.tool_call_id}",
-            ),
-            lambda v: v.decision == "moved",
-        )
-    except WorkflowUpdateFailedError as exc:
-        log.info("approval wait for %s/%s ended: %s", run_id, req.tool_call_id, exc)
+    verdict = await svc.run_control.await_approval(run_id, req.tool_call_id)
+    if verdict is None:
         return INACTIVE
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return INACTIVE
-        if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
-            raise TooBusy(BUSY) from exc
-        # The workflow engine is unreachable: a transient failure the runner retries with the same id.
-        log.warning("approval wait for %s/%s could not reach Temporal: %s", run_id, req.tool_call_id, exc)
-        raise Unavailable("the workflow engine is unavailable; retry with the same tool_call_id") from exc
     if verdict.decision == "allow":
         return PermissionResponse(decision="allow")
     return PermissionResponse(decision="deny", message=verdict.message or "denied")
@@ -207,24 +149,7 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
         # The attempt number is in the update id: a duplicate re-attaches to the same execution,
         # and only a proven pre-send failure ever gets a fresh one.
         attempt = claim["attempts"] + (0 if claim["state"] == "claimed" else 1)
-        try:
-            handle = run_handle(await svc.temporal(), run_id)
-            await while_moving(
-                lambda: handle.execute_update(
-                    RunWorkflow.broker_call,
-                    c.BrokerCall(tool_call_id=req.tool_call_id, input_digest=digest),
-                    id=f"broker:{req.tool_call_id}:{digest}:{attempt}",
-                ),
-                lambda _: False,
-            )
-        except WorkflowUpdateFailedError as exc:
-            log.warning("brokered call %s/%s did not complete: %s", run_id, req.tool_call_id, exc)
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                raise BadRequest("session is not active") from exc
-            if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
-                raise TooBusy(BUSY) from exc
-            raise Unavailable("the workflow engine is unavailable; retry with the same tool_call_id") from exc
+        await svc.run_control.broker(run_id, req.tool_call_id, digest, attempt)
         claim = await svc.connections.claim(run_id, req.tool_call_id, digest) or claim
     return _envelope(claim)
 
@@ -263,15 +188,11 @@ async def result(run_id: str, body: ResultPost, request: Request, svc: ServicesD
         raise Unauthorized()
     outcome = body.outcome if body.outcome in ("completed", "failed", "cancelled", "budget_exceeded") else "failed"
     reason = None if outcome == "completed" else f"runner reported {body.outcome}"
-    created, status = await svc.store.request_finalization(run_id, outcome, summary=body.summary, reason=reason)
+    created, status = await svc.run_control.record_result(run_id, outcome, summary=body.summary, reason=reason)
     if is_terminal(status):
         return {"ok": True, "note": "already terminal"}
     if not created:
         return {"ok": True, "note": "finalizing"}
-    try:
-        await run_handle(await svc.temporal(), run_id).signal(RunWorkflow.runner_finished)
-    except Exception:
-        log.warning("result signal for run %s not delivered; the supervisor will see the intent", run_id)
     return {"ok": True}
 
 

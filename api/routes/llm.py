@@ -33,7 +33,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
-from activities import contracts as c
 from api.deps import Services, bearer, wrong_audience_response
 from core.errors import DomainError
 from core.llm_body import FREE, ROUTES, FacadeError, dialect_of, dialect_of_path, error_body, inspect_body, stream_error
@@ -41,7 +40,6 @@ from core.tokens import Audience, token_digest
 from core.usage import BodyMeter, Dialect, SseMeter, declared_max_output
 from db.usage import Ask, Metering
 from integrations import llm_upstream as up
-from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.api.llm")
 PREFIX = "/internal/llm"
@@ -313,7 +311,4 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
 
 async def _signal_stop(svc: Services, run_id: str) -> None:
     """Wake the run's workflow at once (its supervisor would also find the durable intent)."""
-    try:
-        await (await svc.temporal()).get_workflow_handle(c.workflow_id(run_id)).signal(RunWorkflow.cancel)
-    except Exception:
-        log.warning("budget-stop signal for run %s not delivered; the supervisor will see the intent", run_id)
+    await svc.run_control.wake_for_budget(run_id)

@@ -13,9 +13,7 @@ top-level redirect back to the callback carries it. A browser keeps one cookie v
 
 from __future__ import annotations
 
-import base64
 import html
-import json
 import secrets
 from typing import Any
 
@@ -23,9 +21,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from api.deps import Services, ServicesDep
-from core.errors import BadRequest, NotFound, Unavailable, UpstreamFailed
+from core.errors import BadRequest, NotFound, UpstreamFailed
 from core.tokens import token_digest
-from db.store import Row
 from integrations import mcp_client
 from integrations.oauth import (
     AuthorizationFailed,
@@ -33,50 +30,26 @@ from integrations.oauth import (
     client_metadata_document,
     client_metadata_document_url,
 )
-from integrations.sealing import SealingError
 from integrations.urls import UrlRefused
 from services.oauth_connect import OAuthConnect
 
 router = APIRouter(tags=["oauth"])
 
-GO_CONTEXT = "connector_oauth_flows.go"
 SECURE_COOKIE = "__Host-fbx_oauth_flow"
 PLAIN_COOKIE = "fbx_oauth_flow"
 COOKIE_MAX_AGE = 600  # the flow's own lifetime
 
 
 def oauth_of(svc: Services) -> OAuthConnect:
-    if svc.oauth is None or svc.sealer is None:
-        raise Unavailable(
-            "OAuth connections need credential storage: set FLUIDBOX_CREDENTIAL_KEY (64 hex characters) and restart"
-        )
-    return svc.oauth
+    return svc.connection_service.oauth_connect()
 
 
 def cookie_name(svc: Services) -> str:
     return SECURE_COOKIE if svc.public_base.startswith("https://") else PLAIN_COOKIE
 
 
-async def start_flow(svc: Services, tenant_id: str, connection: Row, actor_user_id: str | None) -> str:
-    """Record a one-time flow for ``connection``; returns its ``go_url``."""
-    oauth = oauth_of(svc)
-    try:
-        started = await oauth.start(tenant_id, connection, actor_user_id=actor_user_id)
-    except (OAuthClientError, UrlRefused) as err:
-        raise BadRequest(f"cannot start OAuth with this server: {err}") from None
-    assert svc.sealer is not None
-    sealed = svc.sealer.seal(json.dumps({"f": started.flow_id, "u": started.authorization_url}), context=GO_CONTEXT)
-    return f"{svc.public_base}/v1/oauth/go?f={base64.urlsafe_b64encode(sealed).decode().rstrip('=')}"
-
-
 def _open_go(svc: Services, f: str) -> tuple[str, str]:
-    assert svc.sealer is not None
-    try:
-        blob = base64.urlsafe_b64decode(f + "=" * (-len(f) % 4))
-        doc = json.loads(svc.sealer.open(blob, context=GO_CONTEXT))
-        return str(doc["f"]), str(doc["u"])
-    except (ValueError, SealingError, KeyError, TypeError):
-        raise BadRequest("this sign-in link is not valid") from None
+    return svc.connection_service.open_sign_in_link(f)
 
 
 @router.get("/v1/oauth/go", summary="Open a connector sign-in link: bind it to this browser, go to the provider")

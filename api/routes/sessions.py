@@ -5,17 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from temporalio.client import WorkflowHandle
 
-from activities import contracts as c
 from api.deps import Principal, PrincipalDep, Services, ServicesDep, bearer, user_principal
-from api.routes.agents import workspace_doc
 from api.schemas import (
     ARTIFACT_FIELDS,
     EVENT_FIELDS,
@@ -25,12 +21,10 @@ from api.schemas import (
     pick,
 )
 from core.errors import BadRequest, Forbidden, NotFound
-from core.runspec import InvocationContext
+from core.runspec import InvocationContext, workspace_doc
 from db.identity import Identity
 from services.runs import RunRequest
-from workflows.run import RunWorkflow
 
-log = logging.getLogger("fluidbox.api.sessions")
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 STREAM_BATCH = 500
@@ -51,11 +45,6 @@ async def _visible_run(svc: Services, who: Principal, run_id: str) -> dict[str, 
     if not who.sees_run(row):
         raise NotFound()
     return row
-
-
-def run_handle(client: Any, run_id: str) -> WorkflowHandle[Any, Any]:
-    handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(c.workflow_id(run_id))
-    return handle
 
 
 @router.post("", summary="Start a run")
@@ -112,13 +101,7 @@ async def cancel_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> di
     row = await _visible_run(svc, who, run_id)
     if not who.mutates_resources and row.get("invoked_by_user_id") != who.user_id:
         raise Forbidden("cancelling another member's run requires the admin or owner role")
-    created, _ = await svc.store.request_finalization(run_id, "cancelled", reason="cancelled by user", quiesce=True)
-    if created:
-        try:
-            await run_handle(await svc.temporal(), run_id).signal(RunWorkflow.cancel)
-        except Exception:
-            # The intent is durable; the workflow's supervisor sees it on its next check.
-            log.warning("cancel signal for run %s not delivered", run_id, exc_info=True)
+    created = await svc.run_control.cancel(run_id)
     return {"cancelled": created}
 
 

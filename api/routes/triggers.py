@@ -8,45 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import logging
-import secrets
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-import asyncpg
 from fastapi import APIRouter, Body, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.deps import Principal, PrincipalDep, Services, ServicesDep, TriggerDep
-from api.routes.agents import workspace_doc
-from api.routes.connections import sealer_of
 from api.schemas import WorkspaceIn
-from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound, Unavailable
+from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
 from core.policy import Budgets
-from core.schedule import validate_schedule
-from core.triggers import (
-    callback_context,
-    callback_secret,
-    check_idempotency_key,
-    check_name,
-    check_policy,
-    check_template,
-    context_variables,
-    event_filter,
-    request_digest,
-    subscription_kind,
-    trigger_token,
-)
+from core.triggers import check_idempotency_key, context_variables, request_digest
 from db.deliveries import Deliveries
-from db.ids import new_id
 from db.store import Row
 from db.triggers import Triggers
-from integrations.urls import UrlPolicy, UrlRefused
-from services.schedules import FireTimes, Schedules
+from services.schedules import FireTimes
+from services.subscriptions import ScheduleDraft, SubscriptionDraft
 from services.triggers import FireOutcome, Overrides
 
-log = logging.getLogger("fluidbox.api.triggers")
 router = APIRouter(prefix="/v1/triggers", tags=["triggers"])
 
 PATCHABLE = (
@@ -144,20 +123,8 @@ def schedule_view(row: Row, times: FireTimes | None) -> dict[str, Any] | None:
     }
 
 
-async def _times(svc: Services, row: Row) -> FireTimes | None:
-    """The Temporal Schedule is the clock, so its fire times are read from it, not stored."""
-    if row["kind"] != "schedule":
-        return None
-    try:
-        return await Schedules(svc.temporal, svc.settings).fire_times(str(row["id"]))
-    except DomainError:
-        # Reading a subscription must not fail because the engine is down; the times are unknown.
-        log.warning("could not read the Temporal Schedule of subscription %s", row["id"], exc_info=True)
-        return None
-
-
 async def schedule_of(svc: Services, row: Row) -> dict[str, Any] | None:
-    return schedule_view(row, await _times(svc, row))
+    return schedule_view(row, await svc.subscriptions.fire_times(row))
 
 
 def base_url(svc: Services) -> str:
@@ -175,56 +142,10 @@ def urls(svc: Services, subscription_id: str) -> dict[str, Any]:
 
 
 async def _subscription(svc: Services, tenant_id: str, subscription_id: str) -> Row:
-    row = await Triggers(svc.store).get(tenant_id, subscription_id)
-    if row is None:
-        raise NotFound()
-    return row
+    return await svc.subscriptions.get(tenant_id, subscription_id)
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-
-
-async def _admit_callback(svc: Services, url: str) -> str:
-    try:
-        admitted = await UrlPolicy(allow_loopback=svc.settings.allow_loopback_callbacks).admit(url)
-    except UrlRefused as err:
-        raise BadRequest(f"callback_url: {err}") from None
-    return admitted.url
-
-
-def _seal_new_secret(svc: Services, subscription_id: str) -> tuple[str, bytes, str]:
-    sealer = sealer_of(svc)
-    secret = callback_secret(secrets.token_hex(32))
-    return secret, sealer.seal(secret, context=callback_context(subscription_id)), sealer.key_id
-
-
-def _schedule_sync(svc: Services, row: Row) -> Callable[[Row], Awaitable[None]] | None:
-    """Inside the subscription's transaction: make the Temporal Schedule match the row, so a
-    Temporal failure stores nothing (503) instead of leaving the two disagreeing."""
-    if row["kind"] != "schedule":
-        return None
-
-    async def sync(new_row: Row) -> None:
-        try:
-            await Schedules(svc.temporal, svc.settings).upsert(new_row)
-        except DomainError:
-            raise
-        except Exception as exc:
-            log.exception("could not sync the Temporal Schedule of subscription %s", new_row["id"])
-            raise Unavailable("the workflow engine is unavailable; the schedule was not changed") from exc
-
-    return sync
-
-
-async def _check_capabilities(svc: Services, agent_id: str, keep: list[str] | None) -> None:
-    if keep is None:
-        return
-    async with svc.store.pool.acquire() as conn:
-        revision = await svc.store.latest_revision(conn, agent_id)
-    pinned = {p["name"] for p in (revision or {}).get("capability_bundles") or []}
-    extra = sorted(set(keep) - pinned)
-    if extra:
-        raise BadRequest(f"capabilities can only narrow: {', '.join(extra)} not attached to this agent's revision")
 
 
 async def trigger_manager(who: PrincipalDep) -> Principal:
@@ -235,20 +156,6 @@ async def trigger_manager(who: PrincipalDep) -> Principal:
 
 
 ManagerDep = Annotated[Principal, Depends(trigger_manager)]
-
-
-async def _event_connection(svc: Services, tenant_id: str, connection_id: str) -> str:
-    try:
-        uuid.UUID(connection_id)
-    except ValueError:
-        raise BadRequest(f"unknown connection {connection_id}") from None
-    row = await svc.connections.get(tenant_id, connection_id)
-    if row is None or row.get("owner_type", "organization") != "organization":
-        # A personal connection is its owner's alone (and invisible to everyone else).
-        raise BadRequest(f"unknown connection {connection_id}")
-    if row["status"] != "active":
-        raise BadRequest(f"connection {connection_id} is {row['status']} — reconnect it first")
-    return connection_id
 
 
 def _now_iso() -> str:
@@ -278,59 +185,21 @@ def _refusal(outcome: FireOutcome) -> DomainError:
 @router.post("", summary="Create a trigger subscription (token and callback secret shown once)")
 async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Returns the ``fbx_trig_`` token and, with a callback_url, the ``fbx_whsec_`` secret — never again."""
-    kind = subscription_kind(body.schedule is not None, body.connection is not None)
-    if kind != "event" and (body.events is not None or body.repositories is not None or body.publish is not None):
-        raise BadRequest("events, repositories and publish apply to event subscriptions (set `connection`)")
-    check_name(body.name)
-    check_policy(body.concurrency_policy)
-    check_template(kind, body.task_template, body.allow_task_override)
-    agent = await svc.store.find_agent(op.tenant_id, body.agent)
-    if agent is None:
-        raise BadRequest(f"unknown agent '{body.agent}'")
-    agent_id = str(agent["id"])
-    await _check_capabilities(svc, agent_id, body.capabilities)
-    sid = new_id()
-    fields: dict[str, Any] = {
-        "id": sid,
-        "name": body.name,
-        "agent_id": agent_id,
-        "kind": kind,
-        "task_template": body.task_template or None,
-        "allow_task_override": body.allow_task_override,
-        "allow_workspace_override": body.allow_workspace_override,
-        "autonomous": body.autonomous,
-        "budgets": body.budgets.model_dump() if body.budgets else None,
-        "workspace": workspace_doc(body.workspace),
-        "capabilities": body.capabilities,
-        "concurrency_policy": body.concurrency_policy,
-    }
-    if body.schedule is not None:
-        validate_schedule(
-            body.schedule.cron, body.schedule.timezone, body.schedule.missed_run_policy, now=dt.datetime.now(dt.UTC)
-        )
-        fields.update(
-            schedule_cron=body.schedule.cron,
-            schedule_timezone=body.schedule.timezone or "UTC",
-            missed_run_policy=body.schedule.missed_run_policy or "skip",
-        )
-    if body.connection is not None:
-        fields["connection_id"] = await _event_connection(svc, op.tenant_id, body.connection)
-        fields["event_filter"] = event_filter(body.events, body.repositories, body.publish)
-    secret = None
-    if body.callback_url:
-        sealer_of(svc)  # 503 before anything else when custody is off
-        fields["callback_url"] = await _admit_callback(svc, body.callback_url)
-        secret, fields["callback_secret_sealed"], fields["callback_key_id"] = _seal_new_secret(svc, sid)
-    token = trigger_token(secrets.token_hex(32))
-    sync = _schedule_sync(svc, {"kind": kind})
-    row = await Triggers(svc.store).create(op.tenant_id, fields, token, before_commit=sync)
+    draft = SubscriptionDraft(
+        **body.model_dump(exclude={"budgets", "workspace", "schedule"}),
+        budgets=body.budgets.model_dump() if body.budgets else None,
+        workspace=body.workspace,
+        schedule=ScheduleDraft(**body.schedule.model_dump()) if body.schedule is not None else None,
+    )
+    created = await svc.subscriptions.create(op.tenant_id, draft)
+    row = created.row
     return {
         "subscription": public(row),
         "schedule": await schedule_of(svc, row),
-        "token": token,
-        "callback_secret": secret,
+        "token": created.token,
+        "callback_secret": created.callback_secret,
         "ingress_path": None,
-        **urls(svc, sid),
+        **urls(svc, str(row["id"])),
     }
 
 
@@ -352,11 +221,7 @@ async def get_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) ->
     """Sessions (20), deliveries (20), invocations incl. skip rows (30); never a secret."""
     row = await _subscription(svc, op.tenant_id, subscription_id)
     db = Triggers(svc.store)
-    try:
-        deliveries = await db.deliveries(str(row["id"]), 20)
-    except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError):
-        log.warning("the deliveries table is not readable yet; listing none")
-        deliveries = []
+    deliveries = await db.deliveries(str(row["id"]), 20)
     return {
         "subscription": public(row),
         "schedule": await schedule_of(svc, row),
@@ -382,61 +247,20 @@ async def patch_trigger(
         first = err.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
         raise BadRequest(f"invalid request: {where}: {first.get('msg')}") from None
-    row = await _subscription(svc, op.tenant_id, subscription_id)
-    sid = str(row["id"])
-    given = patch.model_fields_set
-    changes: dict[str, Any] = {}
-    for field in ("name", "task_template", "allow_task_override", "allow_workspace_override"):
-        if field in given:
-            value = getattr(patch, field)
-            if value is None and field != "task_template":
-                raise BadRequest(f"{field} cannot be null")
-            changes[field] = value
-    if "name" in changes:
-        check_name(changes["name"])
-    if "concurrency_policy" in given:
-        changes["concurrency_policy"] = check_policy(patch.concurrency_policy or "")
-    template = changes.get("task_template", row["task_template"]) or None
-    if "task_template" in changes:
-        changes["task_template"] = template
-    check_template(row["kind"], template, bool(changes.get("allow_task_override", row["allow_task_override"])))
-    if "schedule" in given:
-        if row["kind"] != "schedule" or patch.schedule is None:
-            raise BadRequest("schedule applies only to schedule subscriptions")
-        cron = patch.schedule.cron or row["schedule_cron"]
-        timezone = patch.schedule.timezone or row["schedule_timezone"]
-        policy = patch.schedule.missed_run_policy or row["missed_run_policy"]
-        validate_schedule(cron, timezone, policy, now=dt.datetime.now(dt.UTC))
-        changes.update(schedule_cron=cron, schedule_timezone=timezone, missed_run_policy=policy)
-    secret = None
-    if "callback_url" in given:
-        if not patch.callback_url:
-            changes.update(callback_url=None, callback_secret_sealed=None, callback_key_id=None)
-        else:
-            sealer_of(svc)
-            url = await _admit_callback(svc, patch.callback_url)
-            if url != row["callback_url"]:
-                changes["callback_url"] = url
-                secret, changes["callback_secret_sealed"], changes["callback_key_id"] = _seal_new_secret(svc, sid)
-    if not changes:
-        return {"subscription": public(row), "schedule": await schedule_of(svc, row), "callback_secret": None}
-    sync = _schedule_sync(svc, row) if "schedule" in given or "name" in changes else None
-    new = await Triggers(svc.store).update(op.tenant_id, sid, changes, loaded_at=row["updated_at"], before_commit=sync)
-    return {"subscription": public(new), "schedule": await schedule_of(svc, new), "callback_secret": secret}
+    given: dict[str, Any] = {field: getattr(patch, field) for field in patch.model_fields_set}
+    if patch.schedule is not None:
+        given["schedule"] = ScheduleDraft(**patch.schedule.model_dump())
+    patched = await svc.subscriptions.patch(op.tenant_id, subscription_id, given)
+    new = patched.row
+    return {
+        "subscription": public(new),
+        "schedule": await schedule_of(svc, new),
+        "callback_secret": patched.callback_secret,
+    }
 
 
 async def _set_enabled(svc: Services, tenant_id: str, subscription_id: str, enabled: bool) -> dict[str, Any]:
-    row = await _subscription(svc, tenant_id, subscription_id)
-    if row["enabled"] == enabled:
-        return {"subscription": public(row)}
-    new = await Triggers(svc.store).update(
-        tenant_id,
-        str(row["id"]),
-        {"enabled": enabled},
-        loaded_at=row["updated_at"],
-        before_commit=_schedule_sync(svc, row),
-    )
-    return {"subscription": public(new)}
+    return {"subscription": public(await svc.subscriptions.set_enabled(tenant_id, subscription_id, enabled))}
 
 
 @router.post("/{subscription_id}/enable", summary="Enable a subscription")
@@ -454,10 +278,8 @@ async def disable_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep
 @router.post("/{subscription_id}/rotate_token", summary="Mint a new trigger token and revoke the old ones")
 async def rotate_token(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """The new token (shown once) still polls runs created before the rotation."""
-    row = await _subscription(svc, op.tenant_id, subscription_id)
-    token = trigger_token(secrets.token_hex(32))
-    new, revoked = await Triggers(svc.store).rotate_token(op.tenant_id, str(row["id"]), token)
-    return {"token": token, "revoked": revoked, "subscription": public(new), **urls(svc, str(row["id"]))}
+    new, token, revoked = await svc.subscriptions.rotate_token(op.tenant_id, subscription_id)
+    return {"token": token, "revoked": revoked, "subscription": public(new), **urls(svc, str(new["id"]))}
 
 
 @router.post("/{subscription_id}/run-now", summary="Fire an api or schedule subscription now")

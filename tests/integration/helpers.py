@@ -15,6 +15,7 @@ import httpx
 import yaml
 
 from cli.stack import Stack, admin_token
+from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_REPO = ROOT / "examples" / "demo-repo"
@@ -81,32 +82,32 @@ async def run_row(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
 
 
 async def wait_status(api: httpx.AsyncClient, run_id: str, statuses: set[str], timeout: float = 60) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        row = await run_row(api, run_id)
-        if row["status"] in statuses:
-            return row
-        if loop.time() > deadline:
-            raise AssertionError(f"run {run_id} stuck in {row['status']} (wanted {statuses})")
-        await asyncio.sleep(0.1)
+    seen: dict[str, Any] = {}
+
+    async def reached() -> dict[str, Any] | None:
+        seen.update(await run_row(api, run_id))
+        return dict(seen) if seen["status"] in statuses else None
+
+    return await eventually(
+        reached, timeout=timeout, message=lambda: f"run {run_id} stuck in {seen.get('status')} (wanted {statuses})"
+    )
 
 
 async def wait_pending(
     api: httpx.AsyncClient, run_id: str, timeout: float = 60, skip: set[str] | None = None
 ) -> dict[str, Any]:
     """The run's first pending approval whose id is not in ``skip`` (waiting for one to appear)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
+
+    async def first_pending() -> dict[str, Any] | None:
         rows = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
         pending = [r for r in rows if r["status"] == "pending" and r["id"] not in (skip or set())]
         if pending:
             return dict(pending[0])
         status = (await run_row(api, run_id))["status"]
         assert status not in TERMINAL, f"run ended ({status}) before asking for approval"
-        await asyncio.sleep(0.1)
-    raise AssertionError("no approval was requested in time")
+        return None
+
+    return await eventually(first_pending, timeout=timeout, message="no approval was requested in time")
 
 
 async def approve_in_turn(api: httpx.AsyncClient, run_id: str, count: int) -> None:
@@ -126,9 +127,9 @@ async def pending_approvals(
 
     With ``runs``, a run that ends before asking fails at once, and a timeout names where the rest are.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
+    seen: dict[str, Any] = {"rows": [], "elsewhere": []}
+
+    async def enough() -> list[dict[str, Any]] | None:
         r = await api.get("/v1/approvals")
         assert r.status_code == 200, r.text
         rows = list(r.json()["approvals"])
@@ -141,8 +142,15 @@ async def pending_approvals(
                 row = await run_row(api, run)
                 elsewhere.append((row["status"], row["status_reason"]))
             assert not [e for e in elsewhere if e[0] in TERMINAL], f"runs ended before asking: {elsewhere}"
-        assert loop.time() < deadline, f"only {len(rows)} of {want} runs reached their approval; others: {elsewhere}"
-        await asyncio.sleep(0.2)
+        seen.update(rows=rows, elsewhere=elsewhere)
+        return None
+
+    return await eventually(
+        enough,
+        timeout=timeout,
+        interval=0.2,
+        message=lambda: f"only {len(seen['rows'])} of {want} runs reached their approval; others: {seen['elsewhere']}",
+    )
 
 
 def process_alive(pid: int) -> bool:

@@ -3,7 +3,6 @@ destination, the worker signs and posts, and the run never depends on its receiv
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 import uuid
@@ -27,6 +26,7 @@ from db.engine import create_pool
 from db.store import Store
 from integrations.sealing import Sealer
 from services.runs import RunFactory, RunRequest
+from tests.helpers import eventually
 from tests.integration.conftest import FAST
 from tests.integration.helpers import events, make_agent, wait_status
 from tests.workflows.test_delivery import Receiver
@@ -109,15 +109,13 @@ async def deliveries(api: httpx.AsyncClient, run_id: str) -> list[dict[str, Any]
 async def wait_delivery(
     api: httpx.AsyncClient, run_id: str, done: Callable[[dict[str, Any]], bool], timeout: float = 60
 ) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        rows = await deliveries(api, run_id)
-        if rows and done(rows[0]):
-            return rows[0]
-        if loop.time() > deadline:
-            raise AssertionError(f"delivery of run {run_id} never got there: {rows}")
-        await asyncio.sleep(0.1)
+    seen: list[dict[str, Any]] = []
+
+    async def there() -> dict[str, Any] | None:
+        seen[:] = await deliveries(api, run_id)
+        return seen[0] if seen and done(seen[0]) else None
+
+    return await eventually(there, timeout=timeout, message=lambda: f"delivery of run {run_id} never got there: {seen}")
 
 
 def closed(row: dict[str, Any]) -> bool:

@@ -26,6 +26,7 @@ from core.llm_body import FacadeError, inspect_body
 from core.redaction import MARK
 from core.usage import Dialect
 from db.engine import asyncpg_dsn
+from tests.helpers import eventually
 from tests.integration.conftest import LLM_UPSTREAM_KEY
 from tests.integration.helpers import (
     events,
@@ -80,29 +81,32 @@ def body(stream: bool = True, max_tokens: int = 1024, model: str = "replay", pad
 async def wait_event(
     api: httpx.AsyncClient, run_id: str, kind: str, count: int = 1, timeout: float = 30
 ) -> list[dict[str, Any]]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        found = [e for e in await events(api, run_id) if e["type"] == kind]
-        if len(found) >= count:
-            return found
-        if loop.time() > deadline:
-            raise AssertionError(f"no {count}x {kind} on run {run_id} (saw {len(found)})")
-        await asyncio.sleep(0.05)
+    found: list[dict[str, Any]] = []
+
+    async def enough() -> list[dict[str, Any]] | None:
+        found[:] = [e for e in await events(api, run_id) if e["type"] == kind]
+        return list(found) if len(found) >= count else None
+
+    return await eventually(
+        enough, timeout=timeout, interval=0.05, message=lambda: f"no {count}x {kind} on run {run_id} (saw {len(found)})"
+    )
 
 
 async def wait_note(api: httpx.AsyncClient, run_id: str, needle: str, timeout: float = 30) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        notes = [
+    notes: list[str] = []
+
+    async def noted() -> bool:
+        notes[:] = [
             e["payload"]["data"].get("text", "") for e in await events(api, run_id) if e["type"] == "agent.message"
         ]
-        if any(needle in n for n in notes):
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"no system note containing {needle!r} on run {run_id}: {notes}")
-        await asyncio.sleep(0.05)
+        return any(needle in n for n in notes)
+
+    await eventually(
+        noted,
+        timeout=timeout,
+        interval=0.05,
+        message=lambda: f"no system note containing {needle!r} on run {run_id}: {notes}",
+    )
 
 
 async def cost(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
 from services.runs import RunFactory, RunRequest
+from tests.helpers import eventually
 from tests.integration.helpers import (
     events,
     issue_token,
@@ -270,9 +271,9 @@ async def test_a_retried_provisioning_replaces_the_sandbox_an_interrupted_attemp
 
     from temporalio.testing import ActivityEnvironment
 
-    from activities import contracts as c
     from activities.runs import RunActivities
     from config.settings import Settings
+    from contracts import temporal as c
     from core.redaction import Redactor
     from db.engine import create_pool
     from db.store import Store
@@ -301,12 +302,12 @@ async def test_a_retried_provisioning_replaces_the_sandbox_an_interrupted_attemp
     finally:
         await pool.close()
         stack.start_worker()
+
     # The replacement holds the live tokens: its heartbeats land.
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while (await run_row(api, run_id))["last_heartbeat_at"] is None:
-        assert loop.time() < deadline, "the replacement sandbox never heartbeated"
-        await asyncio.sleep(0.1)
+    async def heartbeated() -> bool:
+        return (await run_row(api, run_id))["last_heartbeat_at"] is not None
+
+    await eventually(heartbeated, timeout=30, message="the replacement sandbox never heartbeated")
     await api.post(f"/v1/sessions/{run_id}/cancel")
     row = await wait_status(api, run_id, {"cancelled", "failed"}, timeout=90)
     assert row["status"] == "cancelled"

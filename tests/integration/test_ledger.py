@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from cli.stack import Stack
+from tests.helpers import eventually
 from tests.integration.helpers import events, make_agent, make_policy, start_run, wait_sandbox_env, wait_status
 
 pytestmark = pytest.mark.stack
@@ -132,15 +133,12 @@ async def test_the_sandbox_holds_only_run_scoped_tokens_and_cannot_reach_the_hos
                 continue
             assert b"fbx_sess_" not in cmdline, cmdline[:200]
     assert not any("postgres" in v or stack.temporal_address in v for v in env.values() if v)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while True:
+
+    async def env_output() -> str | None:
         said = [e["payload"]["data"]["text"] for e in await events(api, run_id) if e["type"] == "agent.message"]
-        output = next((t for t in said if t.startswith("$ echo ENV:")), None)
-        if output or loop.time() > deadline:
-            break
-        await asyncio.sleep(0.1)
-    assert output is not None
+        return next((t for t in said if t.startswith("$ echo ENV:")), None)
+
+    output = await eventually(env_output, timeout=30, message="the runner never printed its environment")
     seen = dict(line.split(":", 1) for line in output.split("\n")[1:] if ":" in line)
     names = seen["ENV"].split()
     assert "PATH" in names

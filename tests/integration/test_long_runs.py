@@ -16,8 +16,8 @@ import httpx
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from activities.contracts import workflow_id
 from cli.stack import Stack
+from contracts.temporal import workflow_id
 from tests.integration.conftest import FAST
 from tests.integration.helpers import (
     approve_in_turn,

@@ -20,8 +20,8 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from activities.contracts import workflow_id
 from cli.stack import Stack
+from contracts.temporal import workflow_id
 from db.connections import credential_context
 from integrations.oauth import OAuthClient
 from integrations.sealing import Sealer

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from cli.stack import admin_token
+from tests.helpers import eventually
 from tests.integration.conftest import FAST
 from tests.integration.helpers import (
     TERMINAL,
@@ -35,11 +36,10 @@ APPEND = [{"tool": "Bash", "input": {"command": "echo ran >> ran.txt"}}]
 
 
 async def wait_gone(pid: int, timeout: float = 60) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while process_alive(pid):
-        assert loop.time() < deadline, f"process {pid} still runs"
-        await asyncio.sleep(0.1)
+    async def gone() -> bool:
+        return not process_alive(pid)
+
+    await eventually(gone, timeout=timeout, message=f"process {pid} still runs")
 
 
 async def test_runs_waiting_on_approvals_complete_after_the_whole_stack_restarts() -> None:

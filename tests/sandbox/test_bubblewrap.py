@@ -16,7 +16,7 @@ import socket
 import struct
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from sandbox.bubblewrap import (
     unreadable_paths,
 )
 from sandbox.registry import make_provider
+from tests.helpers import eventually
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 needs_bwrap = pytest.mark.skipif(bwrap_available() is None, reason="bwrap is not installed")
@@ -174,19 +175,11 @@ def make_spec(
     )
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not await check():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
 async def wait_exited(provider: BubblewrapProvider, handle: SandboxHandle, within: float = 15.0) -> None:
     async def exited() -> bool:
         return await provider.status(handle) == "exited"
 
-    await eventually(exited, within)
+    await eventually(exited, timeout=within, interval=0.01)
 
 
 def process_alive(pid: int, start_time: str) -> bool:
@@ -717,7 +710,7 @@ async def test_destroy_escalates_to_sigkill_when_sigterm_is_ignored(tmp_path: Pa
         async def ready() -> bool:
             return (Path(spec.workspace_dir) / "ready").exists()
 
-        await eventually(ready)
+        await eventually(ready, timeout=15, interval=0.01)
         loop = asyncio.get_running_loop()
         started = loop.time()
 

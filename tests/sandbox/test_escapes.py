@@ -23,7 +23,8 @@ import pytest
 
 from sandbox.account import DEFAULT_SANDBOX_USER, lookup
 from sandbox.bubblewrap import CODE_ROOT, STAGE_ROOT, BubblewrapProvider
-from tests.sandbox.test_bubblewrap import PROJECT_ROOT, eventually, make_spec, needs_bwrap, wait_exited
+from tests.helpers import eventually
+from tests.sandbox.test_bubblewrap import PROJECT_ROOT, make_spec, needs_bwrap, wait_exited
 
 pytestmark = needs_bwrap
 
@@ -173,7 +174,7 @@ async def test_an_agent_cannot_leave_a_setuid_root_binary_or_special_files_on_th
         async def planted() -> bool:
             return (workspace / "planted").exists()
 
-        await eventually(planted, within=30)
+        await eventually(planted, timeout=30, interval=0.01)
         suid = os.lstat(workspace / "suid_id")
         # While the sandbox runs, what it writes is the sandbox account's, never root's.
         assert suid.st_uid != 0, "a file the agent wrote is owned by host root"
@@ -205,7 +206,7 @@ async def test_every_sandbox_process_runs_as_the_sandbox_account_and_no_mount_is
         async def started() -> bool:
             return (Path(spec.workspace_dir) / "started").exists()
 
-        await eventually(started, within=30)
+        await eventually(started, timeout=30, interval=0.01)
         # The host's view: bwrap outside, its init inside and everything below them.
         members = [handle.pid, int(handle.extra["child_pid"])]
         members += [int(p) for p in Path(f"/proc/{members[1]}/task/{members[1]}/children").read_text().split()]

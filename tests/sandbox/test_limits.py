@@ -34,7 +34,8 @@ from sandbox.limits import (
     parse_proc_cgroup,
     remove_dirs,
 )
-from tests.sandbox.test_bubblewrap import SLEEPER, eventually, make_spec, needs_bwrap, wait_exited
+from tests.helpers import eventually
+from tests.sandbox.test_bubblewrap import SLEEPER, make_spec, needs_bwrap, wait_exited
 
 RUN_PREFIX = f"limits-test-{uuid.uuid4().hex[:8]}"
 
@@ -255,7 +256,7 @@ async def report_of(workspace: str, log_path: str) -> dict[str, object]:
         return await asyncio.to_thread(path.exists)
 
     try:
-        await eventually(written, within=30.0)
+        await eventually(written, timeout=30.0, interval=0.01)
     except AssertionError:
         pytest.fail(f"no report; sandbox log: {await asyncio.to_thread(Path(log_path).read_text)}")
     report: dict[str, object] = json.loads(await asyncio.to_thread(path.read_text))

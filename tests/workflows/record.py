@@ -19,10 +19,10 @@ from pathlib import Path
 
 import httpx
 
-from activities import contracts as c
 from cli.stack import Stack
 from config.settings import Settings
 from config.temporal import connect_client
+from contracts import temporal as c
 from tests.integration.conftest import FAST
 from tests.integration.helpers import approve_in_turn, make_agent, make_policy, start_run, wait_pending, wait_status
 from tests.mcp_servers import basic, serve

@@ -23,11 +23,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
-from activities import contracts as c
 from activities.delivery import DeliveryActivities
 from api.app import seed_policies
 from cli.stack import Postgres
 from config.settings import Settings
+from contracts import temporal as c
 from core.redaction import Redactor
 from core.runspec import InvocationContext, RunSpec
 from core.signing import verify

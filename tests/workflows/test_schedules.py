@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,11 +37,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities import contracts as c
 from activities.schedules import ScheduleActivities
 from api.app import seed_policies
 from cli.stack import Postgres
 from config.settings import Settings
+from contracts import temporal as c
 from core.redaction import Redactor
 from core.schedule import MISSED_AFTER, fire_key, fire_time_text, next_fire, parse_cron, parse_timezone
 from db.capabilities import Capabilities
@@ -52,6 +51,7 @@ from db.store import Store
 from db.triggers import Triggers
 from services.schedules import Schedules, schedule_id
 from services.triggers import TriggerService
+from tests.helpers import eventually
 from workflows.schedule import SCHEDULED_START, ScheduleFireWorkflow
 
 BIN = Path(sys.executable).parent
@@ -195,14 +195,7 @@ async def invocations(env: Env, sub: dict[str, Any]) -> list[dict[str, Any]]:
 
 async def wait_for(what: str, check: Callable[[], Awaitable[Any]], timeout: float = DEADLINE) -> Any:
     """Poll ``check`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
+    return await eventually(check, timeout=timeout, interval=0.2, message=f"timed out waiting for {what}")
 
 
 async def fire_results(env: Env, sub: dict[str, Any]) -> list[c.ScheduleFireOut]:

@@ -1,12 +1,35 @@
-"""What a sandbox is handed: its environment (run facts only) and its secrets (the run's tokens)."""
+"""What a sandbox is handed: its environment (run facts only) and its secrets (the run's tokens).
+
+Pure: the settings it reads are named by :class:`RunnerEnvSettings` (``config.settings.Settings`` has them).
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Protocol
 
-from config.settings import Settings
 from core import contract as wire
 from core.runspec import RunSpec
+
+
+class RunnerEnvSettings(Protocol):
+    """The deployment settings the runner's environment carries."""
+
+    @property
+    def socket_path(self) -> Path: ...
+
+    @property
+    def heartbeat_secs(self) -> float: ...
+
+    @property
+    def token_ttl_secs(self) -> int: ...
+
+    @property
+    def gateway_staleness_secs(self) -> float: ...
+
+    @property
+    def replay_delay_ms(self) -> int: ...
 
 
 def runner_secrets(tokens: dict[str, str]) -> dict[str, str]:
@@ -20,7 +43,7 @@ def runner_secrets(tokens: dict[str, str]) -> dict[str, str]:
     return secrets
 
 
-def runner_env(spec: RunSpec, settings: Settings) -> dict[str, str]:
+def runner_env(spec: RunSpec, settings: RunnerEnvSettings) -> dict[str, str]:
     """The sandbox's environment: run facts only; no token, never an upstream secret."""
     env = {
         wire.ENV_CONTROL_URL: "http://fluidbox",

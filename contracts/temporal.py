@@ -1,9 +1,24 @@
-"""Activity names and their input/output models. Import-light: workflows import this module."""
+"""The Temporal contract: workflow and activity names, their input/output models, signal and update
+payloads, search attributes and workflow ids.
+
+The client side (``services``), the workflows and the activities all import this one module, so a name
+or a payload shape is defined once. Import-light: pydantic and ``temporalio.common`` only, because the
+workflow sandbox passes it through. Recorded histories (``tests/workflows/histories``) pin the names
+and shapes: change them only with a workflow patch and new histories.
+"""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 from temporalio.common import SearchAttributeKey
+
+# Workflow type names (each class's @workflow.defn name): a caller that must not import the workflow
+# module (an activity starting a delivery) starts it by name.
+RUN_WORKFLOW = "RunWorkflow"
+DELIVERY_WORKFLOW = "DeliveryWorkflow"
+SCHEDULE_FIRE_WORKFLOW = "ScheduleFireWorkflow"
+LIVENESS_SWEEP_WORKFLOW = "LivenessSweepWorkflow"
+ALL_WORKFLOWS = (RUN_WORKFLOW, DELIVERY_WORKFLOW, SCHEDULE_FIRE_WORKFLOW, LIVENESS_SWEEP_WORKFLOW)
 
 RUN_STATUS = SearchAttributeKey.for_keyword("RunStatus")
 AGENT_NAME = SearchAttributeKey.for_keyword("AgentName")
@@ -24,7 +39,7 @@ EXPIRE_APPROVAL = "expire_approval"
 RESUME_AFTER_APPROVAL = "resume_after_approval"
 BROKER_CALL = "broker_call"
 
-ALL_ACTIVITIES = (
+RUN_ACTIVITIES = (
     CLAIM_SANDBOX,
     PROVISION,
     SUPERVISE,
@@ -239,3 +254,7 @@ class ScheduleFireOut(BaseModel):
     session_id: str | None = None
     reason: str | None = None
     catch_up: bool = False
+
+
+# Every activity name of the contract: worker.py registers each exactly once (tests/test_registration.py).
+ALL_ACTIVITIES = (*RUN_ACTIVITIES, DELIVER_WEBHOOK, CLOSE_DELIVERY, FIRE_SCHEDULE)

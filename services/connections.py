@@ -1,0 +1,195 @@
+"""Connecting MCP servers: admit the URL, photograph the tools, seal the credential, store both.
+
+The use cases shared by the connections, catalog and OAuth routers (a static connection, a pending
+OAuth connection and its sign-in link, re-photographing) live here, so no router imports another.
+The credential is sealed at rest and unsealed only here and by the broker.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import SecretStr
+
+from core.errors import BadRequest, Unavailable, UpstreamFailed
+from db.connections import Connections, credential_context
+from db.store import Row
+from integrations import mcp_client
+from integrations.headers import auth_headers
+from integrations.oauth import OAuthClientError
+from integrations.sealing import Sealer, SealingError
+from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
+from services.oauth_connect import OAuthConnect
+from services.oauth_tokens import AccessTokens, GrantLost
+
+GO_CONTEXT = "connector_oauth_flows.go"
+NO_CUSTODY = (
+    "credential storage is disabled: set FLUIDBOX_CREDENTIAL_KEY (64 hex characters, e.g. from "
+    "`python -c 'import secrets; print(secrets.token_hex(32))'`) and restart the server"
+)
+NO_OAUTH = "OAuth connections need credential storage: set FLUIDBOX_CREDENTIAL_KEY (64 hex characters) and restart"
+
+
+async def take_photograph(
+    url: str, headers: dict[str, str], *, rolled_back: bool, pin: AdmittedUrl | None = None
+) -> dict[str, Any]:
+    try:
+        photo = await mcp_client.photograph(url, headers, pin=pin)
+    except mcp_client.AuthRejected as err:
+        suffix = " (connection rolled back)" if rolled_back else ""
+        raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
+    except mcp_client.McpClientError as err:
+        raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
+    return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
+
+
+@dataclass
+class ConnectionService:
+    connections: Connections
+    url_policy: UrlPolicy
+    sealer: Sealer | None
+    oauth: OAuthConnect | None
+    access_tokens: AccessTokens | None
+    public_base: str
+
+    def custody(self) -> Sealer:
+        """The sealer, or 503 when credential storage is off."""
+        if self.sealer is None:
+            raise Unavailable(NO_CUSTODY)
+        return self.sealer
+
+    def oauth_connect(self) -> OAuthConnect:
+        """OAuth connect, or 503 when credential storage is off."""
+        if self.oauth is None or self.sealer is None:
+            raise Unavailable(NO_OAUTH)
+        return self.oauth
+
+    async def admit(self, url: str) -> AdmittedUrl:
+        try:
+            return await self.url_policy.admit(url)
+        except UrlRefused as err:
+            raise BadRequest(str(err)) from None
+
+    async def connect_static(
+        self,
+        tenant_id: str,
+        *,
+        base_url: str,
+        token: str,
+        header_name: str | None,
+        scheme: str,
+        display_name: str | None,
+        owner_user_id: str | None = None,
+        created_by_user_id: str | None = None,
+    ) -> tuple[Row, Row]:
+        """Admit the URL, photograph with the credential, then seal and store both in one transaction.
+        Any refusal before the insert stores nothing. Returns the connection and its first snapshot."""
+        sealer = self.custody()
+        if scheme == "Basic" and ":" not in token:
+            raise BadRequest("a Basic credential must be `email:api_token`")
+        admitted = await self.admit(base_url)
+        headers = auth_headers(token, header_name=header_name, scheme=scheme)
+        photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
+        sealed = sealer.seal(token, context=credential_context(tenant_id))
+        fields = {
+            "provider": "mcp_http",
+            "display_name": display_name or admitted.url,
+            "base_url": admitted.url,
+            "header_name": header_name,
+            "scheme": scheme,
+            "owner_user_id": owner_user_id,
+            "created_by_user_id": created_by_user_id,
+        }
+        return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
+
+    async def connect_oauth(
+        self,
+        tenant_id: str,
+        *,
+        base_url: str,
+        display_name: str | None,
+        owner_user_id: str | None = None,
+        created_by_user_id: str | None = None,
+    ) -> Row:
+        """A ``pending`` oauth connection (the row); it becomes usable after its first sign-in."""
+        self.oauth_connect()
+        admitted = await self.admit(base_url)
+        fields = {
+            "provider": "mcp_http",
+            "display_name": display_name or admitted.url,
+            "base_url": admitted.url,
+            "owner_user_id": owner_user_id,
+            "created_by_user_id": created_by_user_id,
+        }
+        return await self.connections.create_pending_oauth(tenant_id, fields)
+
+    async def start_sign_in(self, tenant_id: str, connection: Row, actor_user_id: str | None) -> str:
+        """Record a one-time flow for ``connection``; returns its ``go_url``."""
+        oauth = self.oauth_connect()
+        try:
+            started = await oauth.start(tenant_id, connection, actor_user_id=actor_user_id)
+        except (OAuthClientError, UrlRefused) as err:
+            raise BadRequest(f"cannot start OAuth with this server: {err}") from None
+        assert self.sealer is not None
+        sealed = self.sealer.seal(
+            json.dumps({"f": started.flow_id, "u": started.authorization_url}), context=GO_CONTEXT
+        )
+        return f"{self.public_base}/v1/oauth/go?f={base64.urlsafe_b64encode(sealed).decode().rstrip('=')}"
+
+    def open_sign_in_link(self, f: str) -> tuple[str, str]:
+        """The flow id and the authorization URL sealed into a ``go_url``; 400 when it was tampered with."""
+        assert self.sealer is not None
+        try:
+            blob = base64.urlsafe_b64decode(f + "=" * (-len(f) % 4))
+            doc = json.loads(self.sealer.open(blob, context=GO_CONTEXT))
+            return str(doc["f"]), str(doc["u"])
+        except (ValueError, SealingError, KeyError, TypeError):
+            raise BadRequest("this sign-in link is not valid") from None
+
+    async def refresh(self, tenant_id: str, row: Row) -> Row:
+        """Photograph an active connection again: appends snapshot v+1 for future runs."""
+        sealer = self.custody()
+        if row["status"] != "active":
+            raise BadRequest(f"connection is {row['status']}")
+        admitted = await self.admit(row["base_url"])  # it may resolve elsewhere by now
+        if row["auth_kind"] == "oauth":
+            photo = await self.oauth_photograph(tenant_id, row, admitted)
+        else:
+            blob, _ = await self.connections.credential(str(row["id"]))
+            token = sealer.open(blob, context=credential_context(tenant_id)).decode()
+            headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
+            photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
+        return await self.connections.refresh(str(row["id"]), row["authorization_generation"], photo)
+
+    async def oauth_photograph(self, tenant_id: str, row: Row, admitted: AdmittedUrl) -> dict[str, Any]:
+        """Photograph with the connection's access token; after a 401, once more with a refreshed one."""
+        tokens = self.access_tokens
+        if tokens is None:
+            raise Unavailable("OAuth connections need credential storage (FLUIDBOX_CREDENTIAL_KEY)")
+        generation = int(row["authorization_generation"])
+        rejected: SecretStr | None = None
+        for _ in range(2):
+            try:
+                token = await tokens.get(tenant_id, str(row["id"]), generation, rejected=rejected)
+            except GrantLost as lost:
+                raise BadRequest(f"the connection is now in error: {lost.reason} (reconnect it)") from None
+            except OAuthClientError as err:
+                raise UpstreamFailed(f"could not obtain an access token: {err}") from None
+            headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
+            try:
+                return await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
+            except BadRequest:
+                if rejected is not None:
+                    raise
+                rejected = token
+        raise AssertionError("unreachable")
+
+    def evict_token(self, connection_id: str) -> None:
+        if self.access_tokens is not None:
+            self.access_tokens.evict(connection_id)
+
+
+__all__ = ["GO_CONTEXT", "ConnectionService", "take_photograph"]

@@ -1,0 +1,248 @@
+"""Run control: the one owner of a run's Temporal workflow handle.
+
+Every message the control plane sends to a running ``RunWorkflow`` goes through here: start, the
+"write to PostgreSQL, then signal" steps (cancel, the runner's result, a human approval decision), the
+budget stop, and the two updates the runner plane waits on (approval waits and brokered calls).
+
+The order is always the same: the intent or decision is committed in PostgreSQL first, the signal only
+wakes the workflow. A lost signal therefore costs latency, never correctness (the workflow re-reads
+approvals on a slow timer; the liveness sweep re-signals a run whose intent exists), so signal failures
+are logged, not raised. Temporal errors of the updates are translated into ``core.errors`` here, so
+routes never see a Temporal type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from config.settings import Settings
+from contracts import temporal as c
+from core.errors import BadRequest, TooBusy, Unavailable
+from core.redaction import scrub_text
+from core.runspec import RunSpec
+from core.states import is_terminal
+from db.store import Row, Store
+from workflows.run import RunWorkflow
+
+log = logging.getLogger("fluidbox.services.run_control")
+
+T = TypeVar("T")
+MOVE_PATIENCE_SECS = 60.0
+# Temporal holds at most 10 updates in flight per workflow: approval waits and brokered calls each use one.
+BUSY = (
+    "too many tool calls of this run are waiting on an approval or a brokered call (the workflow engine holds 10 "
+    "at a time); retry with the same tool_call_id"
+)
+UNAVAILABLE = "the workflow engine is unavailable; retry with the same tool_call_id"
+
+
+def timing(settings: Settings) -> c.Timing:
+    return c.Timing(
+        liveness_check_secs=settings.liveness_check_secs,
+        heartbeat_stale_secs=settings.heartbeat_stale_secs,
+        quiesce_secs=settings.quiesce_secs,
+        approval_recheck_secs=settings.approval_recheck_secs,
+        capacity_recheck_secs=settings.capacity_recheck_secs,
+        move_after_updates=settings.run_move_after_updates,
+    )
+
+
+async def while_moving(call: Callable[[], Awaitable[T]], moved: Callable[[T], bool]) -> T:
+    """Run a workflow update again while the run moves to a fresh history (continue-as-new): refused
+    with ``RunMoving``, or an approval wait answered ``moved``. A move takes a workflow task or two; past
+    MOVE_PATIENCE_SECS the caller gets 503 and retries with the same tool_call_id."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + MOVE_PATIENCE_SECS
+    pause = 0.02
+    while True:
+        try:
+            result = await call()
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            if not (isinstance(cause, ApplicationError) and cause.type == c.RUN_MOVING):
+                raise
+        else:
+            if not moved(result):
+                return result
+        if loop.time() > deadline:
+            raise Unavailable("the run is moving to a fresh workflow history; retry with the same tool_call_id")
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 1.0)
+
+
+class RunControl:
+    """Start a run's workflow and talk to it; see the module docstring for the ordering rule."""
+
+    def __init__(self, store: Store, temporal: Callable[[], Awaitable[Client]], settings: Settings) -> None:
+        self.store = store
+        self.temporal = temporal
+        self.settings = settings
+
+    async def handle(self, run_id: str) -> WorkflowHandle[Any, Any]:
+        client = await self.temporal()
+        handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(c.workflow_id(run_id))
+        return handle
+
+    async def start(self, spec: RunSpec) -> None:
+        """Start the run's workflow (id = ``run-<run id>``; a second start raises WorkflowAlreadyStartedError)."""
+        client = await self.temporal()
+        await client.start_workflow(
+            RunWorkflow.run,
+            c.RunInput(
+                run_id=spec.run_id,
+                agent_name=spec.agent_name,
+                max_wall_clock_secs=spec.budgets.max_wall_clock_secs,
+                timing=timing(self.settings),
+            ),
+            id=c.workflow_id(spec.run_id),
+            task_queue=self.settings.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(c.RUN_STATUS, "created"),
+                    SearchAttributePair(c.AGENT_NAME, spec.agent_name),
+                ]
+            ),
+            static_summary=scrub_text(f"{spec.agent_name}: {spec.task[:120]}"),
+        )
+
+    # ---- write to PostgreSQL, then signal -------------------------------------------------------
+
+    async def cancel(self, run_id: str, reason: str = "cancelled by user") -> bool:
+        """Record the cancellation intent; True when this call created it (then the run is woken)."""
+        created, _ = await self.store.request_finalization(run_id, "cancelled", reason=reason, quiesce=True)
+        if created:
+            try:
+                await (await self.handle(run_id)).signal(RunWorkflow.cancel)
+            except Exception:
+                # The intent is durable; the workflow's supervisor sees it on its next check.
+                log.warning("cancel signal for run %s not delivered", run_id, exc_info=True)
+        return created
+
+    async def record_result(
+        self, run_id: str, outcome: str, *, summary: str | None, reason: str | None
+    ) -> tuple[bool, str]:
+        """Record the runner's outcome as the wind-down intent and wake the run when this call created it.
+        Returns ``(created, status)`` as ``Store.request_finalization`` does."""
+        created, status = await self.store.request_finalization(run_id, outcome, summary=summary, reason=reason)
+        if created and not is_terminal(status):
+            try:
+                await (await self.handle(run_id)).signal(RunWorkflow.runner_finished)
+            except Exception:
+                log.warning("result signal for run %s not delivered; the supervisor will see the intent", run_id)
+        return created, status
+
+    async def decide_approval(
+        self,
+        tenant_id: str,
+        approval_id: str,
+        decision: str,
+        decided_by: str,
+        authorize: Callable[[Row], None],
+    ) -> Row:
+        """The compare-and-swap in PostgreSQL (exactly one winner), then the signal to the run."""
+        row = await self.store.decide_approval(tenant_id, approval_id, decision, decided_by, authorize)
+        try:
+            await (await self.handle(row["session_id"])).signal(
+                RunWorkflow.approval_decided, c.ApprovalDecided(tool_call_id=row["tool_call_id"], status=decision)
+            )
+        except Exception:
+            # Settled in PostgreSQL already; the workflow's slow re-read picks it up.
+            log.warning("approval signal for run %s not delivered", row["session_id"], exc_info=True)
+        return row
+
+    async def wake_for_budget(self, run_id: str) -> None:
+        """Wake the run whose budget-exceeded intent is already recorded (its supervisor would also find it)."""
+        try:
+            await (await self.handle(run_id)).signal(RunWorkflow.cancel)
+        except Exception:
+            log.warning("budget-stop signal for run %s not delivered; the supervisor will see the intent", run_id)
+
+    async def wake_cancelled(self, run_ids: list[str]) -> None:
+        """Wake runs whose cancellation intents are committed already; a lost signal is picked up by the
+        run's supervisor on its next liveness check."""
+        try:
+            client = await self.temporal()
+        except Exception:
+            log.warning("replace: no Temporal client to signal cancellation", exc_info=True)
+            return
+        for run_id in run_ids:
+            with contextlib.suppress(Exception):
+                await client.get_workflow_handle(c.workflow_id(run_id)).signal(RunWorkflow.cancel)
+
+    # ---- updates the runner plane waits on -----------------------------------------------------
+
+    async def await_approval(self, run_id: str, tool_call_id: str) -> c.ApprovalVerdict | None:
+        """Hold until a human decides (re-attaching on retry: the update id is the tool call's).
+        None when the run no longer accepts work.
+
+        Raises:
+            TooBusy: the workflow already holds its maximum of in-flight updates.
+            Unavailable: the workflow engine is unreachable, or the run kept moving.
+        """
+        try:
+            handle = await self.handle(run_id)
+            return await while_moving(
+                lambda: handle.execute_update(
+                    RunWorkflow.await_approval,
+                    c.ApprovalWait(tool_call_id=tool_call_id),
+                    id=f"approval:{tool_call_id}",
+                ),
+                lambda v: v.decision == "moved",
+            )
+        except WorkflowUpdateFailedError as exc:
+            log.info("approval wait for %s/%s ended: %s", run_id, tool_call_id, exc)
+            return None
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return None
+            if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
+                raise TooBusy(BUSY) from exc
+            # The workflow engine is unreachable: a transient failure the runner retries with the same id.
+            log.warning("approval wait for %s/%s could not reach Temporal: %s", run_id, tool_call_id, exc)
+            raise Unavailable(UNAVAILABLE) from exc
+
+    async def broker(self, run_id: str, tool_call_id: str, digest: str, attempt: int) -> None:
+        """Execute one brokered call attempt in the run's workflow. The attempt number is in the update
+        id: a duplicate re-attaches to the same execution. The outcome is read from the claim row after.
+
+        Raises:
+            BadRequest: the run is gone.
+            TooBusy / Unavailable: as for :meth:`await_approval`.
+        """
+        try:
+            handle = await self.handle(run_id)
+            await while_moving(
+                lambda: handle.execute_update(
+                    RunWorkflow.broker_call,
+                    c.BrokerCall(tool_call_id=tool_call_id, input_digest=digest),
+                    id=f"broker:{tool_call_id}:{digest}:{attempt}",
+                ),
+                lambda _: False,
+            )
+        except WorkflowUpdateFailedError as exc:
+            log.warning("brokered call %s/%s did not complete: %s", run_id, tool_call_id, exc)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise BadRequest("session is not active") from exc
+            if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
+                raise TooBusy(BUSY) from exc
+            raise Unavailable(UNAVAILABLE) from exc
+
+
+__all__ = ["BUSY", "MOVE_PATIENCE_SECS", "RunControl", "timing", "while_moving"]

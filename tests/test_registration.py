@@ -1,0 +1,47 @@
+"""Every workflow and activity the Temporal contract names is registered exactly once in worker.py's worker.
+
+A missing registration would otherwise show up only as a run that times out in an integration test.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from temporalio import activity, workflow
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from config.settings import Settings
+from contracts import temporal as c
+from db.store import Store
+from integrations.mcp_pool import SessionPool
+from worker import WORKER_WORKFLOWS, build_activities
+
+TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
+
+
+def test_every_workflow_the_contract_names_is_registered_exactly_once() -> None:
+    names = Counter(workflow._Definition.must_from_class(cls).name for cls in WORKER_WORKFLOWS)
+    assert names == Counter(c.ALL_WORKFLOWS)
+
+
+async def test_every_activity_the_contract_names_is_registered_exactly_once(store: Store) -> None:
+    async with await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
+    ) as env:
+        sessions = SessionPool()
+        try:
+            activities = build_activities(Settings(), store, env.client, sessions)
+            names = Counter(activity._Definition.must_from_callable(fn).name for fn in activities)
+            assert names == Counter(c.ALL_ACTIVITIES)
+            # Temporal accepts the set as one worker's registrations (it refuses duplicate names itself).
+            async with Worker(
+                env.client, task_queue=f"reg-{uuid.uuid4()}", workflows=WORKER_WORKFLOWS, activities=activities
+            ):
+                pass
+        finally:
+            await sessions.aclose()
