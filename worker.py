@@ -67,7 +67,6 @@ def build_activities(
         syscall_filter=settings.sandbox_syscall_filter,
         sandbox_user=settings.sandbox_user,
     )
-    await asyncio.to_thread(precompile_code)
     acts = RunActivities(store, provider, settings)
     broker_sealer = sealer_from_settings(*settings.credential_keys())
     connector_policy = UrlPolicy(allow_loopback=settings.allow_loopback_connectors)
@@ -107,6 +106,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await connect_client(settings)
     store = Store(pool, redactor_for(settings))
     sessions = SessionPool()
+    await asyncio.to_thread(precompile_code)
     worker = Worker(
         client,
         task_queue=settings.task_queue,

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import Principal, PrincipalDep, ServicesDep
-from api.routes.connections import public
+from api.views import connection_public as public
 from core.errors import BadRequest, Forbidden, Unavailable, UpstreamFailed
 from integrations import mcp_client
 from integrations.oauth import AuthorizationFailed, OAuthClientError
