@@ -93,6 +93,16 @@ def errors(*statuses: int, model: type[BaseModel] = ErrorBody) -> dict[int | str
     return {s: {"model": model, "description": DESCRIPTIONS[s]} for s in sorted({*COMMON, *statuses})}
 
 
+def json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """``errors()`` for a route whose success is not JSON (an HTML page): FastAPI would document a
+    ``model`` under the route's own media type, so the JSON error schema is named explicitly."""
+    ref = {"$ref": f"#/components/schemas/{ErrorBody.__name__}"}
+    return {
+        s: {"description": DESCRIPTIONS[s], "content": {"application/json": {"schema": ref}}}
+        for s in sorted({*COMMON, *statuses})
+    }
+
+
 def document(app: FastAPI) -> None:
     """Drop FastAPI's automatic 422 ``HTTPValidationError`` from ``/openapi.json``: a request that does
     not parse answers 400 ``invalid_request`` here (the reference's status), which every route documents."""

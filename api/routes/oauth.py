@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from api.deps import Services, ServicesDep
-from api.errors import errors
+from api.errors import errors, json_errors
 from core.errors import BadRequest, NotFound, Unavailable, UpstreamFailed
 from core.tokens import token_digest
 from db.store import Row
@@ -115,7 +115,7 @@ async def go(f: str, request: Request, svc: ServicesDep) -> RedirectResponse:
     response_class=HTMLResponse,
     responses={
         200: {"description": "A small 'Connected' page (no token in it).", "content": {"text/html": {}}},
-        **errors(404, 409, 502, 503),
+        **json_errors(404, 409, 502, 503),
     },
 )
 async def callback(request: Request, svc: ServicesDep) -> HTMLResponse:

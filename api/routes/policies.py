@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import yaml
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import responses as out
@@ -25,6 +25,8 @@ router = APIRouter(prefix="/v1/policies", tags=["policies"])
 NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
 RESERVED = frozenset({"validate", "preview", "clone"})
 BLANK_RULES: dict[str, Any] = {"defaults": {"tool_action": "approve"}, "tools": []}
+# Versions are PostgreSQL integers: a larger number is a 400, not a driver overflow (500).
+INT4_MAX = 2**31 - 1
 
 
 class _Body(BaseModel):
@@ -39,18 +41,18 @@ class PolicyImport(_Body):
 class PolicyPublish(_Body):
     content: dict[str, Any]
     summary: str = ""
-    base_version: int = Field(ge=1)
+    base_version: int = Field(ge=1, le=INT4_MAX)
 
 
 class PolicyRevert(_Body):
-    version: int = Field(ge=1)
-    base_version: int = Field(ge=1)
+    version: int = Field(ge=1, le=INT4_MAX)
+    base_version: int = Field(ge=1, le=INT4_MAX)
 
 
 class PolicyClone(_Body):
     name: str
     from_: str | None = Field(default=None, alias="from")
-    from_version: int | None = Field(default=None, ge=1)
+    from_version: int | None = Field(default=None, ge=1, le=INT4_MAX)
 
 
 class PolicyYaml(_Body):
@@ -221,7 +223,9 @@ async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, 
     response_model=out.PolicyVersionOut,
     responses=errors(401, 403, 404),
 )
-async def get_version(name: str, version: int, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def get_version(
+    name: str, op: OperatorDep, svc: ServicesDep, version: int = Path(ge=1, le=INT4_MAX)
+) -> dict[str, Any]:
     """``yaml`` is the imported source when there is one, otherwise generated from the content."""
     row = await svc.store.policy_version(op.tenant_id, name, version)
     if row is None:

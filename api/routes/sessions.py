@@ -29,6 +29,7 @@ log = logging.getLogger("fluidbox.api.sessions")
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 STREAM_BATCH = 500
+SEQ_MAX = 2**63 - 1  # ledger sequence numbers are PostgreSQL bigints
 REPOLL_SECS = 2.0
 KEEPALIVE_SECS = 15.0
 
@@ -171,7 +172,7 @@ async def events(
     run_id: str,
     who: PrincipalDep,
     svc: ServicesDep,
-    after: int = Query(default=0, ge=0),
+    after: int = Query(default=0, ge=0, le=SEQ_MAX),
     limit: int = Query(default=500, ge=1, le=1000),
 ) -> dict[str, Any]:
     """Ordered by ``seq``, strictly greater than ``after``."""
@@ -208,7 +209,7 @@ async def stream(run_id: str, request: Request, who: PrincipalDep, svc: Services
     """Resumes after ``Last-Event-ID``; the same catch-up query as polling, woken by NOTIFY."""
     await _visible_run(svc, who, run_id)
     raw = request.headers.get("last-event-id", "0").strip() or "0"
-    if not raw.isdigit():
+    if not raw.isdigit() or len(raw) > 19 or int(raw) > SEQ_MAX:
         raise BadRequest("Last-Event-ID must be a non-negative integer sequence number")
     start = int(raw)
     # A member's stream is re-authorized as it runs: deactivation or a lost role ends it.
