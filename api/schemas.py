@@ -1,4 +1,4 @@
-"""Request bodies and response shapes of the public API (never table rows directly)."""
+"""Request bodies of the public API (the response shapes are in ``api.responses``)."""
 
 from __future__ import annotations
 
