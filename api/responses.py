@@ -616,12 +616,46 @@ class TriggerList(_Out):
     base_url: str
 
 
+class TriggerRun(_Out):
+    id: str
+    status: str
+    status_reason: str | None
+    task: str
+    invoked_by_kind: str
+    created_at: Timestamp
+    finished_at: Timestamp | None
+    idempotency_key: str
+    invocation_kind: str
+
+
+class TriggerDelivery(_Out):
+    id: str
+    session_id: str
+    url: str
+    status: str
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    created_at: Timestamp
+    delivered_at: Timestamp | None
+
+
+class TriggerInvocation(_Out):
+    id: str
+    idempotency_key: str
+    kind: str
+    session_id: str | None
+    skip_reason: str | None
+    catch_up: bool
+    created_at: Timestamp
+
+
 class TriggerDetail(TriggerUrls):
     subscription: SubscriptionPublic
     schedule: ScheduleView | None
-    sessions: list[Json] = Field(description="The 20 newest runs it created.")
-    deliveries: list[Json] = Field(description="The 20 newest result deliveries.")
-    invocations: list[Json] = Field(description="The 30 newest invocations, skipped ones included.")
+    sessions: list[TriggerRun] = Field(description="The 20 newest runs it created.")
+    deliveries: list[TriggerDelivery] = Field(description="The 20 newest result deliveries.")
+    invocations: list[TriggerInvocation] = Field(description="The 30 newest invocations, skipped ones included.")
 
 
 class TriggerPatched(_Out):
