@@ -132,7 +132,10 @@ OperatorDep = Annotated[Operator, Depends(operator)]
 
 
 class WrongAudience(DomainError):
+    """403 ``{"error":"wrong_audience"}``, byte-stable (runners abort on it), hence no ``code``."""
+
     status = 403
+    code = None
 
     def __init__(self) -> None:
         super().__init__("wrong_audience")

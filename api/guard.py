@@ -12,6 +12,8 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.errors import error_body
+
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 LLM_PREFIX = "/internal/llm"
 
@@ -63,7 +65,7 @@ class RequestGuard:
             return JSONResponse(
                 {"type": "error", "error": {"type": "request_too_large", "message": message}}, status_code=413
             )
-        return JSONResponse({"error": f"request body is over the {cap} byte limit"}, status_code=413)
+        return JSONResponse(error_body(f"request body is over the {cap} byte limit", 413), status_code=413)
 
     def refusal(self, scope: Scope) -> JSONResponse | None:
         path: str = scope["path"]
@@ -74,11 +76,11 @@ class RequestGuard:
             return self.too_large(path)
         has_body = chunked or length not in (None, "0")
         if scope["method"] in WRITES and has_body and not ctype.startswith("application/json"):
-            return JSONResponse({"error": "expected content-type: application/json"}, status_code=415)
+            return JSONResponse(error_body("expected content-type: application/json", 415), status_code=415)
         server = scope.get("server")
         on_gateway = server is None or server[1] is None
         if on_gateway and not path.startswith("/internal/"):
-            return JSONResponse({"error": "not found"}, status_code=404)
+            return JSONResponse(error_body("not found", 404), status_code=404)
         return None
 
 

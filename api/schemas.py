@@ -1,8 +1,7 @@
-"""Request bodies and response shapes of the public API (never table rows directly)."""
+"""Request bodies of the public API (the response shapes are in ``api.responses``)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -126,85 +125,12 @@ class DecisionIn(_Body):
     decision: str
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    return value
-
-
-SESSION_FIELDS = (
-    "id",
-    "tenant_id",
-    "agent_id",
-    "agent_revision_id",
-    "status",
-    "status_reason",
-    "autonomy",
-    "trust_tier",
-    "task",
-    "repo_source",
-    "run_spec",
-    "trigger",
-    "sandbox_handle",
-    "budgets",
-    "base_commit",
-    "result_summary",
-    "event_seq",
-    "last_heartbeat_at",
-    "started_at",
-    "finished_at",
-    "invoked_by_kind",
-    "invoked_by_user_id",
-    "created_at",
-    "updated_at",
-)
-APPROVAL_FIELDS = (
-    "id",
-    "session_id",
-    "tool_call_id",
-    "tool",
-    "summary",
-    "input_digest",
-    "risk",
-    "scope",
-    "scope_key",
-    "status",
-    "requested_at",
-    "expires_at",
-    "decided_at",
-    "decided_by",
-)
-AGENT_FIELDS = ("id", "tenant_id", "name", "description", "created_at")
-REVISION_FIELDS = (
-    "id",
-    "agent_id",
-    "rev",
-    "harness",
-    "runner_image",
-    "model",
-    "system_prompt",
-    "policy_id",
-    "budgets",
-    "harness_config",
-    "capability_bundles",
-    "default_workspace",
-    "connection_requirements",
-    "network",
-    "created_at",
-)
-ARTIFACT_FIELDS = ("id", "session_id", "kind", "name", "content", "content_type", "created_at")
-EVENT_FIELDS = ("event_id", "session_id", "seq", "actor", "type", "payload", "occurred_at")
-
-
-def pick(row: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    return {f: _jsonable(row.get(f)) for f in fields}
-
-
 def approval_public(row: dict[str, Any]) -> dict[str, Any]:
-    """An approval as the API shows it. The stored scope key stays exact (redacting it would make two
-    different secrets compare equal and widen a session approval); the response is scrubbed."""
-    out = pick(row, APPROVAL_FIELDS)
+    """An approval as the API shows it (``api.responses.ApprovalPublic``). The stored scope key stays
+    exact (redacting it would make two different secrets compare equal and widen a session approval);
+    the response is scrubbed."""
+    out = dict(row)
     for key in ("summary", "scope_key"):
-        if isinstance(out[key], str):
+        if isinstance(out.get(key), str):
             out[key] = scrub_text(out[key])
     return out

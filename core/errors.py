@@ -1,22 +1,29 @@
 """The domain error tree. Translated to HTTP only in ``api/errors.py``.
 
+Each class carries its HTTP status and a machine-readable ``code`` (the stable vocabulary of
+``docs/api.md`` "Errors"); the body is ``{"error": message, "code": code}``.
+
 DomainError
-├── BadRequest          (400) malformed or contradictory input
-├── Unauthorized        (401) missing or unknown credential
-├── Forbidden           (403) authenticated but not allowed
-├── NotFound            (404) missing, or not visible to the caller
-├── Conflict            (409) lost a race, duplicate, not pending
-├── Unprocessable       (422) semantically invalid (policy, harness, model)
-├── UpstreamFailed      (502) an upstream (MCP server, authorization server) failed
-├── Unavailable         (503) a dependency is down; retry
-└── InvalidTransition   (409) a run status edge the state machine forbids
+├── BadRequest          (400, bad_request) malformed or contradictory input
+├── Unauthorized        (401, unauthorized) missing or unknown credential
+├── Forbidden           (403, forbidden) authenticated but not allowed
+├── NotFound            (404, not_found) missing, or not visible to the caller
+├── Conflict            (409, conflict) lost a race, duplicate, not pending
+├── Unprocessable       (422, unprocessable) semantically invalid (policy, harness, model)
+├── TooBusy             (429, too_busy) a limit on concurrent work was reached; retry
+├── UpstreamFailed      (502, upstream_failed) an upstream (MCP server, authorization server) failed
+├── Unavailable         (503, unavailable) a dependency is down; retry
+└── InvalidTransition   (409, invalid_transition) a run status edge the state machine forbids
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class DomainError(Exception):
-    status: int = 400
+    status: ClassVar[int] = 400
+    code: ClassVar[str | None] = "bad_request"
 
     def __init__(self, message: str, **details: str) -> None:
         super().__init__(message)
@@ -31,6 +38,7 @@ class BadRequest(DomainError):
 
 class Unauthorized(DomainError):
     status = 401
+    code = "unauthorized"
 
     def __init__(self, message: str = "unauthorized") -> None:
         super().__init__(message)
@@ -38,10 +46,12 @@ class Unauthorized(DomainError):
 
 class Forbidden(DomainError):
     status = 403
+    code = "forbidden"
 
 
 class NotFound(DomainError):
     status = 404
+    code = "not_found"
 
     def __init__(self, message: str = "not found") -> None:
         super().__init__(message)
@@ -49,28 +59,34 @@ class NotFound(DomainError):
 
 class Conflict(DomainError):
     status = 409
+    code = "conflict"
 
 
 class Unprocessable(DomainError):
     status = 422
+    code = "unprocessable"
 
 
 class TooBusy(DomainError):
     """Retry later: a limit on concurrent work was reached (nothing was changed)."""
 
     status = 429
+    code = "too_busy"
 
 
 class UpstreamFailed(DomainError):
     status = 502
+    code = "upstream_failed"
 
 
 class Unavailable(DomainError):
     status = 503
+    code = "unavailable"
 
 
 class InvalidTransition(DomainError):
     status = 409
+    code = "invalid_transition"
 
 
 class GrantLost(UpstreamFailed):

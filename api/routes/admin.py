@@ -12,7 +12,9 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict
 
+from api import responses as out
 from api.deps import OperatorDep, ServicesDep
+from api.errors import errors
 from core.errors import NotFound
 from db.identity import Identity
 
@@ -40,14 +42,21 @@ async def _org_id(svc: ServicesDep, slug: str) -> str:
     return str(org["id"])
 
 
-@router.get("/{slug}/members", summary="Members of an org")
+@router.get(
+    "/{slug}/members", summary="Members of an org", response_model=out.MemberList, responses=errors(401, 403, 404)
+)
 async def members(slug: str, _: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Every membership with its user's email, name, roles and status."""
     tenant_id = await _org_id(svc, slug)
     return {"members": [member_public(r) for r in await Identity(svc.store).members(tenant_id)]}
 
 
-@router.post("/{slug}/members/{membership_id}/deactivate", summary="Deactivate a member (the kill switch)")
+@router.post(
+    "/{slug}/members/{membership_id}/deactivate",
+    summary="Deactivate a member (the kill switch)",
+    response_model=out.MemberOut,
+    responses=errors(401, 403, 404, 409),
+)
 async def deactivate(slug: str, membership_id: str, _: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """409 when already deactivated."""
     tenant_id = await _org_id(svc, slug)
@@ -55,7 +64,12 @@ async def deactivate(slug: str, membership_id: str, _: OperatorDep, svc: Service
     return {"member": member_public(row)}
 
 
-@router.post("/{slug}/members/{membership_id}/roles", summary="Replace a member's roles")
+@router.post(
+    "/{slug}/members/{membership_id}/roles",
+    summary="Replace a member's roles",
+    response_model=out.MemberOut,
+    responses=errors(401, 403, 404, 409),
+)
 async def set_roles(slug: str, membership_id: str, body: RolesIn, _: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """``roles`` is a non-empty subset of member, approver, admin, owner."""
     tenant_id = await _org_id(svc, slug)

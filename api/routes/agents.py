@@ -6,15 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from api import responses as out
 from api.deps import OperatorDep, ServicesDep
-from api.schemas import (
-    AGENT_FIELDS,
-    REVISION_FIELDS,
-    AgentCreate,
-    ConnectionRequirement,
-    RevisionCreate,
-    pick,
-)
+from api.errors import errors
+from api.schemas import AgentCreate, ConnectionRequirement, RevisionCreate
 from core.errors import BadRequest, NotFound
 from core.harnesses import check_harness, check_harness_config
 from core.runspec import workspace_doc
@@ -52,12 +47,15 @@ async def _policy_id(svc: ServicesDep, tenant_id: str, name: str) -> str:
 
 
 def _revision_out(row: dict[str, Any], policy_names: dict[str, str]) -> dict[str, Any]:
-    out = pick(row, REVISION_FIELDS)
-    out["policy"] = policy_names.get(str(row["policy_id"]))
-    return out
+    return {**row, "policy": policy_names.get(str(row["policy_id"]))}
 
 
-@router.post("", summary="Create an agent with its first revision")
+@router.post(
+    "",
+    summary="Create an agent with its first revision",
+    response_model=out.AgentCreated,
+    responses=errors(401, 403, 409, 422),
+)
 async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """A name that already exists is a 409: revisions are appended with POST /v1/agents/{id}/revisions."""
     model = check_harness(body.harness, body.model)
@@ -76,16 +74,21 @@ async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> 
     check_harness_config(body.harness, body.harness_config.model_dump(exclude_none=True) if body.harness_config else {})
     agent, revision = await svc.store.create_agent(op.tenant_id, body.name, body.description, fields)
     names = await svc.store.policy_names(op.tenant_id)
-    return {"agent": pick(agent, AGENT_FIELDS), "revision": _revision_out(revision, names)}
+    return {"agent": agent, "revision": _revision_out(revision, names)}
 
 
-@router.get("", summary="List agents")
+@router.get("", summary="List agents", response_model=out.AgentList, responses=errors(401, 403))
 async def list_agents(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Every agent of the tenant, by name."""
-    return {"agents": [pick(a, AGENT_FIELDS) for a in await svc.store.list_agents(op.tenant_id)]}
+    return {"agents": await svc.store.list_agents(op.tenant_id)}
 
 
-@router.get("/{ref}", summary="An agent (by id or name) with its revisions")
+@router.get(
+    "/{ref}",
+    summary="An agent (by id or name) with its revisions",
+    response_model=out.AgentDetail,
+    responses=errors(401, 403, 404),
+)
 async def get_agent(ref: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Accepts the agent's id or its name."""
     agent = await svc.store.find_agent(op.tenant_id, ref)
@@ -93,10 +96,15 @@ async def get_agent(ref: str, op: OperatorDep, svc: ServicesDep) -> dict[str, An
         raise NotFound()
     names = await svc.store.policy_names(op.tenant_id)
     revisions = [_revision_out(r, names) for r in await svc.store.revisions(agent["id"])]
-    return {"agent": pick(agent, AGENT_FIELDS), "revisions": revisions}
+    return {"agent": agent, "revisions": revisions}
 
 
-@router.post("/{ref}/revisions", summary="Append a revision")
+@router.post(
+    "/{ref}/revisions",
+    summary="Append a revision",
+    response_model=out.RevisionOut,
+    responses=errors(401, 403, 404, 409, 422),
+)
 async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Omitted fields inherit from the latest revision; earlier revisions never change."""
     agent = await svc.store.find_agent(op.tenant_id, ref)

@@ -17,7 +17,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from api import responses as out
 from api.deps import READ_ALL_ROLES, Principal, PrincipalDep, ServicesDep
+from api.errors import errors
 from api.schemas import DecisionIn, approval_public
 from core.authority import Authority, classify
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
@@ -66,12 +68,12 @@ def authorizer(who: Principal) -> Callable[[dict[str, Any]], None]:
     return authorize
 
 
-@router.get("", summary="Pending approvals the caller may decide")
+@router.get("", summary="Pending approvals the caller may decide", response_model=out.Inbox, responses=errors(401))
 async def inbox(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Pending approvals, oldest first, each with its ``authority`` (``personal`` | ``organization``)
     and whether the caller may decide it (``can_decide``). A member sees only what it may decide; the
     operator sees every pending approval, personal ones included but marked ``can_decide: false``."""
-    out = []
+    shown = []
     for row in await svc.store.list_approvals(who.tenant_id):
         try:
             classified = classify(row)
@@ -79,11 +81,16 @@ async def inbox(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
         except Conflict:
             authority, can_decide = "unclassifiable", False
         if can_decide or who.is_operator:
-            out.append({**approval_public(row), "authority": authority, "can_decide": can_decide})
-    return {"approvals": out}
+            shown.append({**approval_public(row), "authority": authority, "can_decide": can_decide})
+    return {"approvals": shown}
 
 
-@router.post("/{approval_id}/decision", summary="Approve or deny")
+@router.post(
+    "/{approval_id}/decision",
+    summary="Approve or deny",
+    response_model=out.ApprovalOut,
+    responses=errors(401, 403, 404, 409),
+)
 async def decide(approval_id: str, body: DecisionIn, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Exactly one decision wins; a late or repeated one gets 409 ``approval is not pending``. A caller
     without authority over the approval gets 403 (404 for a run it cannot see) and nothing changes."""

@@ -11,7 +11,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from api import responses as out
 from api.deps import Principal, PrincipalDep, ServicesDep
+from api.errors import errors
 from core.errors import Forbidden
 from db.identity import Identity
 
@@ -25,7 +27,13 @@ def _no_token_management(who: Principal) -> Forbidden:
     return Forbidden(OPERATOR_HAS_NO_TOKENS if who.is_operator else PAT_CANNOT_MANAGE)
 
 
-@router.get("/me", summary="The caller: the operator, or a user with their org and roles")
+@router.get(
+    "/me",
+    summary="The caller: the operator, or a user with their org and roles",
+    response_model=out.Me,
+    response_model_exclude_unset=True,
+    responses=errors(401),
+)
 async def me(who: PrincipalDep) -> dict[str, Any]:
     """``{"operator": true}`` for the admin token; otherwise the member behind the PAT."""
     if who.is_operator:
@@ -40,7 +48,12 @@ async def me(who: PrincipalDep) -> dict[str, Any]:
     }
 
 
-@router.get("/tokens", summary="The caller's personal access tokens (never the tokens themselves)")
+@router.get(
+    "/tokens",
+    summary="The caller's personal access tokens (never the tokens themselves)",
+    response_model=out.PatList,
+    responses=errors(401, 403),
+)
 async def list_tokens(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Name, display prefix, expiry and last use of each of the member's PATs."""
     if who.is_operator or who.membership_id is None:
@@ -48,13 +61,23 @@ async def list_tokens(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     return {"tokens": await Identity(svc.store).tokens(who.membership_id)}
 
 
-@router.post("/tokens", summary="Mint a personal access token (browser session only)")
+@router.post(
+    "/tokens",
+    summary="Mint a personal access token (browser session only)",
+    response_model=out.PatMinted,
+    responses=errors(401, 403),
+)
 async def mint_token(who: PrincipalDep) -> dict[str, Any]:
     """Always 403 here: neither the operator nor a PAT may mint; use ``fluidbox users token``."""
     raise _no_token_management(who)
 
 
-@router.delete("/tokens/{token_id}", summary="Revoke a personal access token (browser session only)")
+@router.delete(
+    "/tokens/{token_id}",
+    summary="Revoke a personal access token (browser session only)",
+    response_model=out.PatRevoked,
+    responses=errors(401, 403, 404),
+)
 async def revoke_token(token_id: str, who: PrincipalDep) -> dict[str, Any]:
     """Always 403 here, for the same reason as minting."""
     raise _no_token_management(who)

@@ -6,7 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from api import responses as out
 from api.deps import OperatorDep, ServicesDep
+from api.errors import errors
 from core.capabilities import parse_bundle
 from core.digests import document_digest
 from core.errors import NotFound
@@ -25,11 +27,16 @@ def summary(row: dict[str, Any]) -> dict[str, Any]:
         "server_count": len(servers),
         "tool_count": sum(len(s.get("tools", [])) for s in servers),
         "classes": sorted({s["class"] for s in servers}),
-        "created_at": row["created_at"].isoformat(),
+        "created_at": row["created_at"],
     }
 
 
-@router.post("", summary="Publish a capability bundle (a new version when the name exists)")
+@router.post(
+    "",
+    summary="Publish a capability bundle (a new version when the name exists)",
+    response_model=out.BundleOut,
+    responses=errors(401, 403, 409),
+)
 async def publish(body: dict[str, Any], op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Sandbox-class servers only; brokered tools are connection requirements now."""
     bundle = parse_bundle(body)
@@ -40,13 +47,18 @@ async def publish(body: dict[str, Any], op: OperatorDep, svc: ServicesDep) -> di
     return {"bundle": summary(row)}
 
 
-@router.get("", summary="List capability bundles")
+@router.get("", summary="List capability bundles", response_model=out.BundleList, responses=errors(401, 403))
 async def list_bundles(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Every version, newest first within a name."""
     return {"bundles": [summary(r) for r in await svc.capabilities.all(op.tenant_id)]}
 
 
-@router.get("/{bundle_id}", summary="One bundle version with its servers and tools")
+@router.get(
+    "/{bundle_id}",
+    summary="One bundle version with its servers and tools",
+    response_model=out.BundleDetail,
+    responses=errors(401, 403, 404),
+)
 async def get_bundle(bundle_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Tools are listed by name and description; schemas are in the frozen RunSpec of each run."""
     row = await svc.capabilities.get(op.tenant_id, bundle_id)

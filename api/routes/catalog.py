@@ -9,7 +9,9 @@ import httpx
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from api import responses as out
 from api.deps import OperatorDep, Services, ServicesDep
+from api.errors import errors
 from api.views import connection_public as public
 from api.views import snapshot_public
 from core.capabilities import check_catalog_launch, launch_server, parse_bundle
@@ -86,18 +88,25 @@ async def _covering(svc: Services, tenant_id: str, url: str | None) -> dict[str,
     return None
 
 
-@router.get("/v1/catalog", summary="Curated and custom connectors")
+@router.get(
+    "/v1/catalog", summary="Curated and custom connectors", response_model=out.CatalogList, responses=errors(401, 403)
+)
 async def catalog(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Each entry with the connection that covers it (if any) and whether it can be connected now."""
-    out = []
+    listed = []
     for row in await svc.catalog.visible(op.tenant_id):
         connectable = row["auth_mode"] == "api_key" or bool(row["sandbox_launch"])
-        out.append({**entry_public(row), "connection": await _covering(svc, op.tenant_id, row["url"]),
-                    "connectable": connectable})  # fmt: skip
-    return {"connectors": out}
+        listed.append({**entry_public(row), "connection": await _covering(svc, op.tenant_id, row["url"]),
+                       "connectable": connectable})  # fmt: skip
+    return {"connectors": listed}
 
 
-@router.get("/v1/catalog/{slug}", summary="One catalog entry")
+@router.get(
+    "/v1/catalog/{slug}",
+    summary="One catalog entry",
+    response_model=out.CatalogEntryOut,
+    responses=errors(401, 403, 404),
+)
 async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """404 when unknown or another tenant's custom entry."""
     row = await svc.catalog.get(op.tenant_id, slug)
@@ -106,7 +115,12 @@ async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[st
     return {"connector": entry_public(row)}
 
 
-@router.post("/v1/catalog", summary="Add a custom catalog entry (tier custom)")
+@router.post(
+    "/v1/catalog",
+    summary="Add a custom catalog entry (tier custom)",
+    response_model=out.CatalogEntryOut,
+    responses=errors(401, 403, 409),
+)
 async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Tenant-scoped; a slug already used (globally or by this tenant) is a 409; a stdio entry needs a
     ``sandbox_launch`` with declared tools (400)."""
@@ -123,7 +137,13 @@ async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) 
     return {"connector": entry_public(row)}
 
 
-@router.post("/v1/catalog/{slug}/connect", summary="Connect a catalog entry")
+@router.post(
+    "/v1/catalog/{slug}/connect",
+    summary="Connect a catalog entry",
+    response_model=out.CatalogConnected,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403, 404, 409, 502, 503),
+)
 async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """api_key → a sealed, photographed connection; an in-image server → a sandbox capability bundle."""
     row = await svc.catalog.get(op.tenant_id, slug)
@@ -202,36 +222,41 @@ async def _oauth_metadata(url: str) -> dict[str, Any] | None:
     return None
 
 
-@router.post("/v1/mcp/probe", summary="Detect a URL's auth mode and preview its tools (stores nothing)")
+@router.post(
+    "/v1/mcp/probe",
+    summary="Detect a URL's auth mode and preview its tools (stores nothing)",
+    response_model=out.Probe,
+    responses=errors(401, 403),
+)
 async def probe(body: ProbeIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Unreachable servers answer ``reachable: false``; nothing is ever stored."""
     try:
         admitted = await svc.url_policy.admit(body.url)
     except UrlRefused as err:
         raise BadRequest(str(err)) from None
-    out: dict[str, Any] = {"url": admitted.url, "transport": "streamable_http", "reachable": True,
+    found: dict[str, Any] = {"url": admitted.url, "transport": "streamable_http", "reachable": True,
                            "tools_preview": [], "tools_truncated": False, "oauth": None, "notes": []}  # fmt: skip
     try:
         photo = await mcp_client.photograph(admitted.url, {}, timeout=10, pin=admitted)
     except mcp_client.AuthRejected:
         meta = await _oauth_metadata(admitted.url)
-        out |= {"auth_mode": "oauth" if meta else "api_key", "oauth_available": bool(meta), "static_possible": True}
+        found |= {"auth_mode": "oauth" if meta else "api_key", "oauth_available": bool(meta), "static_possible": True}
         if meta:
-            out["oauth"] = {
+            found["oauth"] = {
                 "issuer": meta["authorization_servers"][0],
                 "scopes_supported": meta.get("scopes_supported"),
             }
-        out["notes"].append("the server requires credentials; tools are listed once connected")
-        return out
+        found["notes"].append("the server requires credentials; tools are listed once connected")
+        return found
     except mcp_client.McpClientError as err:
-        out |= {"reachable": False, "auth_mode": None, "oauth_available": False, "static_possible": False}
-        out["notes"].append(str(err))
-        return out
+        found |= {"reachable": False, "auth_mode": None, "oauth_available": False, "static_possible": False}
+        found["notes"].append(str(err))
+        return found
     preview = [{"name": t["name"], "description": t.get("description", "")} for t in photo.tools]
-    out |= {"auth_mode": "none", "oauth_available": False, "static_possible": True,
-            "tools_preview": preview[:50], "tools_truncated": len(preview) > 50}  # fmt: skip
-    out["notes"].append(f"negotiated MCP {photo.protocol_version}")
-    return out
+    found |= {"auth_mode": "none", "oauth_available": False, "static_possible": True,
+              "tools_preview": preview[:50], "tools_truncated": len(preview) > 50}  # fmt: skip
+    found["notes"].append(f"negotiated MCP {photo.protocol_version}")
+    return found
 
 
 def slugify(name: str) -> str:
@@ -241,7 +266,12 @@ def slugify(name: str) -> str:
     return slug
 
 
-@router.post("/v1/mcp/servers", summary="Add a custom MCP server and connect it in one call")
+@router.post(
+    "/v1/mcp/servers",
+    summary="Add a custom MCP server and connect it in one call",
+    response_model=out.ServerAdded,
+    responses=errors(401, 403, 409, 502, 503),
+)
 async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Creates a custom catalog entry and a connection; a failed connect leaves no orphan entry."""
     if body.owner == "personal":

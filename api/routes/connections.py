@@ -12,7 +12,9 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from api import responses as out
 from api.deps import Principal, PrincipalDep, Services, ServicesDep
+from api.errors import errors
 from api.views import connection_public as public
 from api.views import snapshot_public
 from core.errors import BadRequest, Conflict, Forbidden, NotFound
@@ -56,7 +58,13 @@ def require_manage(who: Principal, row: dict[str, Any], action: str) -> None:
         raise Forbidden(f"{action} an organization connection requires the admin or owner role")
 
 
-@router.post("", summary="Connect an MCP server (the credential is sealed, then the tools photographed)")
+@router.post(
+    "",
+    summary="Connect an MCP server (the credential is sealed, then the tools photographed)",
+    response_model=out.ConnectionCreated,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403, 409, 502, 503),
+)
 async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """A rejected credential or a refused photograph stores nothing. ``owner: personal`` makes a
     connection only its creator can see or use (any signed-in user; never the operator)."""
@@ -111,7 +119,12 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
 
-@router.post("/{connection_id}/oauth/start", summary="Start (or redo) an OAuth connection's sign-in")
+@router.post(
+    "/{connection_id}/oauth/start",
+    summary="Start (or redo) an OAuth connection's sign-in",
+    response_model=out.GoUrl,
+    responses=errors(401, 403, 404, 409, 502, 503),
+)
 async def oauth_start(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """A one-time ``go_url`` (600 s) to open in the browser that signs in; reconnecting bumps the generation."""
     svc.connection_service.oauth_connect()
@@ -124,19 +137,24 @@ async def oauth_start(connection_id: str, who: PrincipalDep, svc: ServicesDep) -
     return {"go_url": await svc.connection_service.start_sign_in(who.tenant_id, row, who.user_id)}
 
 
-@router.get("", summary="List connections")
+@router.get("", summary="List connections", response_model=out.ConnectionList, responses=errors(401))
 async def list_connections(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Organization connections and the caller's own personal ones; never includes a secret."""
     return {"connections": [public(r) for r in await svc.connections.all(who.tenant_id, who.user_id)]}
 
 
-@router.get("/{connection_id}", summary="A connection")
+@router.get("/{connection_id}", summary="A connection", response_model=out.ConnectionOut, responses=errors(401, 404))
 async def get_connection(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """404 when unknown or not visible."""
     return {"connection": public(await visible(svc, who, connection_id))}
 
 
-@router.post("/{connection_id}/revoke", summary="Revoke a connection")
+@router.post(
+    "/{connection_id}/revoke",
+    summary="Revoke a connection",
+    response_model=out.ConnectionOut,
+    responses=errors(401, 403, 404, 409),
+)
 async def revoke(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The sealed credential is destroyed; in-flight runs fail closed on their next brokered call."""
     require_manage(who, await visible(svc, who, connection_id), "revoking")
@@ -149,7 +167,12 @@ async def revoke(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dic
     return {"connection": public(revoked)}
 
 
-@router.get("/{connection_id}/tools", summary="The latest tool snapshot")
+@router.get(
+    "/{connection_id}/tools",
+    summary="The latest tool snapshot",
+    response_model=out.SnapshotOut,
+    responses=errors(401, 404),
+)
 async def tools(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Names and descriptions of the photographed tools, with the snapshot's version and digest."""
     await visible(svc, who, connection_id)
@@ -159,7 +182,12 @@ async def tools(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict
     return {"snapshot": snapshot_public(snapshot)}
 
 
-@router.post("/{connection_id}/tools/refresh", summary="Re-photograph the server's tools")
+@router.post(
+    "/{connection_id}/tools/refresh",
+    summary="Re-photograph the server's tools",
+    response_model=out.SnapshotOut,
+    responses=errors(401, 403, 404, 409, 502, 503),
+)
 async def refresh(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Appends snapshot v+1 for future runs; runs in flight keep the snapshot they froze."""
     svc.connection_service.custody()

@@ -7,19 +7,26 @@ import asyncio
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from api import responses as out
 from api.deps import ServicesDep
+from api.errors import errors
 from core.harnesses import HARNESSES, RUNNABLE
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/v1/health", summary="Process liveness")
+@router.get("/v1/health", summary="Process liveness", response_model=out.Health, responses=errors())
 async def health() -> dict[str, str]:
     """Answers while the process runs; touches nothing."""
     return {"status": "ok"}
 
 
-@router.get("/v1/ready", summary="Readiness: database and Temporal")
+@router.get(
+    "/v1/ready",
+    summary="Readiness: database and Temporal",
+    response_model=out.Readiness,
+    responses={**errors(), 503: {"model": out.Readiness, "description": "Not ready (same body, status not ready)."}},
+)
 @router.get("/v1/health/ready", include_in_schema=False)
 async def ready(svc: ServicesDep) -> JSONResponse:
     """200 only when PostgreSQL answers and the Temporal namespace is reachable."""
@@ -45,7 +52,7 @@ async def ready(svc: ServicesDep) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/v1/harnesses", summary="Harnesses and their models")
+@router.get("/v1/harnesses", summary="Harnesses and their models", response_model=out.Harnesses, responses=errors())
 async def harnesses() -> dict[str, object]:
     """The single source of truth of harness ids and the models each accepts."""
     return {

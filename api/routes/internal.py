@@ -11,7 +11,9 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Request
 
+from api import responses as out
 from api.deps import ServicesDep, bearer, run_token
+from api.errors import RunnerErrorBody, errors
 from core import events as ev
 from core.contract import EventPost, HeartbeatResponse, PermissionRequest, PermissionResponse, ResultPost
 from core.digests import input_digest
@@ -70,13 +72,26 @@ async def _held_by_workflow(svc: ServicesDep, run_id: str, req: PermissionReques
     return PermissionResponse(decision="deny", message=verdict.message or "denied")
 
 
-@router.get("/health", summary="Runner-plane liveness (no token, touches nothing)")
+RUNNER_TOKEN = (401, 403, 404)  # no or unknown token; wrong audience; a token of another run
+
+
+def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return errors(*RUNNER_TOKEN, *statuses, model=RunnerErrorBody)
+
+
+@router.get("/health", summary="Runner-plane liveness (no token, touches nothing)", response_model=out.Health,
+            responses=errors())  # fmt: skip
 async def health() -> dict[str, str]:
     """What a runner (or a benchmark baseline) can reach on the gateway socket without a token."""
     return {"status": "ok"}
 
 
-@router.post("/sessions/{run_id}/permission", summary="Gate one tool call", response_model_exclude_none=True)
+@router.post(
+    "/sessions/{run_id}/permission",
+    summary="Gate one tool call",
+    response_model_exclude_none=True,
+    responses=refusals(429, 503),
+)
 async def permission(run_id: str, req: PermissionRequest, request: Request, svc: ServicesDep) -> PermissionResponse:
     """Allow or deny now; or hold the request while a human decides (re-attaching on retry)."""
     await run_token(request, svc, run_id, Audience.TOOL)
@@ -117,7 +132,13 @@ def _envelope(claim: dict[str, Any]) -> dict[str, Any]:
     return {"ok": False, "error": "execution in flight; retry later"}
 
 
-@router.post("/sessions/{run_id}/tools/call", summary="Execute a brokered MCP tool in the control plane")
+@router.post(
+    "/sessions/{run_id}/tools/call",
+    summary="Execute a brokered MCP tool in the control plane",
+    response_model=out.BrokeredResult,
+    response_model_exclude_unset=True,
+    responses=refusals(429, 503),
+)
 async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc: ServicesDep) -> dict[str, Any]:
     """The same gate as /permission, then the execution claim and the call with the sealed credential."""
     principal = await run_token(request, svc, run_id, Audience.TOOL)
@@ -154,7 +175,13 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
     return _envelope(claim)
 
 
-@router.post("/sessions/{run_id}/events", summary="Runner narration")
+@router.post(
+    "/sessions/{run_id}/events",
+    summary="Runner narration",
+    response_model=out.EventAccepted,
+    response_model_exclude_unset=True,
+    responses=refusals(),
+)
 async def post_event(run_id: str, body: EventPost, request: Request, svc: ServicesDep) -> dict[str, Any]:
     """Stored redacted; a runner cannot write ``tool.requested`` (only the gate does)."""
     principal = await run_token(request, svc, run_id, Audience.CONTROL)
@@ -172,7 +199,7 @@ async def post_event(run_id: str, body: EventPost, request: Request, svc: Servic
     return {"seq": await svc.store.append_events(run_id, [event])}
 
 
-@router.post("/sessions/{run_id}/heartbeat", summary="Runner liveness")
+@router.post("/sessions/{run_id}/heartbeat", summary="Runner liveness", responses=refusals())
 async def heartbeat(run_id: str, request: Request, svc: ServicesDep) -> HeartbeatResponse:
     """``action: quiesce`` while the run is being cancelled (level-triggered)."""
     await run_token(request, svc, run_id, Audience.CONTROL)
@@ -180,7 +207,13 @@ async def heartbeat(run_id: str, request: Request, svc: ServicesDep) -> Heartbea
     return HeartbeatResponse(action="quiesce" if status == RunStatus.CANCELLING else None)
 
 
-@router.post("/sessions/{run_id}/result", summary="The runner's outcome")
+@router.post(
+    "/sessions/{run_id}/result",
+    summary="The runner's outcome",
+    response_model=out.Ok,
+    response_model_exclude_unset=True,
+    responses=refusals(503),
+)
 async def result(run_id: str, body: ResultPost, request: Request, svc: ServicesDep) -> dict[str, Any]:
     """Records the wind-down intent; the server alone decides the terminal status."""
     principal = await run_token(request, svc, run_id, Audience.CONTROL, allow_revoked=True)
@@ -196,7 +229,7 @@ async def result(run_id: str, body: ResultPost, request: Request, svc: ServicesD
     return {"ok": True}
 
 
-@router.post("/token/renew", summary="Extend the run's tokens")
+@router.post("/token/renew", summary="Extend the run's tokens", response_model=out.Renewed, responses=refusals())
 async def renew(
     request: Request, svc: ServicesDep, body: dict[str, Any] = Body(default_factory=dict)
 ) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from api.deps import Services, ServicesDep
+from api.errors import errors, json_errors
 from core.errors import BadRequest, NotFound, UpstreamFailed
 from core.tokens import token_digest
 from integrations import mcp_client
@@ -52,7 +53,13 @@ def _open_go(svc: Services, f: str) -> tuple[str, str]:
     return svc.connection_service.open_sign_in_link(f)
 
 
-@router.get("/v1/oauth/go", summary="Open a connector sign-in link: bind it to this browser, go to the provider")
+@router.get(
+    "/v1/oauth/go",
+    summary="Open a connector sign-in link: bind it to this browser, go to the provider",
+    response_class=RedirectResponse,
+    status_code=302,
+    responses={302: {"description": "To the authorization server, with the flow cookie set."}, **errors(404, 409, 503)},
+)
 async def go(f: str, request: Request, svc: ServicesDep) -> RedirectResponse:
     """Sets the flow cookie and redirects (302) to the authorization server; a used or expired link is refused."""
     oauth = oauth_of(svc)
@@ -75,7 +82,15 @@ async def go(f: str, request: Request, svc: ServicesDep) -> RedirectResponse:
     return response
 
 
-@router.get("/v1/oauth/callback", summary="The authorization server's redirect back: finish the connection")
+@router.get(
+    "/v1/oauth/callback",
+    summary="The authorization server's redirect back: finish the connection",
+    response_class=HTMLResponse,
+    responses={
+        200: {"description": "A small 'Connected' page (no token in it).", "content": {"text/html": {}}},
+        **json_errors(404, 409, 502, 503),
+    },
+)
 async def callback(request: Request, svc: ServicesDep) -> HTMLResponse:
     """Consumes the flow once, from the browser that opened it; answers a small HTML page (no token in it)."""
     oauth = oauth_of(svc)
@@ -97,7 +112,18 @@ async def callback(request: Request, svc: ServicesDep) -> HTMLResponse:
     return HTMLResponse(page, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
 
 
-@router.get("/.well-known/fluidbox-client.json", summary="Our OAuth Client ID Metadata Document")
+@router.get(
+    "/.well-known/fluidbox-client.json",
+    summary="Our OAuth Client ID Metadata Document",
+    response_class=JSONResponse,
+    responses={
+        200: {
+            "description": "The Client ID Metadata Document (its URL is this deployment's OAuth client_id).",
+            "content": {"application/json": {"schema": {"type": "object", "additionalProperties": True}}},
+        },
+        **errors(404),
+    },
+)
 async def client_document(svc: ServicesDep) -> JSONResponse:
     """Served only when the public URL is https and not loopback (an authorization server must fetch it)."""
     if client_metadata_document_url(svc.public_base) is None:

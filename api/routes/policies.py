@@ -10,10 +10,12 @@ import re
 from typing import Any
 
 import yaml
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
+from api import responses as out
 from api.deps import OperatorDep, ServicesDep
+from api.errors import errors
 from core.errors import BadRequest, NotFound, Unprocessable
 from core.policy import Policy, parse_policy
 from core.policy_views import autonomy_summary, overview
@@ -23,6 +25,8 @@ router = APIRouter(prefix="/v1/policies", tags=["policies"])
 NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
 RESERVED = frozenset({"validate", "preview", "clone"})
 BLANK_RULES: dict[str, Any] = {"defaults": {"tool_action": "approve"}, "tools": []}
+# Versions are PostgreSQL integers: a larger number is a 400, not a driver overflow (500).
+INT4_MAX = 2**31 - 1
 
 
 class _Body(BaseModel):
@@ -37,18 +41,18 @@ class PolicyImport(_Body):
 class PolicyPublish(_Body):
     content: dict[str, Any]
     summary: str = ""
-    base_version: int = Field(ge=1)
+    base_version: int = Field(ge=1, le=INT4_MAX)
 
 
 class PolicyRevert(_Body):
-    version: int = Field(ge=1)
-    base_version: int = Field(ge=1)
+    version: int = Field(ge=1, le=INT4_MAX)
+    base_version: int = Field(ge=1, le=INT4_MAX)
 
 
 class PolicyClone(_Body):
     name: str
     from_: str | None = Field(default=None, alias="from")
-    from_version: int | None = Field(default=None, ge=1)
+    from_version: int | None = Field(default=None, ge=1, le=INT4_MAX)
 
 
 class PolicyYaml(_Body):
@@ -86,7 +90,13 @@ def _meta(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@router.post("", summary="Import a policy from YAML")
+@router.post(
+    "",
+    summary="Import a policy from YAML",
+    response_model=out.PolicyImported,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403, 409, 422),
+)
 async def import_policy(body: PolicyImport, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Strict parse; creates the policy or appends a version unless the content is byte-equal."""
     check_name(body.name)
@@ -97,7 +107,13 @@ async def import_policy(body: PolicyImport, op: OperatorDep, svc: ServicesDep) -
     return {"policy": _meta(row), "appended": appended}
 
 
-@router.get("", summary="List policies")
+@router.get(
+    "",
+    summary="List policies",
+    response_model=out.PolicyList,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403),
+)
 async def list_policies(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Every policy: head version, autonomy summary and how many agents use it."""
     rows = await svc.store.list_policies(op.tenant_id)
@@ -113,14 +129,24 @@ async def list_policies(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     }
 
 
-@router.post("/validate", summary="Validate a YAML policy without storing it")
+@router.post(
+    "/validate",
+    summary="Validate a YAML policy without storing it",
+    response_model=out.PolicyValid,
+    responses=errors(401, 403, 422),
+)
 async def validate(body: PolicyYaml, op: OperatorDep) -> dict[str, Any]:
     """200 with the policy's name when valid; 422 naming the problem otherwise."""
     policy = parse_policy(load_yaml(body.yaml))
     return {"valid": True, "name": policy.name}
 
 
-@router.post("/preview", summary="What a draft would do to every tool")
+@router.post(
+    "/preview",
+    summary="What a draft would do to every tool",
+    response_model=out.PolicyPreviewOut,
+    responses=errors(401, 403, 404, 422),
+)
 async def preview(body: PolicyPreview, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Strict-parses the draft and returns its per-tool verdict matrix; persists nothing."""
     policy = parse_policy(body.content)
@@ -130,7 +156,13 @@ async def preview(body: PolicyPreview, op: OperatorDep, svc: ServicesDep) -> dic
     return {"content": policy.model_dump(mode="json", exclude_none=True), **overview(policy)}
 
 
-@router.post("/clone", summary="Create a policy from another one, or blank")
+@router.post(
+    "/clone",
+    summary="Create a policy from another one, or blank",
+    response_model=out.PolicyOut,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403, 409, 422),
+)
 async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """A blank policy is fail-safe: no rules, so every tool asks a human."""
     check_name(body.name)
@@ -154,7 +186,13 @@ async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[st
     return {"policy": _meta(row)}
 
 
-@router.get("/{name}", summary="A policy: head content, versions, users and its matrix")
+@router.get(
+    "/{name}",
+    summary="A policy: head content, versions, users and its matrix",
+    response_model=out.PolicyDetail,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403, 404),
+)
 async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Versions are newest first; the matrix shows what the head does to every tool."""
     detail = await svc.store.policy_detail(op.tenant_id, name)
@@ -179,8 +217,15 @@ async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, 
     }
 
 
-@router.get("/{name}/versions/{version}", summary="One version, as JSON and as YAML")
-async def get_version(name: str, version: int, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+@router.get(
+    "/{name}/versions/{version}",
+    summary="One version, as JSON and as YAML",
+    response_model=out.PolicyVersionOut,
+    responses=errors(401, 403, 404),
+)
+async def get_version(
+    name: str, op: OperatorDep, svc: ServicesDep, version: int = Path(ge=1, le=INT4_MAX)
+) -> dict[str, Any]:
     """``yaml`` is the imported source when there is one, otherwise generated from the content."""
     row = await svc.store.policy_version(op.tenant_id, name, version)
     if row is None:
@@ -198,7 +243,13 @@ async def get_version(name: str, version: int, op: OperatorDep, svc: ServicesDep
     }
 
 
-@router.post("/{name}/publish", summary="Publish a new version (optimistic concurrency)")
+@router.post(
+    "/{name}/publish",
+    summary="Publish a new version (optimistic concurrency)",
+    response_model=out.PolicyOut,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403, 404, 409, 422),
+)
 async def publish(name: str, body: PolicyPublish, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """409 when the head moved since ``base_version``: a retried publish can never create two versions."""
     policy = parse_policy(body.content)
@@ -213,7 +264,13 @@ async def publish(name: str, body: PolicyPublish, op: OperatorDep, svc: Services
     return {"policy": _meta(row)}
 
 
-@router.post("/{name}/revert", summary="Make an old version the head again")
+@router.post(
+    "/{name}/revert",
+    summary="Make an old version the head again",
+    response_model=out.PolicyOut,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403, 404, 409),
+)
 async def revert(name: str, body: PolicyRevert, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Moves forward: appends the old version's content as a new head."""
     old = await svc.store.policy_version(op.tenant_id, name, body.version)
@@ -231,7 +288,12 @@ async def revert(name: str, body: PolicyRevert, op: OperatorDep, svc: ServicesDe
     return {"policy": _meta(row)}
 
 
-@router.delete("/{name}", summary="Delete a policy no agent revision names")
+@router.delete(
+    "/{name}",
+    summary="Delete a policy no agent revision names",
+    response_model=out.PolicyDeleted,
+    responses=errors(401, 403, 404, 409),
+)
 async def delete(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """409 while any agent revision, historical ones included, names it."""
     return {"deleted": await svc.store.delete_policy(op.tenant_id, name)}

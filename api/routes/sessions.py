@@ -11,15 +11,10 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from api import responses as out
 from api.deps import Principal, PrincipalDep, Services, ServicesDep, bearer, user_principal
-from api.schemas import (
-    ARTIFACT_FIELDS,
-    EVENT_FIELDS,
-    SESSION_FIELDS,
-    SessionCreate,
-    approval_public,
-    pick,
-)
+from api.errors import errors
+from api.schemas import SessionCreate, approval_public
 from core.errors import BadRequest, Forbidden, NotFound
 from core.runspec import InvocationContext, workspace_doc
 from db.identity import Identity
@@ -28,6 +23,7 @@ from services.runs import RunRequest
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 STREAM_BATCH = 500
+SEQ_MAX = 2**63 - 1  # ledger sequence numbers are PostgreSQL bigints
 REPOLL_SECS = 2.0
 KEEPALIVE_SECS = 15.0
 
@@ -47,7 +43,7 @@ async def _visible_run(svc: Services, who: Principal, run_id: str) -> dict[str, 
     return row
 
 
-@router.post("", summary="Start a run")
+@router.post("", summary="Start a run", response_model=out.SessionOut, responses=errors(401, 403, 409, 422, 503))
 async def create_session(body: SessionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Freeze the RunSpec, record the run as ``created`` and start its workflow; returns at once."""
     if body.workspace is not None and body.repo is not None:
@@ -73,10 +69,10 @@ async def create_session(body: SessionCreate, who: PrincipalDep, svc: ServicesDe
             invoked_by_kind="user",
             invoked_by_user_id=who.user_id,
         )
-    return {"session": pick(row, SESSION_FIELDS)}
+    return {"session": row}
 
 
-@router.get("", summary="List runs")
+@router.get("", summary="List runs", response_model=out.SessionList, responses=errors(401))
 async def list_sessions(
     who: PrincipalDep, svc: ServicesDep, limit: int = Query(default=50, ge=1, le=500)
 ) -> dict[str, Any]:
@@ -85,17 +81,21 @@ async def list_sessions(
         rows = await svc.store.list_runs(who.tenant_id, limit)
     else:
         rows = await Identity(svc.store).runs_invoked_by(who.tenant_id, who.user_id or "", limit)
-    return {"sessions": [pick(r, SESSION_FIELDS) for r in rows]}
+    return {"sessions": rows}
 
 
-@router.get("/{run_id}", summary="A run with its usage totals")
+@router.get(
+    "/{run_id}", summary="A run with its usage totals", response_model=out.SessionDetail, responses=errors(401, 404)
+)
 async def get_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """404 when the run does not exist or is not visible to the caller."""
     row = await _visible_run(svc, who, run_id)
-    return {"session": pick(row, SESSION_FIELDS), "usage": await svc.store.usage_totals(run_id)}
+    return {"session": row, "usage": await svc.store.usage_totals(run_id)}
 
 
-@router.post("/{run_id}/cancel", summary="Cancel a run")
+@router.post(
+    "/{run_id}/cancel", summary="Cancel a run", response_model=out.Cancelled, responses=errors(401, 403, 404, 503)
+)
 async def cancel_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, bool]:
     """``cancelled: false`` when the run is already terminal or already winding down (not an error)."""
     row = await _visible_run(svc, who, run_id)
@@ -105,7 +105,9 @@ async def cancel_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> di
     return {"cancelled": created}
 
 
-@router.get("/{run_id}/outputs", summary="The run's diff and summary")
+@router.get(
+    "/{run_id}/outputs", summary="The run's diff and summary", response_model=out.Outputs, responses=errors(401, 404)
+)
 async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The diff against the pristine workspace, the summary, and whether the gate was ever consulted."""
     row = await _visible_run(svc, who, run_id)
@@ -117,18 +119,25 @@ async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str,
         "diff": diff["content"] if diff else None,
         "summary": row["result_summary"],
         "gate_consulted": await svc.store.has_gate_calls(run_id),
-        "artifacts": [pick(a, ARTIFACT_FIELDS) for a in arts],
+        "artifacts": arts,
     }
 
 
-@router.get("/{run_id}/artifacts", summary="The run's artifacts")
+@router.get(
+    "/{run_id}/artifacts", summary="The run's artifacts", response_model=out.ArtifactList, responses=errors(401, 404)
+)
 async def artifacts(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The diff (``changes.patch``) and the summary (``summary.md``)."""
     await _visible_run(svc, who, run_id)
-    return {"artifacts": [pick(a, ARTIFACT_FIELDS) for a in await svc.store.artifacts(run_id)]}
+    return {"artifacts": await svc.store.artifacts(run_id)}
 
 
-@router.get("/{run_id}/approvals", summary="Every tool intent and approval of the run")
+@router.get(
+    "/{run_id}/approvals",
+    summary="Every tool intent and approval of the run",
+    response_model=out.ApprovalList,
+    responses=errors(401, 404),
+)
 async def session_approvals(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Includes auto-decided intents, not only human approvals."""
     await _visible_run(svc, who, run_id)
@@ -136,18 +145,23 @@ async def session_approvals(run_id: str, who: PrincipalDep, svc: ServicesDep) ->
     return {"approvals": [approval_public(r) for r in rows]}
 
 
-@router.get("/{run_id}/events", summary="The ledger, after a sequence number")
+@router.get(
+    "/{run_id}/events",
+    summary="The ledger, after a sequence number",
+    response_model=out.EventList,
+    responses=errors(401, 404),
+)
 async def events(
     run_id: str,
     who: PrincipalDep,
     svc: ServicesDep,
-    after: int = Query(default=0, ge=0),
+    after: int = Query(default=0, ge=0, le=SEQ_MAX),
     limit: int = Query(default=500, ge=1, le=1000),
 ) -> dict[str, Any]:
     """Ordered by ``seq``, strictly greater than ``after``."""
     await _visible_run(svc, who, run_id)
     rows = await svc.store.events_after(run_id, after, limit)
-    return {"events": [pick(r, EVENT_FIELDS) for r in rows]}
+    return {"events": rows}
 
 
 def _sse(row: dict[str, Any]) -> str:
@@ -161,12 +175,24 @@ def _sse(row: dict[str, Any]) -> str:
     return f"id: {row['seq']}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-@router.get("/{run_id}/events/stream", summary="The ledger as server-sent events")
+SSE = {
+    "description": "Server-sent events: `id: <seq>` and `data: {seq, type, actor, payload, occurred_at}` per "
+    "ledger event, `: keep-alive` comments while quiet.",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+
+
+@router.get(
+    "/{run_id}/events/stream",
+    summary="The ledger as server-sent events",
+    response_class=StreamingResponse,
+    responses={200: SSE, **errors(401, 404)},
+)
 async def stream(run_id: str, request: Request, who: PrincipalDep, svc: ServicesDep) -> StreamingResponse:
     """Resumes after ``Last-Event-ID``; the same catch-up query as polling, woken by NOTIFY."""
     await _visible_run(svc, who, run_id)
     raw = request.headers.get("last-event-id", "0").strip() or "0"
-    if not raw.isdigit():
+    if not raw.isdigit() or len(raw) > 19 or int(raw) > SEQ_MAX:
         raise BadRequest("Last-Event-ID must be a non-negative integer sequence number")
     start = int(raw)
     # A member's stream is re-authorized as it runs: deactivation or a lost role ends it.

@@ -14,7 +14,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from api import responses as out
 from api.deps import Principal, PrincipalDep, Services, ServicesDep, TriggerDep
+from api.errors import errors
 from api.schemas import WorkspaceIn
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
 from core.policy import Budgets
@@ -182,7 +184,12 @@ def _refusal(outcome: FireOutcome) -> DomainError:
 # ---- management (admin) ------------------------------------------------------------------------
 
 
-@router.post("", summary="Create a trigger subscription (token and callback secret shown once)")
+@router.post(
+    "",
+    summary="Create a trigger subscription (token and callback secret shown once)",
+    response_model=out.TriggerCreated,
+    responses=errors(401, 403, 409, 422, 503),
+)
 async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Returns the ``fbx_trig_`` token and, with a callback_url, the ``fbx_whsec_`` secret — never again."""
     draft = SubscriptionDraft(
@@ -203,7 +210,12 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) 
     }
 
 
-@router.get("", summary="List trigger subscriptions (never a secret)")
+@router.get(
+    "",
+    summary="List trigger subscriptions (never a secret)",
+    response_model=out.TriggerList,
+    responses=errors(401, 403),
+)
 async def list_triggers(op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Ordered by name; schedules listed alongside."""
     rows = await Triggers(svc.store).all(op.tenant_id)
@@ -216,7 +228,12 @@ async def list_triggers(op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     }
 
 
-@router.get("/{subscription_id}", summary="A subscription with its recent runs, deliveries and invocations")
+@router.get(
+    "/{subscription_id}",
+    summary="A subscription with its recent runs, deliveries and invocations",
+    response_model=out.TriggerDetail,
+    responses=errors(401, 403, 404),
+)
 async def get_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Sessions (20), deliveries (20), invocations incl. skip rows (30); never a secret."""
     row = await _subscription(svc, op.tenant_id, subscription_id)
@@ -232,7 +249,12 @@ async def get_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) ->
     }
 
 
-@router.patch("/{subscription_id}", summary="Edit a subscription (kind and agent are immutable)")
+@router.patch(
+    "/{subscription_id}",
+    summary="Edit a subscription (kind and agent are immutable)",
+    response_model=out.TriggerPatched,
+    responses=errors(401, 403, 404, 409, 422, 503),
+)
 async def patch_trigger(
     subscription_id: str, op: ManagerDep, svc: ServicesDep, body: dict[str, Any] = Body(...)
 ) -> dict[str, Any]:
@@ -263,26 +285,46 @@ async def _set_enabled(svc: Services, tenant_id: str, subscription_id: str, enab
     return {"subscription": public(await svc.subscriptions.set_enabled(tenant_id, subscription_id, enabled))}
 
 
-@router.post("/{subscription_id}/enable", summary="Enable a subscription")
+@router.post(
+    "/{subscription_id}/enable",
+    summary="Enable a subscription",
+    response_model=out.SubscriptionOut,
+    responses=errors(401, 403, 404, 409, 503),
+)
 async def enable_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """A schedule resumes (its missed-run policy decides about the gap)."""
     return await _set_enabled(svc, op.tenant_id, subscription_id, True)
 
 
-@router.post("/{subscription_id}/disable", summary="Disable a subscription")
+@router.post(
+    "/{subscription_id}/disable",
+    summary="Disable a subscription",
+    response_model=out.SubscriptionOut,
+    responses=errors(401, 403, 404, 409, 503),
+)
 async def disable_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Invokes get 409; a schedule is paused and its clock does not advance."""
     return await _set_enabled(svc, op.tenant_id, subscription_id, False)
 
 
-@router.post("/{subscription_id}/rotate_token", summary="Mint a new trigger token and revoke the old ones")
+@router.post(
+    "/{subscription_id}/rotate_token",
+    summary="Mint a new trigger token and revoke the old ones",
+    response_model=out.TokenRotated,
+    responses=errors(401, 403, 404),
+)
 async def rotate_token(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """The new token (shown once) still polls runs created before the rotation."""
     new, token, revoked = await svc.subscriptions.rotate_token(op.tenant_id, subscription_id)
     return {"token": token, "revoked": revoked, "subscription": public(new), **urls(svc, str(new["id"]))}
 
 
-@router.post("/{subscription_id}/run-now", summary="Fire an api or schedule subscription now")
+@router.post(
+    "/{subscription_id}/run-now",
+    summary="Fire an api or schedule subscription now",
+    response_model=out.RunStarted,
+    responses=errors(401, 403, 404, 409, 422, 503),
+)
 async def run_now(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """``{{fire_time}}`` renders as now; the concurrency policy applies."""
     row = await _subscription(svc, op.tenant_id, subscription_id)
@@ -303,7 +345,12 @@ async def run_now(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dic
 # ---- the trigger-token plane -------------------------------------------------------------------
 
 
-@router.post("/{subscription_id}/invoke", summary="Invoke a subscription (trigger token only)")
+@router.post(
+    "/{subscription_id}/invoke",
+    summary="Invoke a subscription (trigger token only)",
+    response_model=out.Invoked,
+    responses=errors(401, 403, 404, 409, 422, 503),
+)
 async def invoke(
     subscription_id: str,
     principal: TriggerDep,
@@ -345,7 +392,12 @@ async def invoke(
     }
 
 
-@router.get("/{subscription_id}/runs/{session_id}", summary="Poll a run this subscription created")
+@router.get(
+    "/{subscription_id}/runs/{session_id}",
+    summary="Poll a run this subscription created",
+    response_model=out.RunFinished,
+    responses=errors(401, 404),
+)
 async def poll_run(subscription_id: str, session_id: str, principal: TriggerDep, svc: ServicesDep) -> dict[str, Any]:
     """The ``run.finished`` document with ``delivery_id`` and ``attempt`` null; 404 for any other run."""
     run = await Triggers(svc.store).run_of(principal.subscription_id, session_id)

@@ -6,13 +6,20 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from api import responses as out
 from api.deps import OperatorDep, ServicesDep
+from api.errors import errors
 from core.errors import NotFound
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
-@router.get("/{run_id}/cost", summary="The run's usage, cost and tool calls")
+@router.get(
+    "/{run_id}/cost",
+    summary="The run's usage, cost and tool calls",
+    response_model=out.CostReport,
+    responses=errors(401, 403, 404),
+)
 async def session_cost(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """``usage`` totals as on the run, ``tool_calls`` (registered intents), a per-model/source
     ``breakdown`` (cost null for unpriced models) and the ``reservations`` still in flight."""

@@ -27,7 +27,7 @@ async def test_missing_or_wrong_admin_token_is_401(stack: Stack) -> None:
     async with httpx.AsyncClient(base_url=stack.api_url) as anon:
         for path in ("/v1/sessions", "/v1/agents", "/v1/approvals"):
             r = await anon.get(path)
-            assert (r.status_code, r.json()) == (401, {"error": "unauthorized"})
+            assert (r.status_code, r.json()) == (401, {"error": "unauthorized", "code": "unauthorized"})
         r = await anon.get("/v1/sessions", headers={"authorization": "Bearer fbx_admin_wrong"})
         assert r.status_code == 401
         r = await anon.get("/v1/sessions", headers={"authorization": "Basic abc"})
@@ -148,14 +148,89 @@ async def test_bad_requests_get_a_clear_error_and_change_nothing(
     r = await api.request(method, path, **kwargs)  # type: ignore[arg-type]
     assert r.status_code == status, r.text
     body = r.json()
-    assert set(body) == {"error"} and message in body["error"], body
+    assert set(body) == {"error", "code"} and message in body["error"], body
+    assert body["code"] in CODES[status], body
     assert await snapshot(api) == before
+
+
+# The stable vocabulary of docs/api.md "Errors", by status.
+CODES = {
+    400: {"bad_request", "invalid_request"},
+    403: {"forbidden"},
+    404: {"not_found"},
+    409: {"conflict", "invalid_transition"},
+    415: {"unsupported_media_type"},
+    422: {"unprocessable"},
+}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "code"),
+    [
+        ("POST", "/v1/sessions", {"content": b"{not", "headers": {"content-type": "application/json"}}, 400,
+         "invalid_request"),
+        ("POST", "/v1/sessions", {"json": {"agent": "x", "task": "t", "colour": "red"}}, 400, "invalid_request"),
+        ("GET", "/v1/sessions", {"params": {"limit": "many"}}, 400, "invalid_request"),
+        ("POST", "/v1/sessions", {"json": {"agent": "no-such-agent", "task": "t"}}, 400, "bad_request"),
+        ("POST", "/v1/sessions", {"content": b"x", "headers": {"content-type": "text/plain"}}, 415,
+         "unsupported_media_type"),
+        ("POST", "/v1/sessions", {"content": b"x" * (2 * 1024 * 1024 + 1),
+                                  "headers": {"content-type": "application/json"}}, 413, "too_large"),
+        ("DELETE", "/v1/sessions", {}, 405, "method_not_allowed"),
+        ("GET", "/v1/no-such-route", {}, 404, "not_found"),
+        ("GET", f"/v1/sessions/{uuid.uuid4()}", {}, 404, "not_found"),
+        ("POST", "/v1/agents", {"json": {"name": "ok-name", "harness": "gpt"}}, 422, "unprocessable"),
+    ],
+)  # fmt: skip
+async def test_every_error_carries_a_machine_readable_code_beside_its_message(
+    api: httpx.AsyncClient, method: str, path: str, kwargs: dict[str, object], status: int, code: str
+) -> None:
+    r = await api.request(method, path, **kwargs)  # type: ignore[arg-type]
+    assert (r.status_code, r.json()["code"]) == (status, code), r.text
+    assert set(r.json()) == {"error", "code"} and r.json()["error"]
+
+
+async def test_a_missing_credential_is_401_with_code_unauthorized(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.api_url) as anon:
+        r = await anon.get("/v1/agents")
+    assert (r.status_code, r.json()) == (401, {"error": "unauthorized", "code": "unauthorized"})
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs"),
+    [
+        ("GET", "/v1/policies/demo/versions/69926590546333499654144", {}),
+        ("GET", "/v1/policies/demo/versions/2147483648", {}),
+        ("POST", "/v1/policies/demo/revert", {"json": {"version": 2**40, "base_version": 1}}),
+        ("POST", "/v1/policies/clone", {"json": {"name": "c-big", "from": "demo", "from_version": 2**40}}),
+        ("GET", f"/v1/sessions/{uuid.uuid4()}/events", {"params": {"after": 2**64}}),
+    ],
+)
+async def test_numbers_past_what_the_database_stores_are_400_not_a_server_error(
+    api: httpx.AsyncClient, method: str, path: str, kwargs: dict[str, object]
+) -> None:
+    """Found by the schemathesis pass: a version past PostgreSQL's integer range reached the driver (500)."""
+    before = await snapshot(api)
+    r = await api.request(method, path, **kwargs)  # type: ignore[arg-type]
+    assert (r.status_code, r.json()["code"]) == (400, "invalid_request"), r.text
+    assert await snapshot(api) == before
+
+
+async def test_a_stream_resuming_past_the_largest_sequence_number_is_400(api: httpx.AsyncClient) -> None:
+    agent = await make_agent(api, [{"say": "hi"}])
+    run = (await api.post("/v1/sessions", json={"agent": agent, "task": "t"})).json()["session"]["id"]
+    for last in ("9" * 40, "9" * 5000):
+        r = await api.get(f"/v1/sessions/{run}/events/stream", headers={"last-event-id": last})
+        assert (r.status_code, r.json()["code"]) == (400, "bad_request"), r.text
 
 
 async def test_a_duplicate_agent_name_is_a_conflict_and_revisions_append(api: httpx.AsyncClient) -> None:
     name = await make_agent(api, [{"say": "v1"}])
     again = await api.post("/v1/agents", json={"name": name, "harness": "replay"})
-    assert (again.status_code, again.json()) == (409, {"error": f"an agent named '{name}' already exists"})
+    assert (again.status_code, again.json()) == (
+        409,
+        {"error": f"an agent named '{name}' already exists", "code": "conflict"},
+    )
     r = await api.post(f"/v1/agents/{name}/revisions", json={"system_prompt": "be careful"})
     assert r.status_code == 200 and r.json()["revision"]["rev"] == 2
     detail = (await api.get(f"/v1/agents/{name}")).json()

@@ -206,7 +206,10 @@ async def test_revoking_a_connection_mid_run_fails_the_next_call_closed(api: htt
         r = await api.post(f"/v1/connections/{created['connection']['id']}/revoke")
         assert r.status_code == 200 and r.json()["connection"]["status"] == "revoked"
         again = await api.post(f"/v1/connections/{created['connection']['id']}/revoke")
-        assert (again.status_code, again.json()) == (409, {"error": "connection is already revoked"})
+        assert (again.status_code, again.json()) == (
+            409,
+            {"error": "connection is already revoked", "code": "conflict"},
+        )
         await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
         row = await wait_status(api, run_id, {"completed", "failed"})
         assert row["result_summary"].startswith("Replay complete: 1 executed, 2 denied.")

@@ -25,7 +25,10 @@ async def test_curated_entries_are_seeded_and_custom_ones_are_tenant_scoped(api:
     made = await api.post("/v1/catalog", json={"slug": slug, "name": "Ours", "url": "https://93.184.216.34/mcp"})
     assert made.status_code == 200 and made.json()["connector"]["tier"] == "custom"
     dup = await api.post("/v1/catalog", json={"slug": "sentry", "name": "Shadow"})
-    assert (dup.status_code, dup.json()) == (409, {"error": "a catalog entry with slug 'sentry' already exists"})
+    assert (dup.status_code, dup.json()) == (
+        409,
+        {"error": "a catalog entry with slug 'sentry' already exists", "code": "conflict"},
+    )
     bad = await api.post("/v1/catalog", json={"slug": slug + "-x", "name": "Inner", "url": "http://10.0.0.8/mcp"})
     assert bad.status_code == 400 and "private" in bad.json()["error"]
     assert (await api.get(f"/v1/catalog/{slug}")).json()["connector"]["name"] == "Ours"
@@ -101,7 +104,10 @@ async def test_a_duplicate_slug_is_409_whatever_else_the_body_says_and_changes_n
     # Re-posting an entry names the duplicate, even when its URL is one the admission would refuse.
     for taken in ("sentry", slug):
         r = await api.post("/v1/catalog", json={"slug": taken, "name": "Again", "url": "http://10.0.0.8/mcp"})
-        assert (r.status_code, r.json()) == (409, {"error": f"a catalog entry with slug '{taken}' already exists"})
+        assert (r.status_code, r.json()) == (
+            409,
+            {"error": f"a catalog entry with slug '{taken}' already exists", "code": "conflict"},
+        )
     assert (await api.get("/v1/catalog")).json() == before
     # Simultaneous creates of one new slug: the unique index decides, and every loser gets the same 409.
     racing = unique("race")
@@ -111,7 +117,7 @@ async def test_a_duplicate_slug_is_409_whatever_else_the_body_says_and_changes_n
     assert sorted(r.status_code for r in results) == [200, 409, 409, 409, 409, 409], [r.text for r in results]
     for r in results:
         if r.status_code == 409:
-            assert r.json() == {"error": f"a catalog entry with slug '{racing}' already exists"}
+            assert r.json() == {"error": f"a catalog entry with slug '{racing}' already exists", "code": "conflict"}
     winner = next(r.json()["connector"] for r in results if r.status_code == 200)
     assert (await api.get(f"/v1/catalog/{racing}")).json()["connector"]["name"] == winner["name"]
     assert (await slugs(api)).count(racing) == 1

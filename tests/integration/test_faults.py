@@ -211,7 +211,7 @@ async def test_the_gateway_socket_serves_only_the_runner_plane_and_tokens_stay_w
     ) as gw:
         for path in ("/v1/health", "/v1/sessions", "/docs", "/openapi.json"):
             r = await gw.get(path, headers={"authorization": api.headers["authorization"]})
-            assert (r.status_code, r.json()) == (404, {"error": "not found"}), path
+            assert (r.status_code, r.json()) == (404, {"error": "not found", "code": "not_found"}), path
     one = await start_run(api, await make_agent(api, IDLE))
     two = await start_run(api, await make_agent(api, IDLE))
     await wait_status(api, one, {"running"})
@@ -220,7 +220,7 @@ async def test_the_gateway_socket_serves_only_the_runner_plane_and_tokens_stay_w
     async with runner_client(stack, token_one) as runner:
         body = {"tool_call_id": "x", "tool": "Read", "input": {"file_path": "/workspace/a"}}
         other = await runner.post(f"/internal/sessions/{two}/permission", json=body)
-        assert (other.status_code, other.json()) == (404, {"error": "not found"})
+        assert (other.status_code, other.json()) == (404, {"error": "not found", "code": "not_found"})
     assert "tool.requested" not in types(await events(api, two))
     for run_id in (one, two):
         await api.post(f"/v1/sessions/{run_id}/cancel")

@@ -115,5 +115,8 @@ async def test_autonomy_on_a_policy_that_forbids_it_is_refused_at_creation(api: 
     agent = await make_agent(api, [{"say": "hi"}], policy="governed")
     before = len((await api.get("/v1/sessions", params={"limit": 500})).json()["sessions"])
     r = await api.post("/v1/sessions", json={"agent": agent, "task": "t", "autonomous": True})
-    assert (r.status_code, r.json()) == (400, {"error": "policy does not permit autonomous runs"})
+    assert (r.status_code, r.json()) == (
+        400,
+        {"error": "policy does not permit autonomous runs", "code": "bad_request"},
+    )
     assert len((await api.get("/v1/sessions", params={"limit": 500})).json()["sessions"]) == before

@@ -175,7 +175,11 @@ async def test_a_personal_connection_is_invisible_to_everyone_but_its_owner(
                 ("POST", f"/v1/connections/{cid}/revoke"),
             ]:
                 r = await who.request(method, path)
-                assert (r.status_code, r.json()) == (404, {"error": "not found"}), (method, path, r.text)
+                assert (r.status_code, r.json()) == (404, {"error": "not found", "code": "not_found"}), (
+                    method,
+                    path,
+                    r.text,
+                )
             listed = (await who.get("/v1/connections")).json()["connections"]
             assert cid not in {c["id"] for c in listed}
         assert (await a.get(f"/v1/connections/{cid}")).json()["connection"]["status"] == "active"
@@ -261,7 +265,10 @@ async def test_invoking_user_binds_the_invokers_connection_and_deactivation_cuts
             r = await api.post(f"/v1/admin/orgs/default/members/{alice['id']}/deactivate")
             assert r.status_code == 200 and r.json()["member"]["status"] == "deactivated"
             again = await api.post(f"/v1/admin/orgs/default/members/{alice['id']}/deactivate")
-            assert (again.status_code, again.json()) == (409, {"error": "membership is already deactivated"})
+            assert (again.status_code, again.json()) == (
+                409,
+                {"error": "membership is already deactivated", "code": "conflict"},
+            )
             assert (await a.get("/v1/auth/me")).status_code == 401
             call = {"tool_call_id": "c2", "tool": "mcp__calc__add", "input": {"a": 1, "b": 1}}
             denied = (await runner.post(f"/internal/sessions/{run_id}/tools/call", json=call)).json()
@@ -329,14 +336,14 @@ async def test_only_the_owner_decides_an_approval_that_would_run_under_their_per
         assert (listed["authority"], listed["can_decide"]) == ("personal", False)
         for decision in ("approved_session", "approve", "deny"):
             r = await api.post(f"/v1/approvals/{aid}/decision", json={"decision": decision})
-            assert (r.status_code, r.json()) == (403, {"error": personal}), r.text
+            assert (r.status_code, r.json()) == (403, {"error": personal, "code": "forbidden"}), r.text
         # Another member cannot see Alice's run at all; as an approver it sees it and still cannot decide.
         r = await b.post(f"/v1/approvals/{aid}/decision", json={"decision": "approve"})
-        assert (r.status_code, r.json()) == (404, {"error": "not found"})
+        assert (r.status_code, r.json()) == (404, {"error": "not found", "code": "not_found"})
         r = await api.post(f"/v1/admin/orgs/default/members/{bob['id']}/roles", json={"roles": ["approver"]})
         assert r.status_code == 200, r.text
         r = await b.post(f"/v1/approvals/{aid}/decision", json={"decision": "approved_session"})
-        assert (r.status_code, r.json()) == (403, {"error": personal})
+        assert (r.status_code, r.json()) == (403, {"error": personal, "code": "forbidden"})
         assert aid not in {x["id"] for x in (await b.get("/v1/approvals")).json()["approvals"]}
         # Nothing changed: still pending, nothing decided in the ledger, nothing sent upstream.
         rows = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]

@@ -114,6 +114,7 @@ async def test_an_unanswered_approval_expires_into_a_deny(api: httpx.AsyncClient
     assert late.status_code == 409
     assert late.json() == {
         "error": "approval is not pending",
+        "code": "conflict",
         "approval_status": "expired",
         "session_status": "completed",
     }

@@ -111,7 +111,7 @@ async def test_a_schedule_with_allow_task_override_and_no_template_is_a_400_and_
         if template is not None:
             body["task_template"] = template
         r = await api.post("/v1/triggers", json=body)
-        assert (r.status_code, r.json()) == (400, {"error": message}), r.text
+        assert (r.status_code, r.json()) == (400, {"error": message, "code": "bad_request"}), r.text
     listed = (await api.get("/v1/triggers")).json()["subscriptions"]
     assert not set(names) & {s["name"] for s in listed}
     # Clearing the template of an existing schedule is refused the same way, and changes nothing.
@@ -123,7 +123,7 @@ async def test_a_schedule_with_allow_task_override_and_no_template_is_a_400_and_
     assert made.status_code == 200, made.text
     sid = made.json()["subscription"]["id"]
     r = await api.patch(f"/v1/triggers/{sid}", json={"task_template": ""})
-    assert (r.status_code, r.json()) == (400, {"error": message})
+    assert (r.status_code, r.json()) == (400, {"error": message, "code": "bad_request"})
     assert (await api.get(f"/v1/triggers/{sid}")).json()["subscription"]["task_template"] == "at {{fire_time}}"
     await (await temporal(stack)).get_schedule_handle(schedule_id(sid)).delete()
 

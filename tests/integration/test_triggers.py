@@ -173,7 +173,7 @@ async def test_token_scope_matrix(api: httpx.AsyncClient, anon: httpx.AsyncClien
     for method, path, body in admin_routes:
         r = await anon.request(method, path, json=body, headers=trig)
         assert r.status_code == 401, (method, path, r.status_code, r.text)
-        assert r.json() == {"error": "unauthorized"}
+        assert r.json() == {"error": "unauthorized", "code": "unauthorized"}
     # The admin token can never invoke or poll; neither can another subscription's token or none.
     for headers in ({"authorization": f"Bearer {admin}"}, {"authorization": f"Bearer {two['token']}"}, {}):
         r = await anon.post(f"/v1/triggers/{sid}/invoke", json={"context": {"item": "x"}}, headers=headers)
@@ -201,7 +201,10 @@ async def test_same_idempotency_key_replays_the_run_and_a_different_body_is_422(
     assert again.json()["session_id"] == first.json()["session_id"] and again.json()["replay"] is True
     drift = await invoke(anon, sid, token, {"context": {"item": "b", "n": 3, "ok": True}}, key="order-17")
     assert drift.status_code == 422
-    assert drift.json() == {"error": "Idempotency-Key was already used with a different request body"}
+    assert drift.json() == {
+        "error": "Idempotency-Key was already used with a different request body",
+        "code": "unprocessable",
+    }
     run = await run_row(api, first.json()["session_id"])
     assert run["task"] == "Handle a"
     assert run["invoked_by_kind"] == "trigger"
@@ -236,7 +239,10 @@ async def test_template_errors_are_400_and_create_nothing(api: httpx.AsyncClient
     sid, token = made["subscription"]["id"], made["token"]
     r = await invoke(anon, sid, token, {"context": {"other": "x"}})
     assert r.status_code == 400
-    assert r.json() == {"error": "task_template references '{{item}}' but the invocation context has no 'item'"}
+    assert r.json() == {
+        "error": "task_template references '{{item}}' but the invocation context has no 'item'",
+        "code": "bad_request",
+    }
     r = await invoke(anon, sid, token, {"context": {"item": {"nested": 1}}})
     assert r.status_code == 400 and "context.item must be a string, number or boolean" in r.json()["error"]
     got = await detail(api, sid)
@@ -300,9 +306,9 @@ async def test_a_disabled_subscription_refuses_invokes_with_409_until_enabled(
     r = await api.post(f"/v1/triggers/{sid}/disable")
     assert r.status_code == 200 and r.json()["subscription"]["enabled"] is False
     r = await invoke(anon, sid, token, key="while-off")
-    assert r.status_code == 409 and r.json() == {"error": "trigger subscription is disabled"}
+    assert r.status_code == 409 and r.json() == {"error": "trigger subscription is disabled", "code": "conflict"}
     r = await api.post(f"/v1/triggers/{sid}/run-now")
-    assert r.status_code == 409 and r.json() == {"error": "trigger subscription is disabled"}
+    assert r.status_code == 409 and r.json() == {"error": "trigger subscription is disabled", "code": "conflict"}
     got = await detail(api, sid)
     assert got["sessions"] == [] and [i["skip_reason"] for i in got["invocations"]] == ["disabled", "disabled"]
     assert (await api.post(f"/v1/triggers/{sid}/enable")).json()["subscription"]["enabled"] is True
@@ -416,7 +422,7 @@ async def test_polling_is_scoped_to_the_subscription(api: httpx.AsyncClient, ano
     # Another subscription's run, or a run no subscription made, is not found through this token.
     for run_id in (run_one, manual):
         r = await anon.get(f"/v1/triggers/{two['subscription']['id']}/runs/{run_id}", headers=two_auth)
-        assert r.status_code == 404 and r.json() == {"error": "not found"}
+        assert r.status_code == 404 and r.json() == {"error": "not found", "code": "not_found"}
     # Presenting it on the other subscription's path is not even authenticated.
     r = await anon.get(f"/v1/triggers/{one['subscription']['id']}/runs/{run_one}", headers=two_auth)
     assert r.status_code == 401
@@ -590,9 +596,9 @@ async def test_event_subscriptions_store_their_filter_and_cannot_be_fired_by_han
     }
     message = "this automation runs from repository events and cannot be fired manually"
     r = await api.post(f"/v1/triggers/{sub['id']}/run-now")
-    assert r.status_code == 400 and r.json() == {"error": message}
+    assert r.status_code == 400 and r.json() == {"error": message, "code": "bad_request"}
     r = await invoke(anon, sub["id"], made["token"])
-    assert r.status_code == 400 and r.json() == {"error": message}
+    assert r.status_code == 400 and r.json() == {"error": message, "code": "bad_request"}
     await api.post(f"/v1/connections/{conn_id}/revoke")
     r = await api.post(
         "/v1/triggers", json={"agent": agent, "name": unique("e"), "task_template": "t", "connection": conn_id}

@@ -1,0 +1,819 @@
+"""Response shapes of the public API, one section per resource (request bodies are in ``api.schemas``).
+
+Every route declares one of these as its ``response_model``, so ``/openapi.json`` types every answer and
+FastAPI validates each response against it. They are plain pydantic models over the rows the
+repositories return: a field a row does not have is an error at the edge, never a silent ``null``.
+
+Two rules keep the wire bytes what clients already parse:
+
+- times are ``datetime.isoformat()`` (``…+00:00``, ``Timestamp``), except where the API has always
+  answered pydantic's ``…Z`` (members and personal access tokens: ``ZTimestamp``);
+- a field that an answer carries only sometimes has a default, and its route sets
+  ``response_model_exclude_unset=True``, so absent stays absent and ``null`` stays ``null``.
+
+Where a value is a document whose shape belongs to another module (a frozen RunSpec, a policy's
+content, a ledger payload, a tool's JSON schema), it is typed as a JSON object, not re-declared here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
+
+Timestamp = Annotated[
+    dt.datetime,
+    PlainSerializer(lambda v: v.isoformat(), return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
+ZTimestamp = dt.datetime
+Json = dict[str, Any]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+
+# ---- health --------------------------------------------------------------------------------------
+
+
+class Health(_Out):
+    status: str
+
+
+class Readiness(_Out):
+    status: str = Field(description="ready | not ready")
+    db: bool
+    temporal: bool
+    provider: str
+
+
+class HarnessModel(_Out):
+    id: str
+    display_name: str
+    hint: str
+
+
+class Harness(_Out):
+    id: str
+    display_name: str
+    hint: str
+    default_model: str
+    models: list[HarnessModel]
+    available: bool
+
+
+class NetworkSupport(_Out):
+    enforcer: str
+    supports_egress_grants: bool
+
+
+class Harnesses(_Out):
+    harnesses: list[Harness]
+    network: NetworkSupport
+
+
+# ---- sessions (runs) -----------------------------------------------------------------------------
+
+
+class UsageTotals(_Out):
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost_usd: float
+    requests: int
+
+
+class SessionPublic(_Out):
+    id: str
+    tenant_id: str
+    agent_id: str
+    agent_revision_id: str
+    status: str
+    status_reason: str | None
+    autonomy: str
+    trust_tier: str
+    task: str
+    repo_source: Json | None
+    run_spec: Json = Field(description="The frozen RunSpec.")
+    trigger: Json | None = Field(description="The InvocationContext.")
+    sandbox_handle: Json | None
+    budgets: Json | None
+    base_commit: str | None
+    result_summary: str | None
+    event_seq: int
+    last_heartbeat_at: Timestamp | None
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    invoked_by_kind: str
+    invoked_by_user_id: str | None
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class SessionOut(_Out):
+    session: SessionPublic
+
+
+class SessionList(_Out):
+    sessions: list[SessionPublic]
+
+
+class SessionDetail(_Out):
+    session: SessionPublic
+    usage: UsageTotals
+
+
+class Cancelled(_Out):
+    cancelled: bool = Field(description="false when the run was already terminal or already winding down")
+
+
+class ArtifactPublic(_Out):
+    id: str
+    session_id: str
+    kind: str
+    name: str
+    content: str
+    content_type: str
+    created_at: Timestamp
+
+
+class ArtifactList(_Out):
+    artifacts: list[ArtifactPublic]
+
+
+class Outputs(_Out):
+    status: str
+    diff: str | None
+    summary: str | None
+    gate_consulted: bool
+    artifacts: list[ArtifactPublic]
+
+
+class EventPublic(_Out):
+    event_id: str
+    session_id: str
+    seq: int
+    actor: str
+    type: str
+    payload: Json = Field(description='Always {"type": "<dot.name>", "data": {...}}.')
+    occurred_at: Timestamp
+
+
+class EventList(_Out):
+    events: list[EventPublic]
+
+
+class CostLine(_Out):
+    model: str | None
+    source: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost_usd: float | None = Field(description="null for an unpriced model")
+    requests: int
+
+
+class Reservations(_Out):
+    active: int
+    tokens: int
+    cost_usd: float | None
+
+
+class CostReport(_Out):
+    usage: UsageTotals
+    tool_calls: int
+    breakdown: list[CostLine]
+    reservations: Reservations
+
+
+class DeliveryPublic(_Out):
+    id: str
+    session_id: str
+    subscription_id: str | None
+    destination: Json
+    status: str
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    payload_digest: str | None
+    next_attempt_at: Timestamp | None
+    last_attempt_at: Timestamp | None
+    delivered_at: Timestamp | None
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class DeliveryList(_Out):
+    deliveries: list[DeliveryPublic]
+
+
+# ---- approvals -----------------------------------------------------------------------------------
+
+
+class ApprovalPublic(_Out):
+    id: str
+    session_id: str
+    tool_call_id: str
+    tool: str
+    summary: str | None
+    input_digest: str
+    risk: str | None
+    scope: str | None
+    scope_key: str | None
+    status: str
+    requested_at: Timestamp
+    expires_at: Timestamp | None
+    decided_at: Timestamp | None
+    decided_by: str | None
+
+
+class ApprovalList(_Out):
+    approvals: list[ApprovalPublic]
+
+
+class InboxApproval(ApprovalPublic):
+    authority: str = Field(description="personal | organization | unclassifiable")
+    can_decide: bool
+
+
+class Inbox(_Out):
+    approvals: list[InboxApproval]
+
+
+class ApprovalOut(_Out):
+    approval: ApprovalPublic
+
+
+# ---- agents --------------------------------------------------------------------------------------
+
+
+class AgentPublic(_Out):
+    id: str
+    tenant_id: str
+    name: str
+    description: str | None
+    created_at: Timestamp
+
+
+class RevisionPublic(_Out):
+    id: str
+    agent_id: str
+    rev: int
+    harness: str
+    runner_image: str | None
+    model: str
+    system_prompt: str | None
+    policy_id: str
+    policy: str | None = Field(description="The policy's name.")
+    budgets: Json | None
+    harness_config: Json
+    capability_bundles: list[Json]
+    default_workspace: Json | None
+    connection_requirements: list[Json]
+    network: Json | None
+    created_at: Timestamp
+
+
+class AgentCreated(_Out):
+    agent: AgentPublic
+    revision: RevisionPublic
+
+
+class AgentList(_Out):
+    agents: list[AgentPublic]
+
+
+class AgentDetail(_Out):
+    agent: AgentPublic
+    revisions: list[RevisionPublic]
+
+
+class RevisionOut(_Out):
+    revision: RevisionPublic
+
+
+# ---- policies ------------------------------------------------------------------------------------
+
+
+class PolicyMeta(_Out):
+    id: str
+    name: str
+    version: int
+    updated_at: Timestamp | None = Field(default=None, description="Absent when unknown.")
+
+
+class PolicyOut(_Out):
+    policy: PolicyMeta
+
+
+class PolicyImported(_Out):
+    policy: PolicyMeta
+    appended: bool
+
+
+class PolicySummary(PolicyMeta):
+    autonomy_summary: Json
+    agents_using: int
+
+
+class PolicyList(_Out):
+    policies: list[PolicySummary]
+
+
+class PolicyValid(_Out):
+    valid: bool
+    name: str
+
+
+class MatrixRow(_Out):
+    tool: str
+    group: str | None
+    server: str | None
+    status: Json = Field(description="The tagged verdict of the policy for this tool.")
+
+
+class PolicyOverview(_Out):
+    autonomy_summary: Json
+    defaults: Json
+    budgets: Json
+    approvals: Json
+    egress: Any
+    matrix: list[MatrixRow]
+
+
+class PolicyPreviewOut(PolicyOverview):
+    content: Json
+
+
+class VersionMeta(_Out):
+    version: int
+    author: str
+    summary: str | None
+    created_at: Timestamp
+
+
+class PolicyDetail(PolicyOverview):
+    policy: PolicyMeta
+    content: Json
+    versions: list[VersionMeta]
+    agents_using: list[str] = Field(description="Names of the agents whose latest revision uses it.")
+
+
+class PolicyRef(_Out):
+    id: str
+    name: str
+
+
+class PolicyVersionOut(_Out):
+    policy: PolicyRef
+    version: VersionMeta
+    content: Json
+    yaml: str
+
+
+class PolicyDeleted(_Out):
+    deleted: PolicyRef
+
+
+# ---- connections ---------------------------------------------------------------------------------
+
+
+class ConnectionPublic(_Out):
+    """A connection; never its credential (sealed at rest, never returned)."""
+
+    id: str
+    tenant_id: str
+    provider: str
+    display_name: str
+    base_url: str
+    auth_kind: str
+    header_name: str | None
+    scheme: str
+    status: str
+    owner_type: str
+    owner_user_id: str | None
+    created_by_user_id: str | None
+    authorization_generation: int
+    metadata: Json
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class ToolRef(_Out):
+    name: str
+    description: str | None
+
+
+class SnapshotPublic(_Out):
+    version: int
+    protocol_version: str
+    tools_digest: str
+    discovered_at: Timestamp
+    authorization_generation: int
+    tools: list[Json] = Field(description="Names and descriptions (with input schemas where asked for).")
+
+
+class ConnectionOut(_Out):
+    connection: ConnectionPublic
+
+
+class ConnectionList(_Out):
+    connections: list[ConnectionPublic]
+
+
+class SnapshotOut(_Out):
+    snapshot: SnapshotPublic
+
+
+class ConnectionCreated(_Out):
+    """A static connection comes with its first snapshot; an oauth one with the ``next`` step (sign-in)."""
+
+    connection: ConnectionPublic
+    snapshot: SnapshotPublic | None = None
+    next: str | None = None
+
+
+class GoUrl(_Out):
+    go_url: str
+
+
+# ---- catalog -------------------------------------------------------------------------------------
+
+
+class CatalogEntryPublic(_Out):
+    id: str
+    tenant_id: str | None
+    slug: str
+    name: str
+    icon: str | None
+    description: str | None
+    categories: list[Any]
+    tier: str
+    url: str | None
+    transport: str
+    auth_mode: str
+    auth_hints: Json
+    scopes: list[Any]
+    tool_hints: list[Any]
+    sandbox_launch: Json | None
+    created_at: Timestamp
+
+
+class CatalogListed(CatalogEntryPublic):
+    connection: ConnectionPublic | None = Field(description="The connection that covers this entry, if any.")
+    connectable: bool
+
+
+class CatalogList(_Out):
+    connectors: list[CatalogListed]
+
+
+class CatalogEntryOut(_Out):
+    connector: CatalogEntryPublic
+
+
+class BundleRef(_Out):
+    id: str
+    name: str
+    version: int
+
+
+class CatalogConnected(_Out):
+    """An in-image server → ``bundle``; api_key → ``connection`` + ``snapshot``; oauth → ``connection`` +
+    ``go_url``."""
+
+    bundle: BundleRef | None = None
+    connection: ConnectionPublic | None = None
+    snapshot: SnapshotPublic | None = None
+    go_url: str | None = None
+
+
+class ProbeOAuth(_Out):
+    issuer: str
+    scopes_supported: list[str] | None
+
+
+class Probe(_Out):
+    url: str
+    transport: str
+    reachable: bool
+    auth_mode: str | None
+    oauth_available: bool
+    static_possible: bool
+    tools_preview: list[ToolRef]
+    tools_truncated: bool
+    oauth: ProbeOAuth | None
+    notes: list[str]
+
+
+class ServerAdded(_Out):
+    connector: CatalogEntryPublic
+    connection: ConnectionPublic
+    snapshot: SnapshotPublic
+
+
+# ---- capabilities --------------------------------------------------------------------------------
+
+
+class BundleSummary(_Out):
+    id: str
+    name: str
+    version: int
+    description: str | None
+    definition_digest: str
+    server_count: int
+    tool_count: int
+    classes: list[str]
+    created_at: Timestamp
+
+
+class BundleOut(_Out):
+    bundle: BundleSummary
+
+
+class BundleList(_Out):
+    bundles: list[BundleSummary]
+
+
+class BundleServer(_Out):
+    name: str
+    class_: str = Field(alias="class")
+    tool_count: int
+    tools_digest: str
+    tools: list[ToolRef]
+
+
+class BundleDetail(_Out):
+    bundle: BundleSummary
+    servers: list[BundleServer]
+
+
+# ---- triggers ------------------------------------------------------------------------------------
+
+
+class SubscriptionPublic(_Out):
+    """A trigger subscription; never its sealed callback secret, only whether one exists."""
+
+    id: str
+    tenant_id: str
+    name: str
+    agent_id: str
+    kind: str
+    trigger_kind: str
+    enabled: bool
+    task_template: str | None
+    allow_task_override: bool
+    allow_workspace_override: bool
+    autonomous: bool
+    budgets: Json | None
+    workspace: Json | None
+    pinned_revision_id: str | None
+    capabilities: list[str] | None
+    concurrency_policy: str
+    callback_url: str | None
+    has_callback_secret: bool
+    token_generation: int
+    schedule_cron: str | None
+    schedule_timezone: str | None
+    missed_run_policy: str | None
+    connection_id: str | None
+    event_filter: Json | None
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class ScheduleView(_Out):
+    subscription_id: str
+    cron: str | None
+    timezone: str | None
+    missed_run_policy: str | None
+    next_fire_at: Timestamp | None = Field(description="Read from the Temporal Schedule; null when unknown.")
+    last_fired_at: Timestamp | None
+
+
+class TriggerUrls(_Out):
+    base_url: str
+    invoke_url: str
+    poll_url_template: str
+    ingress_url: str | None
+
+
+class TriggerCreated(TriggerUrls):
+    subscription: SubscriptionPublic
+    schedule: ScheduleView | None
+    token: str = Field(description="The fbx_trig_ token, shown once.")
+    callback_secret: str | None = Field(description="The fbx_whsec_ secret, shown once (with a callback_url).")
+    ingress_path: str | None
+
+
+class TriggerList(_Out):
+    subscriptions: list[SubscriptionPublic]
+    schedules: list[ScheduleView]
+    base_url: str
+
+
+class TriggerRun(_Out):
+    id: str
+    status: str
+    status_reason: str | None
+    task: str
+    invoked_by_kind: str
+    created_at: Timestamp
+    finished_at: Timestamp | None
+    idempotency_key: str
+    invocation_kind: str
+
+
+class TriggerDelivery(_Out):
+    id: str
+    session_id: str
+    url: str
+    status: str
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    created_at: Timestamp
+    delivered_at: Timestamp | None
+
+
+class TriggerInvocation(_Out):
+    id: str
+    idempotency_key: str
+    kind: str
+    session_id: str | None
+    skip_reason: str | None
+    catch_up: bool
+    created_at: Timestamp
+
+
+class TriggerDetail(TriggerUrls):
+    subscription: SubscriptionPublic
+    schedule: ScheduleView | None
+    sessions: list[TriggerRun] = Field(description="The 20 newest runs it created.")
+    deliveries: list[TriggerDelivery] = Field(description="The 20 newest result deliveries.")
+    invocations: list[TriggerInvocation] = Field(description="The 30 newest invocations, skipped ones included.")
+
+
+class TriggerPatched(_Out):
+    subscription: SubscriptionPublic
+    schedule: ScheduleView | None
+    callback_secret: str | None = Field(description="A new secret, shown once, when callback_url changed.")
+
+
+class SubscriptionOut(_Out):
+    subscription: SubscriptionPublic
+
+
+class TokenRotated(TriggerUrls):
+    token: str
+    revoked: int = Field(description="How many earlier tokens were revoked.")
+    subscription: SubscriptionPublic
+
+
+class RunStarted(_Out):
+    session_id: str
+    status: str
+
+
+class Invoked(RunStarted):
+    replay: bool = Field(description="true when the Idempotency-Key named an earlier invocation")
+    poll_url: str
+
+
+class FinishedRun(_Out):
+    id: str
+    status: str
+    status_reason: str | None
+    agent_id: str
+    agent_revision_id: str
+    agent_name: str | None
+    task: str
+    summary: str | None
+    invocation: Json | None
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+
+
+class FinishedUsage(UsageTotals):
+    tool_calls: int
+
+
+class FinishedArtifact(_Out):
+    id: str
+    kind: str
+    name: str
+    content_type: str
+    content: str
+
+
+class RunFinished(_Out):
+    """The ``run.finished`` document (as a webhook delivers it; ids null when polled)."""
+
+    event: str
+    delivery_id: str | None
+    attempt: int | None
+    run: FinishedRun
+    usage: FinishedUsage
+    artifacts: list[FinishedArtifact]
+
+
+# ---- identity ------------------------------------------------------------------------------------
+
+
+class OrgRef(_Out):
+    slug: str | None
+    display_name: str | None
+
+
+class UserRef(_Out):
+    email: str | None
+    name: str | None
+
+
+class Me(_Out):
+    """``{"operator": true}`` for the admin token; otherwise the member behind the PAT."""
+
+    operator: bool | None = None
+    user_id: str | None = None
+    membership_id: str | None = None
+    org: OrgRef | None = None
+    user: UserRef | None = None
+    roles: list[str] | None = None
+    auth_kind: str | None = None
+
+
+class PatPublic(_Out):
+    id: str
+    name: str
+    display_prefix: str
+    expires_at: ZTimestamp | None
+    last_used_at: ZTimestamp | None
+    revoked_at: ZTimestamp | None
+    created_at: ZTimestamp
+
+
+class PatList(_Out):
+    tokens: list[PatPublic]
+
+
+class PatMinted(_Out):
+    token: str
+    pat: PatPublic
+
+
+class PatRevoked(_Out):
+    revoked: bool
+    id: str
+
+
+class MemberPublic(_Out):
+    id: str
+    tenant_id: str
+    user_id: str
+    email: str
+    name: str | None
+    roles: list[str]
+    status: str
+    user_status: str
+    deactivated_at: ZTimestamp | None
+    created_at: ZTimestamp
+    updated_at: ZTimestamp
+
+
+class MemberList(_Out):
+    members: list[MemberPublic]
+
+
+class MemberOut(_Out):
+    member: MemberPublic
+
+
+# ---- runner plane --------------------------------------------------------------------------------
+
+
+class Ok(_Out):
+    ok: bool
+    note: str | None = Field(default=None, description="already terminal | finalizing")
+
+
+class EventAccepted(_Out):
+    seq: int | None
+    dropped: str | None = Field(default=None, description="The event type dropped (tool.requested).")
+
+
+class BrokeredResult(_Out):
+    ok: bool
+    result: Any = None
+    denied: bool | None = None
+    message: str | None = None
+    error: str | None = None
+
+
+class Renewed(_Out):
+    renewed: bool
+    ttl_secs: int
