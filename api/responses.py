@@ -18,7 +18,7 @@ content, a ledger payload, a tool's JSON schema), it is typed as a JSON object, 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
@@ -817,3 +817,45 @@ class BrokeredResult(_Out):
 class Renewed(_Out):
     renewed: bool
     ttl_secs: int
+
+
+# ---- managed app connections (/v1/mcp-oauth/catalog) ------------------------------------------------
+
+
+class ManagedConnectionPublic(ConnectionPublic):
+    """A managed app's connection: ``server_id`` is the connection's id."""
+
+    server_id: str
+
+
+class ManagedApp(_Out):
+    app_id: str
+    name: str
+    icon: str | None
+    description: str | None
+    scopes: list[str]
+    connected: bool
+
+
+class ManagedApps(_Out):
+    apps: list[ManagedApp]
+
+
+class ManagedAppConnection(_Out):
+    app_id: str
+    status: str  # connected | PROVISIONING | pending | error | revoked
+    server_id: str
+    connection: ManagedConnectionPublic
+
+
+class ManagedAppConnections(_Out):
+    connections: list[ManagedAppConnection]
+
+
+class ManagedConnectOutcome(_Out):
+    """``connected`` (with the connection), ``redirect`` (with ``authorization_url``) or ``PROVISIONING``."""
+
+    status: Literal["connected", "redirect", "PROVISIONING"]
+    authorization_url: str | None = None
+    connection: ManagedConnectionPublic | None = None
+    reason: str | None = None

@@ -14,7 +14,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from api import responses as out
 from api.deps import Principal, PrincipalDep, ServicesDep
+from api.errors import errors, json_errors
 from api.views import connection_public as public
 from core.errors import BadRequest, Forbidden, Unavailable, UpstreamFailed
 from integrations import mcp_client
@@ -68,33 +70,43 @@ def managed_public(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def outcome_public(outcome: Outcome) -> dict[str, Any]:
-    out: dict[str, Any] = {"status": outcome.status}
+    shaped: dict[str, Any] = {"status": outcome.status}
     if outcome.status == "redirect":
-        out["authorization_url"] = outcome.authorization_url
+        shaped["authorization_url"] = outcome.authorization_url
     if outcome.connection is not None:
-        out["connection"] = managed_public(outcome.connection)
+        shaped["connection"] = managed_public(outcome.connection)
     if outcome.reason is not None:
-        out["reason"] = outcome.reason
-    return out
+        shaped["reason"] = outcome.reason
+    return shaped
 
 
-@router.get("", summary="Apps this deployment can connect, and whether the caller has a usable connection")
+@router.get(
+    "",
+    summary="Apps this deployment can connect, and whether the caller has a usable connection",
+    response_model=out.ManagedApps,
+    responses=errors(401, 403, 503),
+)
 async def apps(request: Request, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """App ids with name, icon, description, scopes and ``connected``; a read-only token may read."""
     managed = managed_of(request)
     user_id = account(who)
     statuses = {row["app_id"]: row for row in await managed.statuses(who.tenant_id, user_id)}
-    out = []
+    listed = []
     for app in await managed.apps(who.tenant_id):
         row = statuses.get(app.app_id)
-        out.append({
+        listed.append({
             "app_id": app.app_id, "name": app.name, "icon": app.icon, "description": app.description,
             "scopes": app.scopes, "connected": row is not None and row["managed_status"] == "connected",
         })  # fmt: skip
-    return {"apps": out}
+    return {"apps": listed}
 
 
-@router.get("/connections", summary="The caller's app connections and their status (reads only)")
+@router.get(
+    "/connections",
+    summary="The caller's app connections and their status (reads only)",
+    response_model=out.ManagedAppConnections,
+    responses=errors(401, 403, 503),
+)
 async def connections(request: Request, who: PrincipalDep) -> dict[str, Any]:
     """``status``: connected | PROVISIONING | pending | error | revoked. Reading repairs nothing."""
     managed = managed_of(request)
@@ -109,7 +121,16 @@ async def connections(request: Request, who: PrincipalDep) -> dict[str, Any]:
     }  # fmt: skip
 
 
-@router.get("/callback", summary="The provider's redirect back after signing in to an app (not a status endpoint)")
+@router.get(
+    "/callback",
+    summary="The provider's redirect back after signing in to an app (not a status endpoint)",
+    response_class=HTMLResponse,
+    responses={
+        200: {"description": "A small 'Signed in' page (no token in it).", "content": {"text/html": {}}},
+        302: {"description": "On to the client's allowed redirect_url, with app_id and a completion proof."},
+        **json_errors(404, 409, 502, 503),
+    },
+)
 async def callback(request: Request) -> Response:
     """Validates its own one-time state; sends the browser on to the client's ``redirect_url`` with a completion
     proof, or answers a small page. The connection becomes usable only when the account completes it."""
@@ -137,7 +158,13 @@ async def callback(request: Request) -> Response:
     return HTMLResponse(page, headers=headers)
 
 
-@router.post("/connect/complete", summary="Complete an app sign-in with its completion proof")
+@router.post(
+    "/connect/complete",
+    summary="Complete an app sign-in with its completion proof",
+    response_model=out.ManagedConnectOutcome,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403, 404, 409, 502, 503),
+)
 async def complete(body: CompleteIn, request: Request, who: PrincipalDep) -> dict[str, Any]:
     """The proof is single use, bound to the account that started the sign-in and valid for five minutes;
     ``expected_server_id`` must name the connection it completes. A refusal changes nothing."""
@@ -150,7 +177,13 @@ async def complete(body: CompleteIn, request: Request, who: PrincipalDep) -> dic
     return outcome_public(outcome)
 
 
-@router.post("/{app_id}/connect", summary="Connect an app (idempotent)")
+@router.post(
+    "/{app_id}/connect",
+    summary="Connect an app (idempotent)",
+    response_model=out.ManagedConnectOutcome,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403, 404, 409, 502, 503),
+)
 async def connect(app_id: str, request: Request, who: PrincipalDep, body: ConnectIn | None = None) -> dict[str, Any]:
     """``connected`` with the usable connection; ``redirect`` with the provider's ``authorization_url``; or
     ``PROVISIONING`` while a finished sign-in's setup cannot complete yet (a later call completes it)."""

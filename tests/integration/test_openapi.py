@@ -57,7 +57,13 @@ async def test_the_live_api_keeps_to_its_openapi_document_under_fuzzing(tmp_path
     """schemathesis over every operation of a stack of its own (the cases create agents, policies and
     catalog entries, which the session's stack must not see): no 5xx, no status or content type the
     document does not name, and every answer matches its schema."""
-    env = {"FLUIDBOX_CREDENTIAL_KEY": secrets.token_hex(32), "FLUIDBOX_LOG_LEVEL": "WARNING"}
+    env = {
+        "FLUIDBOX_CREDENTIAL_KEY": secrets.token_hex(32),
+        "FLUIDBOX_LOG_LEVEL": "WARNING",
+        # Managed apps configured (an app id no catalog entry has), so those routes answer, not 503.
+        "FLUIDBOX_MANAGED_APPS": '["fuzz-app"]',
+        "FLUIDBOX_MANAGED_APP_REDIRECT_URLS": '["https://app.example/done"]',
+    }
     async with own_stack("fbxfz-", env) as (st, api):
         argv = [
             str(Path(sys.executable).parent / "st"),
