@@ -53,6 +53,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.helpers import eventually
+
 _ids = itertools.count(1)
 
 
@@ -417,15 +419,14 @@ class Upstream:
             loop.call_soon_threadsafe(event.clear)
 
     async def wait_requests(self, count: int, timeout: float = 30.0) -> list[Recorded]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
+        async def seen() -> list[Recorded] | None:
             with self._lock:
-                if len(self.requests) >= count:
-                    return list(self.requests)
-            if loop.time() > deadline:
-                raise AssertionError(f"the upstream saw {len(self.requests)} requests, wanted {count}")
-            await asyncio.sleep(0.02)
+                return list(self.requests) if len(self.requests) >= count else None
+
+        return await eventually(
+            seen, timeout=timeout, interval=0.02,
+            message=lambda: f"the upstream saw {len(self.requests)} requests, wanted {count}",
+        )  # fmt: skip
 
     def _next(self) -> Turn:
         with self._lock:

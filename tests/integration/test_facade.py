@@ -427,11 +427,12 @@ async def test_unparsed_usage_keeps_the_reservation_until_expiry_charges_it_cons
             )
         finally:
             await conn.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while (report := await cost(api, run_id))["reservations"]["active"]:
-            assert loop.time() < deadline, "the expired reservation was never converted"
-            await asyncio.sleep(0.1)
+
+        async def converted() -> dict[str, Any] | None:
+            report = await cost(api, run_id)
+            return None if report["reservations"]["active"] else report
+
+        report = await eventually(converted, timeout=30, message="the expired reservation was never converted")
         assert report["usage"]["input_tokens"] == len(sent) and report["usage"]["output_tokens"] == 2000
         assert report["breakdown"][0]["source"] == "reservation_timeout"
         await wait_note(api, run_id, "charged conservatively as its whole reservation")

@@ -354,17 +354,16 @@ async def test_more_tool_calls_awaiting_approval_than_temporal_holds_in_flight_w
     async with runner_client(stack, tool) as runner:
         url = f"/internal/sessions/{run_id}/permission"
         waiting = [asyncio.create_task(runner.post(url, json=ask(n))) for n in range(10)]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
 
         async def statuses() -> dict[str, str]:
             listed = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
             return {a["tool_call_id"]: a["status"] for a in listed}
 
         # 'pending' is written inside each approval's update: ten pending = ten updates in flight.
-        while list((await statuses()).values()).count("pending") < 10:
-            assert loop.time() < deadline, "ten approvals never became pending"
-            await asyncio.sleep(0.05)
+        async def ten_pending() -> bool:
+            return list((await statuses()).values()).count("pending") >= 10
+
+        await eventually(ten_pending, timeout=30, message="ten approvals never became pending")
         extra = await runner.post(url, json=ask(10))
         assert extra.status_code == 429, extra.text
         assert "retry" in extra.json()["error"] and "approval" in extra.json()["error"]
@@ -378,10 +377,12 @@ async def test_more_tool_calls_awaiting_approval_than_temporal_holds_in_flight_w
         assert r.status_code == 200
         assert (await asyncio.wait_for(waiting[0], 30)).json() == {"decision": "allow"}
         retried = asyncio.create_task(runner.post(url, json=ask(10)))
-        deadline = loop.time() + 30
-        while (await statuses())["par_10"] != "pending":
-            assert loop.time() < deadline and not retried.done(), f"the retry never opened its approval: {retried}"
-            await asyncio.sleep(0.05)
+
+        async def retry_opened() -> bool:
+            assert not retried.done(), f"the retry ended without opening its approval: {retried}"
+            return (await statuses())["par_10"] == "pending"
+
+        await eventually(retry_opened, timeout=30, message="the retry never opened its approval")
         r = await api.post(f"/v1/approvals/{by_call['par_10']['id']}/decision", json={"decision": "approve"})
         assert r.status_code == 200
         assert (await asyncio.wait_for(retried, 30)).json() == {"decision": "allow"}

@@ -25,6 +25,7 @@ import pytest
 
 from cli.stack import Stack
 from core.digests import sha256_hex
+from tests.helpers import eventually
 from tests.integration.helpers import (
     events,
     issue_token,
@@ -362,14 +363,10 @@ async def test_only_the_owner_decides_an_approval_that_would_run_under_their_per
         )
 
         # The next approval is credentialless (org authority): the approver decides it.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while True:
-            inbox = [x for x in (await b.get("/v1/approvals")).json()["approvals"] if x["session_id"] == run_id]
-            if inbox or loop.time() > deadline:
-                break
-            await asyncio.sleep(0.1)
-        [shell] = inbox
+        async def inbox() -> list[dict[str, Any]]:
+            return [x for x in (await b.get("/v1/approvals")).json()["approvals"] if x["session_id"] == run_id]
+
+        [shell] = await eventually(inbox, message="the approver's inbox never showed the run's approval")
         assert (shell["tool"], shell["authority"], shell["can_decide"]) == ("Bash", "organization", True)
         r = await b.post(f"/v1/approvals/{shell['id']}/decision", json={"decision": "deny"})
         assert r.status_code == 200 and r.json()["approval"]["decided_by"] == bob["user_id"], r.text

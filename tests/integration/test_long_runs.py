@@ -18,6 +18,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from cli.stack import Stack
 from contracts.temporal import workflow_id
+from tests.helpers import eventually
 from tests.integration.conftest import FAST
 from tests.integration.helpers import (
     approve_in_turn,
@@ -65,17 +66,16 @@ async def test_a_run_with_more_updates_than_one_history_holds_moves_and_complete
     # Temporal shows the moves: several runs under the run's workflow id, all but the last continued as new
     # (listing is eventually consistent, and the workflow returns just after the run's row says completed).
     client = await Client.connect(stack.temporal_address or "", namespace="default")
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while True:
+    statuses: list[str] = []
+
+    async def one_completed_after_moves() -> bool:
         runs = [w async for w in client.list_workflows(f'WorkflowId = "{workflow_id(run_id)}"')]
-        statuses = sorted(str(w.status.name) for w in runs if w.status is not None)
+        statuses[:] = sorted(str(w.status.name) for w in runs if w.status is not None)
         done = statuses.count(WorkflowExecutionStatus.COMPLETED.name) == 1
-        if done and statuses.count(WorkflowExecutionStatus.CONTINUED_AS_NEW.name) == len(runs) - 1:
-            break
-        assert loop.time() < deadline, statuses
-        await asyncio.sleep(0.1)
-    assert len(runs) >= 1 + (STEPS - 1) // MOVE_AFTER, statuses
+        return done and statuses.count(WorkflowExecutionStatus.CONTINUED_AS_NEW.name) == len(runs) - 1
+
+    await eventually(one_completed_after_moves, timeout=30, message=lambda: str(statuses))
+    assert len(statuses) >= 1 + (STEPS - 1) // MOVE_AFTER, statuses
 
 
 async def test_an_approval_pending_across_a_move_stays_the_same_approval(
@@ -96,26 +96,24 @@ async def test_an_approval_pending_across_a_move_stays_the_same_approval(
         base_url=stack.api_url, headers={"authorization": f"Bearer {tool}"}, timeout=90
     ) as runner:
         waiting = [asyncio.create_task(runner.post(url, json=ask(n))) for n in range(3)]
-        rows: dict[str, dict[str, object]] = {}
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while len(rows) < 3:
-            assert loop.time() < deadline, f"three approvals never became pending: {rows}"
+
+        async def three_pending() -> dict[str, dict[str, object]] | None:
             listed = (await api.get(f"/v1/sessions/{run_id}/approvals")).json()["approvals"]
-            rows = {str(a["tool_call_id"]): a for a in listed if a["status"] == "pending"}
-            await asyncio.sleep(0.05)
+            pending = {str(a["tool_call_id"]): a for a in listed if a["status"] == "pending"}
+            return pending if len(pending) >= 3 else None
+
+        rows = await eventually(three_pending, timeout=30, message="three approvals never became pending")
         for n in (0, 1):
             r = await api.post(f"/v1/approvals/{rows[f'mv_{n}']['id']}/decision", json={"decision": "approve"})
             assert r.status_code == 200
             assert (await asyncio.wait_for(waiting[n], 60)).json() == {"decision": "allow"}
         client = await Client.connect(stack.temporal_address or "", namespace="default")
-        deadline = loop.time() + 30
-        while True:  # the run moves once two updates were answered
+
+        async def moved() -> bool:  # the run moves once two updates were answered
             runs = [w async for w in client.list_workflows(f'WorkflowId = "{workflow_id(run_id)}"')]
-            if any(w.status == WorkflowExecutionStatus.CONTINUED_AS_NEW for w in runs):
-                break
-            assert loop.time() < deadline, "the run never moved"
-            await asyncio.sleep(0.1)
+            return any(w.status == WorkflowExecutionStatus.CONTINUED_AS_NEW for w in runs)
+
+        await eventually(moved, timeout=30, message="the run never moved")
         assert not waiting[2].done()
         r = await api.post(f"/v1/approvals/{rows['mv_2']['id']}/decision", json={"decision": "deny"})
         assert r.status_code == 200

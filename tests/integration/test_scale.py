@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
 
 from cli.stack import Stack
+from tests.helpers import eventually
 from tests.integration.conftest import FAST
 from tests.integration.helpers import (
     TERMINAL,
@@ -98,20 +100,22 @@ async def test_runs_past_the_sandbox_maximum_wait_visibly_and_start_as_places_fr
 
     # Two runs hold the two places (each waits on its approval); the other three wait, and say so.
     await pending_approvals(api, MAX_SANDBOXES)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 120
-    while True:
-        rows = [await run_row(api, run) for run in runs]
+    rows: list[dict[str, Any]] = []
+
+    async def three_queued() -> list[dict[str, Any]] | None:
+        rows[:] = [await run_row(api, run) for run in runs]
         waiting = [r for r in rows if r["status"] == "created" and "sandbox capacity" in (r["status_reason"] or "")]
-        if len(waiting) == QUEUED_RUNS - MAX_SANDBOXES:
-            break
-        assert loop.time() < deadline, [(r["status"], r["status_reason"]) for r in rows]
-        await asyncio.sleep(0.1)
+        return waiting if len(waiting) == QUEUED_RUNS - MAX_SANDBOXES else None
+
+    waiting = await eventually(
+        three_queued, timeout=120, message=lambda: str([(r["status"], r["status_reason"]) for r in rows])
+    )
     assert waiting[0]["status_reason"] == f"waiting for sandbox capacity ({MAX_SANDBOXES} live, max {MAX_SANDBOXES})"
 
     # Approve whatever asks, as it asks: never more than two runs hold a sandbox, and all five complete.
     decided: set[str] = set()
-    while len(decided) < QUEUED_RUNS:
+
+    async def approve_what_asks() -> bool:
         r = await api.get("/v1/approvals")
         pending = [a for a in r.json()["approvals"] if a["id"] not in decided]
         live = [row for row in [await run_row(api, run) for run in runs] if row["status"] in LIVE]
@@ -120,8 +124,11 @@ async def test_runs_past_the_sandbox_maximum_wait_visibly_and_start_as_places_fr
             d = await api.post(f"/v1/approvals/{approval['id']}/decision", json={"decision": "approve"})
             assert d.status_code == 200, d.text
             decided.add(str(approval["id"]))
-        assert loop.time() < deadline + 120, f"{len(decided)} of {QUEUED_RUNS} runs reached their approval"
-        await asyncio.sleep(0.1)
+        return len(decided) >= QUEUED_RUNS
+
+    await eventually(
+        approve_what_asks, timeout=240, message=lambda: f"{len(decided)} of {QUEUED_RUNS} runs reached their approval"
+    )
     rows = await asyncio.gather(*(wait_status(api, run, TERMINAL, timeout=120) for run in runs))
     assert [row["status"] for row in rows] == ["completed"] * QUEUED_RUNS
     # Each queued run's ledger says it waited, once.
