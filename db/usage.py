@@ -266,7 +266,9 @@ class Metering:
     async def report(self, run_id: str) -> Row:
         """The cost report: totals, per model and source, live reservations, and registered tool calls."""
         rid = uuid.UUID(run_id)
-        async with self.store.pool.acquire() as conn:
+        # One snapshot for every figure: a reservation converted between two reads would otherwise show
+        # in neither the breakdown nor the live reservations, or in both.
+        async with self.store.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             by = await conn.fetch(
                 "SELECT model, source, sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,"
                 " sum(cache_read_tokens) AS cache_read_tokens, sum(cache_write_tokens) AS cache_write_tokens,"
@@ -294,8 +296,17 @@ class Metering:
             }
             for r in by
         ]
+        costs = [r["cost_usd"] for r in by if r["cost_usd"] is not None]
+        totals: Row = {
+            "input_tokens": sum(line["input_tokens"] for line in breakdown),
+            "output_tokens": sum(line["output_tokens"] for line in breakdown),
+            "cache_read_tokens": sum(line["cache_read_tokens"] for line in breakdown),
+            "cache_write_tokens": sum(line["cache_write_tokens"] for line in breakdown),
+            "cost_usd": float(sum(costs)) if costs else 0.0,
+            "requests": sum(line["requests"] for line in breakdown),
+        }
         return {
-            "usage": await self.store.usage_totals(run_id),
+            "usage": totals,
             "tool_calls": int(tool_calls),
             "breakdown": breakdown,
             "reservations": {

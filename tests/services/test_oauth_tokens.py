@@ -153,9 +153,7 @@ async def test_a_revoked_grant_moves_the_connection_to_error_with_the_providers_
         registration_id = await conn.fetchval(
             "SELECT registration_id FROM integration_connections WHERE id = $1", uuid.UUID(cid)
         )
-    identity = connect._identity_from_row(
-        tenant, (await connect.records.registration(tenant, str(registration_id))) or {}
-    )
+    identity = connect.identity_of(tenant, (await connect.records.registration(tenant, str(registration_id))) or {})
     await server.revoke(discovery.authorization_server, identity, done.tokens.refresh_token)
 
     with pytest.raises(GrantLost) as lost:
