@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from db._base import Row, as_row, as_rows
 from db.ids import new_id
-from db.store import Row, Store, _row, _rows
+from db.store import Store
 
 
 class Capabilities:
@@ -22,7 +23,7 @@ class Capabilities:
                 uuid.UUID(tenant_id),
                 name,
             )
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO capability_bundles (id, tenant_id, name, version, description, definition, "
                     "definition_digest) VALUES ($1,$2,$3,$4,$5,$6,$7) RETURNING *",
@@ -40,7 +41,7 @@ class Capabilities:
 
     async def all(self, tenant_id: str) -> list[Row]:
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     "SELECT * FROM capability_bundles WHERE tenant_id = $1 ORDER BY name, version DESC",
                     uuid.UUID(tenant_id),
@@ -53,7 +54,7 @@ class Capabilities:
         except ValueError:
             return None
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND id = $2", uuid.UUID(tenant_id), bid
                 )
@@ -75,13 +76,13 @@ class Capabilities:
                     name,
                     version,
                 )
-            return _row(record)
+            return as_row(record)
 
     async def by_ids(self, ids: list[str]) -> dict[str, Row]:
         if not ids:
             return {}
         async with self.pool.acquire() as conn:
-            rows = _rows(
+            rows = as_rows(
                 await conn.fetch(
                     "SELECT * FROM capability_bundles WHERE id = ANY($1::uuid[])", [uuid.UUID(i) for i in ids]
                 )

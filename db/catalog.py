@@ -8,8 +8,9 @@ from typing import Any
 import asyncpg
 
 from core.errors import Conflict
+from db._base import Conn, Row, as_row, as_rows
 from db.ids import new_id
-from db.store import Conn, Row, Store, _row, _rows
+from db.store import Store
 
 COLUMNS = (
     "slug", "name", "icon", "description", "categories", "url", "transport", "auth_mode", "auth_hints", "scopes",
@@ -56,7 +57,7 @@ class Catalog:
             async with self.pool.acquire() as conn, conn.transaction():
                 if await self._taken(conn, tenant_id, entry["slug"]):
                     raise duplicate
-                row = _row(
+                row = as_row(
                     await conn.fetchrow(
                         f"INSERT INTO connector_catalog (id, tenant_id, {cols}, tier) "
                         f"VALUES ($1, $2, {params}, 'custom') RETURNING *",
@@ -91,7 +92,7 @@ class Catalog:
 
     async def visible(self, tenant_id: str) -> list[Row]:
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     "SELECT * FROM connector_catalog WHERE disabled_at IS NULL "
                     "AND (tenant_id IS NULL OR tenant_id = $1) ORDER BY tier <> 'verified', slug",
@@ -101,7 +102,7 @@ class Catalog:
 
     async def get(self, tenant_id: str, slug: str) -> Row | None:
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT * FROM connector_catalog WHERE slug = $1 AND disabled_at IS NULL "
                     "AND (tenant_id IS NULL OR tenant_id = $2)",

@@ -12,8 +12,9 @@ from typing import Any
 
 from core import events as ev
 from core.errors import Conflict, NotFound
+from db._base import Conn, Row, as_row, as_rows
 from db.ids import new_id
-from db.store import Conn, Row, Store, _row, _rows
+from db.store import Store
 
 CONNECTION_FIELDS = (
     "id, tenant_id, provider, display_name, base_url, auth_kind, header_name, scheme, status, owner_type, "
@@ -42,7 +43,7 @@ class Connections:
         ``fields["owner_user_id"]`` set makes it a personal connection of that user (owner_type ``user``)."""
         owner = fields.get("owner_user_id")
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
                     "auth_kind, header_name, scheme, credential_sealed, credential_key_id, status, owner_type, "
@@ -72,7 +73,7 @@ class Connections:
         (only ``active`` connections bind). ``fields`` as :meth:`create` (no header or scheme)."""
         owner = fields.get("owner_user_id")
         async with self.pool.acquire() as conn:
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
                     "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id) "
@@ -104,7 +105,7 @@ class Connections:
     async def all(self, tenant_id: str, viewer_user_id: str | None = None) -> list[Row]:
         """Organization connections plus the viewer's own personal ones (none for the operator)."""
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 "
                     "AND (owner_type = 'organization' OR owner_user_id = $2) ORDER BY created_at DESC",
@@ -119,7 +120,7 @@ class Connections:
         except ValueError:
             return None
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 AND id = $2",
                     uuid.UUID(tenant_id),
@@ -143,7 +144,7 @@ class Connections:
 
     async def revoke(self, tenant_id: str, connection_id: str) -> Row:
         async with self.pool.acquire() as conn:
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE integration_connections SET status = 'revoked', updated_at = now(), "
                     "credential_sealed = NULL WHERE tenant_id = $1 AND id = $2 AND status <> 'revoked' "
@@ -161,7 +162,7 @@ class Connections:
     # ---- snapshots -----------------------------------------------------------------------------
 
     async def _append_snapshot(self, conn: Conn, connection_id: str, version: int, photo: dict[str, Any]) -> Row:
-        row = _row(
+        row = as_row(
             await conn.fetchrow(
                 "INSERT INTO connection_tool_snapshots (id, connection_id, snapshot_version, "
                 "authorization_generation, protocol_version, tools_json, tools_digest) "
@@ -199,7 +200,7 @@ class Connections:
 
     async def latest_snapshot(self, connection_id: str) -> Row | None:
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT * FROM connection_tool_snapshots WHERE connection_id = $1 "
                     "ORDER BY snapshot_version DESC LIMIT 1",
@@ -213,7 +214,7 @@ class Connections:
         """Active connections with their latest snapshot, newest first: the organization's, or (with
         ``owner_user_id``) that user's personal ones."""
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     "SELECT c.id, c.base_url, c.display_name, c.authorization_generation, c.owner_type, "
                     "c.owner_user_id, s.snapshot_version, "
@@ -254,7 +255,7 @@ class Connections:
         the connection's live state (and sealed credential only while it still matches the binding),
         the run's status, and for a personal binding whether its owner is still an active member."""
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT cl.*, b.connection_id, b.authority_generation, b.connection_owner_type, "
                     "b.connection_owner_user_id, c.owner_user_id AS live_owner_user_id, "
@@ -296,7 +297,7 @@ class Connections:
             return await self._claim(conn, run_id, tool_call_id, digest)
 
     async def _claim(self, conn: Conn, run_id: str, tool_call_id: str, digest: str) -> Row:
-        row = _row(
+        row = as_row(
             await conn.fetchrow(
                 "SELECT * FROM tool_execution_claims WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3",
                 uuid.UUID(run_id),
@@ -319,7 +320,7 @@ class Connections:
         """``claimed`` for longer than ``ttl_secs`` (a dispatcher died mid-call): the outcome is
         unknown, so the claim becomes ``ambiguous`` and is never dispatched again."""
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = _rows(
+            rows = as_rows(
                 await conn.fetch(
                     "UPDATE tool_execution_claims SET state = 'ambiguous', settled_at = now(), "
                     "error = 'dispatcher lost while the call was in flight' WHERE session_id = $1 "
@@ -336,7 +337,7 @@ class Connections:
         """CAS registered|failed_before_send → claimed (attempt + 1); None when someone else holds it
         or its outcome is final. Only the taker may touch the credential."""
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "UPDATE tool_execution_claims SET state = 'claimed', attempts = attempts + 1, claimed_at = now() "
                     "WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3 "
@@ -360,7 +361,7 @@ class Connections:
     ) -> Row:
         """claimed → outcome, and the single ``tool.brokered`` event, in one transaction."""
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE tool_execution_claims SET state = $4, result = $5, error = $6, settled_at = now() "
                     "WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3 AND state = 'claimed' "

@@ -12,8 +12,9 @@ from typing import Any
 
 from core import events as ev
 from core.runspec import RunSpec
+from db._base import Row, as_row, as_rows
 from db.ids import new_id
-from db.store import Row, Store, _row, _rows
+from db.store import Store
 
 TERMINAL = frozenset({"delivered", "failed", "skipped"})
 WEBHOOK = "webhook"
@@ -56,17 +57,17 @@ class Deliveries:
                     dest,
                     str(dest.get("url") or ""),
                 )
-            return _rows(
+            return as_rows(
                 await conn.fetch("SELECT * FROM deliveries WHERE session_id = $1 ORDER BY destination_index", rid)
             )
 
     async def get(self, delivery_id: str) -> Row | None:
         async with self.pool.acquire() as conn:
-            return _row(await conn.fetchrow("SELECT * FROM deliveries WHERE id = $1", uuid.UUID(delivery_id)))
+            return as_row(await conn.fetchrow("SELECT * FROM deliveries WHERE id = $1", uuid.UUID(delivery_id)))
 
     async def for_run(self, run_id: str) -> list[Row]:
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     "SELECT * FROM deliveries WHERE session_id = $1 ORDER BY destination_index", uuid.UUID(run_id)
                 )
@@ -74,7 +75,7 @@ class Deliveries:
 
     async def for_subscription(self, subscription_id: str, limit: int = 20) -> list[Row]:
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     "SELECT * FROM deliveries WHERE subscription_id = $1 ORDER BY created_at DESC, id LIMIT $2",
                     uuid.UUID(subscription_id),
@@ -85,7 +86,7 @@ class Deliveries:
     async def subscription(self, subscription_id: str) -> Row | None:
         """The publish authority as it stands now (H3's ``trigger_subscriptions``; read, never written)."""
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT id, tenant_id, enabled, token_generation, callback_url, callback_secret_sealed "
                     "FROM trigger_subscriptions WHERE id = $1",
@@ -126,7 +127,7 @@ class Deliveries:
         if status not in TERMINAL:
             raise ValueError(f"not a final delivery status: {status}")
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE deliveries SET status = $2, last_error = coalesce($3, last_error),"
                     " attempts = greatest(attempts, $4), next_attempt_at = NULL, updated_at = now(),"

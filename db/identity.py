@@ -17,8 +17,9 @@ import asyncpg
 
 from core.errors import BadRequest, Conflict, NotFound
 from core.tokens import token_digest
+from db._base import Conn, Row, as_row, as_rows
 from db.ids import new_id
-from db.store import Conn, Row, Store, _row, _rows
+from db.store import Store
 
 PAT_PREFIX = "fbx_pat_"
 ROLES: tuple[str, ...] = ("member", "approver", "admin", "owner")
@@ -67,7 +68,7 @@ class Identity:
 
     async def org(self, slug: str) -> Row | None:
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT id, slug, name, coalesce(display_name, name) AS display_name, status, created_at "
                     "FROM tenants WHERE slug = $1",
@@ -130,7 +131,7 @@ class Identity:
             mid = uuid.UUID(membership_id)
         except ValueError:
             raise NotFound() from None
-        row = _row(
+        row = as_row(
             await conn.fetchrow(
                 f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
                 "WHERE m.tenant_id = $1 AND m.id = $2",
@@ -148,7 +149,7 @@ class Identity:
 
     async def member_by_email(self, tenant_id: str, email: str) -> Row | None:
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
                     "WHERE m.tenant_id = $1 AND u.email_normalized = $2 ORDER BY u.created_at LIMIT 1",
@@ -159,7 +160,7 @@ class Identity:
 
     async def members(self, tenant_id: str) -> list[Row]:
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
                     "WHERE m.tenant_id = $1 ORDER BY u.email_normalized",
@@ -220,7 +221,7 @@ class Identity:
             member = await self._member(conn, tenant_id, membership_id)
             if member["status"] != "active" or member["user_status"] != "active":
                 raise Conflict("the membership is deactivated; it cannot get new tokens")
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO api_tokens (id, token_sha256, tenant_id, kind, audience, expires_at, membership_id, "
                     "user_id, name, display_prefix) VALUES ($1, $2, $3, 'pat', $9, "
@@ -248,7 +249,7 @@ class Identity:
         if not token.startswith(PAT_PREFIX):
             return None
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "WITH hit AS ("
                     " SELECT t.id AS token_id, t.tenant_id, t.membership_id, t.user_id, t.last_used_at, m.roles,"
@@ -275,7 +276,7 @@ class Identity:
         except ValueError:
             raise NotFound() from None
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND tenant_id = $2 AND kind = 'pat' "
                     f"AND revoked_at IS NULL RETURNING {PAT_FIELDS}",
@@ -296,7 +297,7 @@ class Identity:
     async def tokens(self, membership_id: str) -> list[Row]:
         """The member's PATs (never the token itself), newest first."""
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     f"SELECT {PAT_FIELDS} FROM api_tokens WHERE kind = 'pat' AND membership_id = $1 "
                     "ORDER BY created_at DESC",
@@ -309,7 +310,7 @@ class Identity:
     async def runs_invoked_by(self, tenant_id: str, user_id: str, limit: int) -> list[Row]:
         """What a plain member may list: only the runs they invoked (filtered in SQL)."""
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     "SELECT * FROM sessions WHERE tenant_id = $1 AND invoked_by_user_id = $2 "
                     "ORDER BY created_at DESC, id DESC LIMIT $3",

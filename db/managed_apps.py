@@ -17,9 +17,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.errors import Conflict, Forbidden, NotFound
+from db._base import Row, as_row, as_rows
 from db.connections import CONNECTION_FIELDS
 from db.ids import new_id
-from db.store import Row, Store, _row, _rows
+from db.store import Store
 
 __all__ = ["PROOF_TTL", "HeldGrant", "ManagedAppRecords"]
 
@@ -45,7 +46,7 @@ class ManagedAppRecords:
         """Every app this account has a connection row for: the connection (``c.*`` public fields), ``app_id``,
         and ``provisioning`` (a signed-in grant is waiting to be completed). Reads only."""
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     f"SELECT m.app_id, {_C_FIELDS}, EXISTS (SELECT 1 FROM managed_app_flows f "
                     " JOIN connector_oauth_flows o ON o.id = f.flow_id "
@@ -77,9 +78,9 @@ class ManagedAppRecords:
                         f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE id = $1",
                         managed["connection_id"],
                     )
-                    return _require(_row(row)), str(managed["id"])
+                    return _require(as_row(row)), str(managed["id"])
                 created = _require(
-                    _row(
+                    as_row(
                         await conn.fetchrow(
                             "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
                             "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id) "
@@ -131,7 +132,7 @@ class ManagedAppRecords:
     async def flow(self, flow_id: str) -> Row | None:
         """A managed flow's app and destination (no secrets)."""
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT f.flow_id, f.tenant_id, f.user_id, f.redirect_url, m.app_id, m.connection_id "
                     "FROM managed_app_flows f JOIN managed_app_connections m ON m.id = f.managed_id "
@@ -170,7 +171,7 @@ class ManagedAppRecords:
     async def waiting(self, tenant_id: str, managed_id: str, connection_id: str) -> HeldGrant | None:
         """The newest signed-in, unfinished grant of the account's current connection, if any."""
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     f"SELECT {_HELD} FROM managed_app_flows f JOIN connector_oauth_flows o ON o.id = f.flow_id "
                     "WHERE f.tenant_id = $1 AND f.managed_id = $2 AND o.connection_id = $3 "
@@ -189,7 +190,7 @@ class ManagedAppRecords:
         the proof as it was: :class:`NotFound` (unknown, or expired), :class:`Conflict` (already used, or another
         connection than expected), :class:`Forbidden` (another account)."""
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     f"SELECT {_HELD}, f.proof_used_at IS NOT NULL AS used, f.proof_expires_at <= now() AS expired "
                     "FROM managed_app_flows f JOIN connector_oauth_flows o ON o.id = f.flow_id "

@@ -20,8 +20,9 @@ from core.errors import Conflict, NotFound
 from core.states import TERMINAL
 from core.tokens import token_digest
 from core.triggers import REPLACED_REASON
+from db._base import Conn, Row, as_row, as_rows
 from db.ids import new_id
-from db.store import Conn, Row, Store, _row, _rows
+from db.store import Store
 
 SUBSCRIPTION_COLUMNS = (
     "id",
@@ -94,7 +95,7 @@ class Triggers:
         marks = ", ".join(f"${i}" for i in range(1, len(cols) + 1))
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                row = _row(
+                row = as_row(
                     await conn.fetchrow(
                         f"INSERT INTO trigger_subscriptions ({', '.join(cols)}) VALUES ({marks}) RETURNING *", *values
                     )
@@ -113,7 +114,7 @@ class Triggers:
         except ValueError:
             return None
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT * FROM trigger_subscriptions WHERE id = $1 AND tenant_id = $2", sid, uuid.UUID(tenant_id)
                 )
@@ -121,7 +122,7 @@ class Triggers:
 
     async def all(self, tenant_id: str) -> list[Row]:
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     "SELECT * FROM trigger_subscriptions WHERE tenant_id = $1 ORDER BY name", uuid.UUID(tenant_id)
                 )
@@ -144,7 +145,7 @@ class Triggers:
         sets.append("updated_at = clock_timestamp()")
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                row = _row(
+                row = as_row(
                     await conn.fetchrow(
                         f"UPDATE trigger_subscriptions SET {', '.join(sets)} "
                         "WHERE id = $1 AND tenant_id = $2 AND updated_at = $3 RETURNING *",
@@ -177,7 +178,7 @@ class Triggers:
     async def rotate_token(self, tenant_id: str, subscription_id: str, token: str) -> tuple[Row, int]:
         """Revoke every live token of the subscription, mint one, bump ``token_generation``."""
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE trigger_subscriptions SET token_generation = token_generation + 1, "
                     "updated_at = clock_timestamp() WHERE id = $1 AND tenant_id = $2 RETURNING *",
@@ -198,7 +199,7 @@ class Triggers:
     async def resolve_token(self, token: str) -> Row | None:
         """A live trigger token's subscription and tenant (None for anything else)."""
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT subscription_id, tenant_id FROM api_tokens WHERE token_sha256 = $1 "
                     "AND kind = 'trigger' AND revoked_at IS NULL AND expires_at > now()",
@@ -210,7 +211,7 @@ class Triggers:
 
     async def claim(self, subscription_id: str, key: str) -> Row | None:
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT * FROM trigger_invocations WHERE subscription_id = $1 AND idempotency_key = $2",
                     uuid.UUID(subscription_id),
@@ -242,7 +243,7 @@ class Triggers:
         )
         if sub is None:
             raise NotFound()
-        existing = _row(
+        existing = as_row(
             await conn.fetchrow(
                 "SELECT * FROM trigger_invocations WHERE subscription_id = $1 AND idempotency_key = $2", sid, key
             )
@@ -285,7 +286,7 @@ class Triggers:
             for other in active:
                 status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(other))
                 if status not in TERMINAL_STATUSES:
-                    await self.store._request_finalization(conn, other, "cancelled", None, REPLACED_REASON, True)
+                    await self.store.runs.record_finalization(conn, other, "cancelled", None, REPLACED_REASON, True)
         return active
 
     async def record_skip(
@@ -301,7 +302,7 @@ class Triggers:
     ) -> Row:
         """A visible skip row; if the key is already claimed, that claim is returned unchanged."""
         async with self.pool.acquire() as conn:
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO trigger_invocations (id, tenant_id, subscription_id, idempotency_key, kind, "
                     "request_digest, skip_reason, catch_up) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
@@ -331,7 +332,7 @@ class Triggers:
         except ValueError:
             return None
         async with self.pool.acquire() as conn:
-            return _row(
+            return as_row(
                 await conn.fetchrow(
                     "SELECT s.* FROM trigger_invocations i JOIN sessions s ON s.id = i.session_id "
                     "WHERE i.subscription_id = $1 AND i.session_id = $2",
@@ -342,7 +343,7 @@ class Triggers:
 
     async def runs(self, subscription_id: str, limit: int) -> list[Row]:
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     "SELECT s.id, s.status, s.status_reason, s.task, s.invoked_by_kind, s.created_at, s.finished_at, "
                     "i.idempotency_key, i.kind AS invocation_kind FROM trigger_invocations i "
@@ -355,7 +356,7 @@ class Triggers:
 
     async def invocations(self, subscription_id: str, limit: int) -> list[Row]:
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     "SELECT id, idempotency_key, kind, session_id, skip_reason, catch_up, created_at "
                     "FROM trigger_invocations WHERE subscription_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
@@ -367,7 +368,7 @@ class Triggers:
     async def deliveries(self, subscription_id: str, limit: int) -> list[Row]:
         """The subscription's result deliveries (table owned by the deliveries work)."""
         async with self.pool.acquire() as conn:
-            return _rows(
+            return as_rows(
                 await conn.fetch(
                     "SELECT id, session_id, url, status, attempts, last_status_code, last_error, created_at, "
                     "delivered_at FROM deliveries WHERE subscription_id = $1 ORDER BY created_at DESC LIMIT $2",
