@@ -6,7 +6,7 @@ Editing an agent or a policy afterwards affects only future runs.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -84,13 +84,24 @@ def intersect_budgets(*layers: Budgets | None) -> Budgets:
     return Budgets(**out)
 
 
+class PolicyHead(Protocol):
+    """What a run freezes of its policy: the head version (``db.policies.PolicyHead`` is one)."""
+
+    @property
+    def policy_id(self) -> object: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def content(self) -> dict[str, Any]: ...
+
+
 def freeze(
     *,
     run_id: str,
     tenant_id: str,
     agent: dict[str, Any],
     revision: dict[str, Any],
-    policy_row: dict[str, Any],
+    policy_row: PolicyHead,
     task: str,
     workspace: WorkspaceSpec | None,
     autonomous: bool,
@@ -100,7 +111,7 @@ def freeze(
     capabilities: list[dict[str, Any]] | None = None,
 ) -> RunSpec:
     """Build the immutable RunSpec for a new run from the agent revision and policy version."""
-    policy = Policy.model_validate(policy_row["content"])
+    policy = Policy.model_validate(policy_row.content)
     if autonomous and not policy.autonomy.permitted:
         raise BadRequest("policy does not permit autonomous runs")
     revision_budgets = Budgets.model_validate(revision["budgets"]) if revision.get("budgets") else None
@@ -119,10 +130,10 @@ def freeze(
         workspace=workspace or (WorkspaceSpec.model_validate(default_ws) if default_ws else WorkspaceSpec()),
         autonomy="autonomous" if autonomous else "supervised",
         budgets=intersect_budgets(revision_budgets, policy.budgets, budget_override),
-        policy_id=str(policy_row["policy_id"]),
+        policy_id=str(policy_row.policy_id),
         policy_name=policy.name,
-        policy_version=int(policy_row["version"]),
-        policy_snapshot=policy_row["content"],
+        policy_version=policy_row.version,
+        policy_snapshot=policy_row.content,
         invocation=invocation,
         brokered=brokered or [],
         capabilities=capabilities or [],

@@ -57,7 +57,7 @@ async def _policy_id(svc: ServicesDep, tenant_id: str, name: str) -> str:
     head = await svc.store.policy_head(tenant_id, name)
     if head is None:
         raise BadRequest(f"unknown policy '{name}'")
-    return str(head["policy_id"])
+    return str(head.policy_id)
 
 
 def _revision_out(row: dict[str, Any], policy_names: dict[str, str]) -> dict[str, Any]:
