@@ -84,6 +84,34 @@ def intersect_budgets(*layers: Budgets | None) -> Budgets:
     return Budgets(**out)
 
 
+class FrozenAgent(Protocol):
+    """What a run freezes of its agent (``db.models.Agent`` is one)."""
+
+    @property
+    def id(self) -> object: ...
+    @property
+    def name(self) -> str: ...
+
+
+class FrozenRevision(Protocol):
+    """What a run freezes of the agent's revision (``db.models.AgentRevision`` is one)."""
+
+    @property
+    def id(self) -> object: ...
+    @property
+    def harness(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def system_prompt(self) -> str | None: ...
+    @property
+    def budgets(self) -> dict[str, Any] | None: ...
+    @property
+    def harness_config(self) -> dict[str, Any]: ...
+    @property
+    def default_workspace(self) -> dict[str, Any] | None: ...
+
+
 class PolicyHead(Protocol):
     """What a run freezes of its policy: the head version (``db.policies.PolicyHead`` is one)."""
 
@@ -99,8 +127,8 @@ def freeze(
     *,
     run_id: str,
     tenant_id: str,
-    agent: dict[str, Any],
-    revision: dict[str, Any],
+    agent: FrozenAgent,
+    revision: FrozenRevision,
     policy_row: PolicyHead,
     task: str,
     workspace: WorkspaceSpec | None,
@@ -114,18 +142,18 @@ def freeze(
     policy = Policy.model_validate(policy_row.content)
     if autonomous and not policy.autonomy.permitted:
         raise BadRequest("policy does not permit autonomous runs")
-    revision_budgets = Budgets.model_validate(revision["budgets"]) if revision.get("budgets") else None
-    default_ws = revision.get("default_workspace")
+    revision_budgets = Budgets.model_validate(revision.budgets) if revision.budgets else None
+    default_ws = revision.default_workspace
     return RunSpec(
         run_id=run_id,
         tenant_id=tenant_id,
-        agent_id=str(agent["id"]),
-        agent_revision_id=str(revision["id"]),
-        agent_name=agent["name"],
-        harness=revision["harness"],
-        model=revision["model"],
-        system_prompt=revision.get("system_prompt"),
-        harness_config=revision.get("harness_config") or {},
+        agent_id=str(agent.id),
+        agent_revision_id=str(revision.id),
+        agent_name=agent.name,
+        harness=revision.harness,
+        model=revision.model,
+        system_prompt=revision.system_prompt,
+        harness_config=revision.harness_config or {},
         task=task,
         workspace=workspace or (WorkspaceSpec.model_validate(default_ws) if default_ws else WorkspaceSpec()),
         autonomy="autonomous" if autonomous else "supervised",

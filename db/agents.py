@@ -5,17 +5,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import asyncpg
-
 from core.errors import Conflict
-from db._base import Conn, Row, as_row, as_rows
+from db._base import Conn, Repository, as_model
 from db.ids import new_id
+from db.models.agents import Agent, AgentRevision
 
 
-class Agents:
-    def __init__(self, pool: asyncpg.Pool[Any]) -> None:
-        self.pool = pool
-
+class Agents(Repository):
     _REVISION_COLUMNS = (
         "harness",
         "runner_image",
@@ -30,15 +26,17 @@ class Agents:
         "network",
     )
 
-    async def _insert_revision(self, conn: Conn, tenant_id: str, agent_id: str, fields: Row) -> Row:
+    async def _insert_revision(
+        self, conn: Conn, tenant_id: str, agent_id: str, fields: dict[str, Any]
+    ) -> AgentRevision:
         rev = await conn.fetchval(
             "SELECT coalesce(max(rev), 0) + 1 FROM agent_revisions WHERE agent_id = $1", uuid.UUID(agent_id)
         )
         cols = ", ".join(self._REVISION_COLUMNS)
         params = ", ".join(f"${i}" for i in range(5, 5 + len(self._REVISION_COLUMNS)))
-        defaults: Row = {"harness_config": {}, "capability_bundles": [], "connection_requirements": []}
+        defaults: dict[str, Any] = {"harness_config": {}, "capability_bundles": [], "connection_requirements": []}
         values = [fields.get(c) if fields.get(c) is not None else defaults.get(c) for c in self._REVISION_COLUMNS]
-        values[4] = uuid.UUID(values[4])  # policy_id
+        values[4] = uuid.UUID(str(values[4]))  # policy_id
         record = await conn.fetchrow(
             f"INSERT INTO agent_revisions (id, tenant_id, agent_id, rev, {cols}) "
             f"VALUES ($1, $2, $3, $4, {params}) RETURNING *",
@@ -48,11 +46,16 @@ class Agents:
             rev,
             *values,
         )
-        return as_row(record) or {}
+        revision = as_model(AgentRevision, record)
+        assert revision is not None  # INSERT … RETURNING always answers a row
+        return revision
 
-    async def create_agent(self, tenant_id: str, name: str, description: str | None, fields: Row) -> tuple[Row, Row]:
+    async def create_agent(
+        self, tenant_id: str, name: str, description: str | None, fields: dict[str, Any]
+    ) -> tuple[Agent, AgentRevision]:
         async with self.pool.acquire() as conn, conn.transaction():
-            agent = as_row(
+            agent = as_model(
+                Agent,
                 await conn.fetchrow(
                     "INSERT INTO agents (id, tenant_id, name, description) VALUES ($1, $2, $3, $4) "
                     "ON CONFLICT (tenant_id, name) DO NOTHING RETURNING *",
@@ -60,24 +63,21 @@ class Agents:
                     uuid.UUID(tenant_id),
                     name,
                     description,
-                )
+                ),
             )
             if agent is None:
                 raise Conflict(f"an agent named '{name}' already exists")
-            revision = await self._insert_revision(conn, tenant_id, agent["id"], fields)
+            revision = await self._insert_revision(conn, tenant_id, str(agent.id), fields)
             return agent, revision
 
-    async def list_agents(self, tenant_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch("SELECT * FROM agents WHERE tenant_id = $1 ORDER BY name", uuid.UUID(tenant_id))
-            )
+    async def list_agents(self, tenant_id: str) -> list[Agent]:
+        return await self.many(Agent, "SELECT * FROM agents WHERE tenant_id = $1 ORDER BY name", uuid.UUID(tenant_id))
 
-    async def find_agent(self, tenant_id: str, ref: str) -> Row | None:
+    async def find_agent(self, tenant_id: str, ref: str) -> Agent | None:
         async with self.pool.acquire() as conn:
             return await self._find_agent(conn, tenant_id, ref)
 
-    async def _find_agent(self, conn: Conn, tenant_id: str, ref: str) -> Row | None:
+    async def _find_agent(self, conn: Conn, tenant_id: str, ref: str) -> Agent | None:
         try:
             agent_id: uuid.UUID | None = uuid.UUID(ref)
         except ValueError:
@@ -87,29 +87,30 @@ class Agents:
                 "SELECT * FROM agents WHERE tenant_id = $1 AND id = $2", uuid.UUID(tenant_id), agent_id
             )
             if found is not None:
-                return as_row(found)
-        return as_row(
-            await conn.fetchrow("SELECT * FROM agents WHERE tenant_id = $1 AND name = $2", uuid.UUID(tenant_id), ref)
+                return as_model(Agent, found)
+        return as_model(
+            Agent,
+            await conn.fetchrow("SELECT * FROM agents WHERE tenant_id = $1 AND name = $2", uuid.UUID(tenant_id), ref),
         )
 
-    async def revisions(self, agent_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch("SELECT * FROM agent_revisions WHERE agent_id = $1 ORDER BY rev", uuid.UUID(agent_id))
-            )
+    async def revisions(self, agent_id: str) -> list[AgentRevision]:
+        return await self.many(
+            AgentRevision, "SELECT * FROM agent_revisions WHERE agent_id = $1 ORDER BY rev", uuid.UUID(agent_id)
+        )
 
-    async def latest_revision(self, conn: Conn, agent_id: str) -> Row | None:
-        return as_row(
+    async def latest_revision(self, conn: Conn, agent_id: str) -> AgentRevision | None:
+        return as_model(
+            AgentRevision,
             await conn.fetchrow(
                 "SELECT * FROM agent_revisions WHERE agent_id = $1 ORDER BY rev DESC LIMIT 1", uuid.UUID(agent_id)
-            )
+            ),
         )
 
-    async def append_revision(self, tenant_id: str, agent_id: str, changes: Row) -> Row:
+    async def append_revision(self, tenant_id: str, agent_id: str, changes: dict[str, Any]) -> AgentRevision:
         """Omitted fields inherit from the latest revision; the revision itself is never edited."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT id FROM agents WHERE id = $1 FOR UPDATE", uuid.UUID(agent_id))
             latest = await self.latest_revision(conn, agent_id)
-            base = {c: latest[c] for c in self._REVISION_COLUMNS} if latest else {}
+            base = latest.model_dump(include=set(self._REVISION_COLUMNS)) if latest else {}
             base.update(changes)
             return await self._insert_revision(conn, tenant_id, agent_id, base)

@@ -18,6 +18,7 @@ from api.schemas import (
 )
 from core.errors import BadRequest, NotFound
 from core.harnesses import check_harness, check_harness_config
+from db.models.agents import AgentRevision
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
@@ -60,9 +61,9 @@ async def _policy_id(svc: ServicesDep, tenant_id: str, name: str) -> str:
     return str(head.policy_id)
 
 
-def _revision_out(row: dict[str, Any], policy_names: dict[str, str]) -> dict[str, Any]:
-    out = pick(row, REVISION_FIELDS)
-    out["policy"] = policy_names.get(str(row["policy_id"]))
+def _revision_out(row: AgentRevision, policy_names: dict[str, str]) -> dict[str, Any]:
+    out = pick(row.model_dump(), REVISION_FIELDS)
+    out["policy"] = policy_names.get(str(row.policy_id))
     return out
 
 
@@ -85,13 +86,13 @@ async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> 
     check_harness_config(body.harness, body.harness_config.model_dump(exclude_none=True) if body.harness_config else {})
     agent, revision = await svc.store.create_agent(op.tenant_id, body.name, body.description, fields)
     names = await svc.store.policy_names(op.tenant_id)
-    return {"agent": pick(agent, AGENT_FIELDS), "revision": _revision_out(revision, names)}
+    return {"agent": pick(agent.model_dump(), AGENT_FIELDS), "revision": _revision_out(revision, names)}
 
 
 @router.get("", summary="List agents")
 async def list_agents(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Every agent of the tenant, by name."""
-    return {"agents": [pick(a, AGENT_FIELDS) for a in await svc.store.list_agents(op.tenant_id)]}
+    return {"agents": [pick(a.model_dump(), AGENT_FIELDS) for a in await svc.store.list_agents(op.tenant_id)]}
 
 
 @router.get("/{ref}", summary="An agent (by id or name) with its revisions")
@@ -101,8 +102,8 @@ async def get_agent(ref: str, op: OperatorDep, svc: ServicesDep) -> dict[str, An
     if agent is None:
         raise NotFound()
     names = await svc.store.policy_names(op.tenant_id)
-    revisions = [_revision_out(r, names) for r in await svc.store.revisions(agent["id"])]
-    return {"agent": pick(agent, AGENT_FIELDS), "revisions": revisions}
+    revisions = [_revision_out(r, names) for r in await svc.store.revisions(str(agent.id))]
+    return {"agent": pick(agent.model_dump(), AGENT_FIELDS), "revisions": revisions}
 
 
 @router.post("/{ref}/revisions", summary="Append a revision")
@@ -113,11 +114,11 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
         raise NotFound()
     given = body.model_fields_set
     changes: dict[str, Any] = {}
-    latest = (await svc.store.revisions(agent["id"]))[-1]
-    harness = body.harness or latest["harness"]
+    latest = (await svc.store.revisions(str(agent.id)))[-1]
+    harness = body.harness or latest.harness
     if "harness" in given or "model" in given:
         # A harness change re-defaults the model unless one is named.
-        model = body.model if "model" in given else (latest["model"] if harness == latest["harness"] else None)
+        model = body.model if "model" in given else (latest.model if harness == latest.harness else None)
         changes["harness"], changes["model"] = harness, check_harness(harness, model)
     if "system_prompt" in given:
         changes["system_prompt"] = body.system_prompt
@@ -135,7 +136,7 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
         changes["connection_requirements"] = requirements_doc(body.connection_requirements)
     if "harness_config" in given:
         changes["harness_config"] = body.harness_config.model_dump(exclude_none=True) if body.harness_config else {}
-    check_harness_config(harness, dict(changes.get("harness_config", latest["harness_config"]) or {}))
-    revision = await svc.store.append_revision(op.tenant_id, agent["id"], changes)
+    check_harness_config(harness, dict(changes.get("harness_config", latest.harness_config) or {}))
+    revision = await svc.store.append_revision(op.tenant_id, str(agent.id), changes)
     names = await svc.store.policy_names(op.tenant_id)
     return {"revision": _revision_out(revision, names)}

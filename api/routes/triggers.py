@@ -221,7 +221,7 @@ async def _check_capabilities(svc: Services, agent_id: str, keep: list[str] | No
         return
     async with svc.store.pool.acquire() as conn:
         revision = await svc.store.latest_revision(conn, agent_id)
-    pinned = {p["name"] for p in (revision or {}).get("capability_bundles") or []}
+    pinned = {p["name"] for p in (revision.capability_bundles if revision else [])}
     extra = sorted(set(keep) - pinned)
     if extra:
         raise BadRequest(f"capabilities can only narrow: {', '.join(extra)} not attached to this agent's revision")
@@ -287,7 +287,7 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) 
     agent = await svc.store.find_agent(op.tenant_id, body.agent)
     if agent is None:
         raise BadRequest(f"unknown agent '{body.agent}'")
-    agent_id = str(agent["id"])
+    agent_id = str(agent.id)
     await _check_capabilities(svc, agent_id, body.capabilities)
     sid = new_id()
     fields: dict[str, Any] = {
