@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
-
-import asyncpg
 
 from core.tokens import RUN_AUDIENCES, session_token, token_digest
-from db._base import Conn, Row, as_row
+from db._base import Conn, ReadModel, Repository
 from db.ids import new_id
 
 
-class RunTokens:
-    def __init__(self, pool: asyncpg.Pool[Any]) -> None:
-        self.pool = pool
+class RunTokenGrant(ReadModel):
+    """What a run-scoped token grants, and whether it still does (its run's status included)."""
 
+    session_id: uuid.UUID
+    tenant_id: uuid.UUID
+    audience: str
+    revoked: bool
+    expired: bool
+    status: str
+
+
+class RunTokens(Repository):
     async def mint_tokens(self, tenant_id: str, run_id: str, ttl_secs: int, randoms: dict[str, str]) -> dict[str, str]:
         """Mint the run's four audience tokens; a retried provision revokes the earlier set first."""
         tokens = {aud.value: session_token(randoms[aud.value]) for aud in RUN_AUDIENCES}
@@ -44,16 +49,14 @@ class RunTokens:
             float(ttl),
         )
 
-    async def resolve_token(self, token: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow(
-                    "SELECT t.session_id, t.tenant_id, t.audience, t.revoked_at IS NOT NULL AS revoked,"
-                    " t.expires_at < now() AS expired, s.status FROM api_tokens t "
-                    "JOIN sessions s ON s.id = t.session_id WHERE t.token_sha256 = $1",
-                    token_digest(token),
-                )
-            )
+    async def resolve_token(self, token: str) -> RunTokenGrant | None:
+        return await self.one(
+            RunTokenGrant,
+            "SELECT t.session_id, t.tenant_id, t.audience, t.revoked_at IS NOT NULL AS revoked,"
+            " t.expires_at < now() AS expired, s.status FROM api_tokens t "
+            "JOIN sessions s ON s.id = t.session_id WHERE t.token_sha256 = $1",
+            token_digest(token),
+        )
 
     async def revoke_tokens(self, conn: Conn, run_id: str) -> None:
         await conn.execute(
