@@ -3,21 +3,35 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 from core import events as ev
 from core.redaction import Redactor
-from db._base import Conn, Row, as_rows
+from db._base import Conn, ReadModel, Repository
 from db.ids import new_id
 
 NOTIFY_CHANNEL = "fluidbox_events"
 
 
-class Ledger:
+class LedgerEvent(ReadModel):
+    """One ledger entry as it is read back (a page of these is a catch-up or a stream batch, so it is a
+    plain pydantic model: validating the ``Event`` table model costs far more per row)."""
+
+    event_id: uuid.UUID
+    session_id: uuid.UUID
+    seq: int
+    actor: str
+    type: str
+    payload: dict[str, Any]
+    occurred_at: datetime
+
+
+class Ledger(Repository):
     def __init__(self, pool: asyncpg.Pool[Any], redactor: Redactor) -> None:
-        self.pool = pool
+        super().__init__(pool)
         self.redactor = redactor
 
     async def append(self, conn: Conn, run_id: str, new: list[ev.NewEvent], *, gate_calls: int = 0) -> int:
@@ -57,14 +71,12 @@ class Ledger:
         async with self.pool.acquire() as conn, conn.transaction():
             return await self.append(conn, run_id, new)
 
-    async def events_after(self, run_id: str, after: int, limit: int) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch(
-                    "SELECT event_id, session_id, seq, actor, type, payload, occurred_at FROM events "
-                    "WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                    uuid.UUID(run_id),
-                    after,
-                    limit,
-                )
-            )
+    async def events_after(self, run_id: str, after: int, limit: int) -> list[LedgerEvent]:
+        return await self.many(
+            LedgerEvent,
+            "SELECT event_id, session_id, seq, actor, type, payload, occurred_at FROM events "
+            "WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            uuid.UUID(run_id),
+            after,
+            limit,
+        )

@@ -27,6 +27,7 @@ from api.schemas import (
 from core.errors import BadRequest, Forbidden, NotFound
 from core.runspec import InvocationContext
 from db.identity import Identity
+from db.ledger import LedgerEvent
 from services.runs import RunRequest
 from workflows.run import RunWorkflow
 
@@ -164,18 +165,18 @@ async def events(
     """Ordered by ``seq``, strictly greater than ``after``."""
     await _visible_run(svc, who, run_id)
     rows = await svc.store.events_after(run_id, after, limit)
-    return {"events": [pick(r, EVENT_FIELDS) for r in rows]}
+    return {"events": [pick(r.model_dump(), EVENT_FIELDS) for r in rows]}
 
 
-def _sse(row: dict[str, Any]) -> str:
+def _sse(row: LedgerEvent) -> str:
     data = {
-        "seq": row["seq"],
-        "type": row["type"],
-        "actor": row["actor"],
-        "payload": row["payload"],
-        "occurred_at": row["occurred_at"].isoformat(),
+        "seq": row.seq,
+        "type": row.type,
+        "actor": row.actor,
+        "payload": row.payload,
+        "occurred_at": row.occurred_at.isoformat(),
     }
-    return f"id: {row['seq']}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+    return f"id: {row.seq}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 @router.get("/{run_id}/events/stream", summary="The ledger as server-sent events")
@@ -208,7 +209,7 @@ async def stream(run_id: str, request: Request, who: PrincipalDep, svc: Services
                 rows = await svc.store.events_after(run_id, last, STREAM_BATCH)
                 for row in rows:
                     yield _sse(row)
-                    last = row["seq"]
+                    last = row.seq
                 if len(rows) == STREAM_BATCH:
                     continue
                 if rows:

@@ -245,7 +245,7 @@ async def deliver(env: Env, d: Delivery) -> tuple[str, Any]:
 
 async def ledger(env: Env, run_id: str, prefix: str = "callback.") -> list[dict[str, Any]]:
     rows = await env.store.events_after(run_id, 0, 1000)
-    return [r["payload"] for r in rows if r["type"].startswith(prefix)]
+    return [r.payload for r in rows if r.type.startswith(prefix)]
 
 
 # ---- tests ---------------------------------------------------------------------------------------
