@@ -67,5 +67,9 @@ class Repository:
         async with self.pool.acquire() as conn:
             return as_rows(await conn.fetch(sql, *args))
 
+    async def execute(self, sql: str, *args: Any) -> str:
+        async with self.pool.acquire() as conn:
+            return str(await conn.execute(sql, *args))
+
 
 __all__ = ["Conn", "ReadModel", "Repository", "Row", "as_model", "as_models", "as_row", "as_rows"]

@@ -5,14 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from db._base import Row, as_row, as_rows
+from db._base import Repository, Row, as_row, as_rows
 from db.ids import new_id
 from db.store import Store
 
 
-class Capabilities:
+class Capabilities(Repository):
     def __init__(self, store: Store) -> None:
-        self.pool = store.pool
+        super().__init__(store.pool)
 
     async def publish(self, tenant_id: str, name: str, description: str | None, definition: Any, digest: str) -> Row:
         """Append version max+1 of ``name`` (v1 for a new name), under a per-name advisory lock."""
@@ -40,25 +40,19 @@ class Capabilities:
             return row
 
     async def all(self, tenant_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch(
-                    "SELECT * FROM capability_bundles WHERE tenant_id = $1 ORDER BY name, version DESC",
-                    uuid.UUID(tenant_id),
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM capability_bundles WHERE tenant_id = $1 ORDER BY name, version DESC",
+            uuid.UUID(tenant_id),
+        )
 
     async def get(self, tenant_id: str, bundle_id: str) -> Row | None:
         try:
             bid = uuid.UUID(bundle_id)
         except ValueError:
             return None
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow(
-                    "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND id = $2", uuid.UUID(tenant_id), bid
-                )
-            )
+        return await self.one_row(
+            "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND id = $2", uuid.UUID(tenant_id), bid
+        )
 
     async def resolve(self, tenant_id: str, name: str, version: int | None) -> Row | None:
         """``name`` → its newest version now; ``name@N`` → exactly N."""

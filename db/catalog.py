@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 
 from core.errors import Conflict
-from db._base import Conn, Row, as_row, as_rows
+from db._base import Conn, Repository, Row, as_row
 from db.ids import new_id
 from db.store import Store
 
@@ -23,9 +23,9 @@ def duplicate_slug(slug: str) -> str:
     return f"a catalog entry with slug '{slug}' already exists"
 
 
-class Catalog:
+class Catalog(Repository):
     def __init__(self, store: Store) -> None:
-        self.pool = store.pool
+        super().__init__(store.pool)
 
     def _values(self, entry: dict[str, Any]) -> list[Any]:
         return [entry.get(c) if entry.get(c) is not None else DEFAULTS.get(c) for c in COLUMNS]
@@ -91,22 +91,16 @@ class Catalog:
             await conn.execute("DELETE FROM connector_catalog WHERE id = $1 AND tier = 'custom'", uuid.UUID(entry_id))
 
     async def visible(self, tenant_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch(
-                    "SELECT * FROM connector_catalog WHERE disabled_at IS NULL "
-                    "AND (tenant_id IS NULL OR tenant_id = $1) ORDER BY tier <> 'verified', slug",
-                    uuid.UUID(tenant_id),
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM connector_catalog WHERE disabled_at IS NULL "
+            "AND (tenant_id IS NULL OR tenant_id = $1) ORDER BY tier <> 'verified', slug",
+            uuid.UUID(tenant_id),
+        )
 
     async def get(self, tenant_id: str, slug: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow(
-                    "SELECT * FROM connector_catalog WHERE slug = $1 AND disabled_at IS NULL "
-                    "AND (tenant_id IS NULL OR tenant_id = $2)",
-                    slug,
-                    uuid.UUID(tenant_id),
-                )
-            )
+        return await self.one_row(
+            "SELECT * FROM connector_catalog WHERE slug = $1 AND disabled_at IS NULL "
+            "AND (tenant_id IS NULL OR tenant_id = $2)",
+            slug,
+            uuid.UUID(tenant_id),
+        )

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.errors import Conflict, Forbidden, NotFound
-from db._base import Row, as_row
+from db._base import Repository, Row, as_row
 from db.connections import CONNECTION_FIELDS, Connections
 from db.ids import new_id
 from db.store import Store
@@ -61,25 +61,22 @@ def flow_verifier_context(tenant_id: str) -> str:
     return f"{tenant_id}:connector_oauth_flows.pkce_verifier"
 
 
-class OAuthRecords:
+class OAuthRecords(Repository):
     def __init__(self, store: Store) -> None:
-        self.pool = store.pool
+        super().__init__(store.pool)
         self._connections = Connections(store)
 
     # ---- registrations -------------------------------------------------------------------------
 
     async def reusable_registration(self, tenant_id: str, issuer: str, redirect_uri: str) -> Row | None:
         """The tenant's dynamic or metadata-document registration for (issuer, redirect URI), if any."""
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow(
-                    f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
-                    "WHERE tenant_id = $1 AND issuer = $2 AND redirect_uri = $3 AND source IN ('dcr', 'cimd')",
-                    uuid.UUID(tenant_id),
-                    issuer,
-                    redirect_uri,
-                )
-            )
+        return await self.one_row(
+            f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
+            "WHERE tenant_id = $1 AND issuer = $2 AND redirect_uri = $3 AND source IN ('dcr', 'cimd')",
+            uuid.UUID(tenant_id),
+            issuer,
+            redirect_uri,
+        )
 
     async def save_registration(
         self,
@@ -131,15 +128,12 @@ class OAuthRecords:
 
     async def registration(self, tenant_id: str, registration_id: str) -> Row | None:
         """One registration with its sealed secrets."""
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow(
-                    f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
-                    "WHERE tenant_id = $1 AND id = $2",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(registration_id),
-                )
-            )
+        return await self.one_row(
+            f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
+            "WHERE tenant_id = $1 AND id = $2",
+            uuid.UUID(tenant_id),
+            uuid.UUID(registration_id),
+        )
 
     async def connection_settings(self, tenant_id: str, connection_id: str) -> Row:
         """An oauth connection's ``oauth`` document and ``registration_id`` (not in the public connection fields)."""
@@ -158,30 +152,26 @@ class OAuthRecords:
     async def grant_material(self, tenant_id: str, connection_id: str) -> Row | None:
         """An oauth connection's sealed refresh token, ``oauth`` document and registration (to revoke its grant at
         the authorization server), or None when it has no grant."""
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow(
-                    "SELECT credential_sealed, oauth, registration_id FROM integration_connections "
-                    "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND credential_sealed IS NOT NULL "
-                    "AND registration_id IS NOT NULL",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(connection_id),
-                )
-            )
+        return await self.one_row(
+            "SELECT credential_sealed, oauth, registration_id FROM integration_connections "
+            "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND credential_sealed IS NOT NULL "
+            "AND registration_id IS NOT NULL",
+            uuid.UUID(tenant_id),
+            uuid.UUID(connection_id),
+        )
 
     async def configure_pending(
         self, tenant_id: str, connection_id: str, *, oauth: dict[str, Any], registration_id: str | None
     ) -> None:
         """Record a pending connection's requested scopes and pre-registered identity before its first sign-in."""
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                "UPDATE integration_connections SET oauth = $3, registration_id = $4, updated_at = now() "
-                "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND status = 'pending'",
-                uuid.UUID(tenant_id),
-                uuid.UUID(connection_id),
-                oauth,
-                uuid.UUID(registration_id) if registration_id else None,
-            )
+        await self.execute(
+            "UPDATE integration_connections SET oauth = $3, registration_id = $4, updated_at = now() "
+            "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND status = 'pending'",
+            uuid.UUID(tenant_id),
+            uuid.UUID(connection_id),
+            oauth,
+            uuid.UUID(registration_id) if registration_id else None,
+        )
 
     # ---- flows ---------------------------------------------------------------------------------
 

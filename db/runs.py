@@ -13,7 +13,7 @@ from core import events as ev
 from core.errors import NotFound
 from core.runspec import RunSpec
 from core.states import RunStatus, check_transition, is_terminal
-from db._base import Conn, Row, as_row, as_rows
+from db._base import Conn, Repository, Row, as_row
 from db.ids import new_id
 from db.ledger import Ledger
 from db.tokens import RunTokens
@@ -28,9 +28,9 @@ _LIVE_SANDBOXES = (
 )
 
 
-class Runs:
+class Runs(Repository):
     def __init__(self, pool: asyncpg.Pool[Any], ledger: Ledger, tokens: RunTokens) -> None:
-        self.pool = pool
+        super().__init__(pool)
         self.ledger = ledger
         self.tokens = tokens
         self._specs: dict[str, RunSpec] = {}
@@ -86,14 +86,11 @@ class Runs:
             )
 
     async def list_runs(self, tenant_id: str, limit: int) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch(
-                    "SELECT * FROM sessions WHERE tenant_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
-                    uuid.UUID(tenant_id),
-                    limit,
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM sessions WHERE tenant_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
+            uuid.UUID(tenant_id),
+            limit,
+        )
 
     async def run_spec(self, run_id: str) -> RunSpec:
         spec = self._specs.get(run_id)
@@ -157,12 +154,11 @@ class Runs:
     async def set_fields(self, run_id: str, **fields: Any) -> None:
         cols = list(fields)
         sets = ", ".join(f"{c} = ${i + 2}" for i, c in enumerate(cols))
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                f"UPDATE sessions SET {sets}, updated_at = now() WHERE id = $1",
-                uuid.UUID(run_id),
-                *[fields[c] for c in cols],
-            )
+        await self.execute(
+            f"UPDATE sessions SET {sets}, updated_at = now() WHERE id = $1",
+            uuid.UUID(run_id),
+            *[fields[c] for c in cols],
+        )
 
     async def heartbeat(self, run_id: str) -> str | None:
         async with self.pool.acquire() as conn:
@@ -232,24 +228,18 @@ class Runs:
             return False, live
 
     async def finalization(self, run_id: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow("SELECT * FROM session_finalizations WHERE session_id = $1", uuid.UUID(run_id))
-            )
+        return await self.one_row("SELECT * FROM session_finalizations WHERE session_id = $1", uuid.UUID(run_id))
 
     async def live_runs(self) -> list[Row]:
         """Every run the liveness sweep watches: a running or waiting runner, or an intent not acted on yet."""
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch(
-                    "SELECT s.id::text AS id, s.status, s.sandbox_handle, extract(epoch FROM now() -"
-                    " coalesce(s.last_heartbeat_at, s.started_at, s.updated_at)) AS silent_secs,"
-                    " f.outcome IS NOT NULL AS has_intent FROM sessions s"
-                    " LEFT JOIN session_finalizations f ON f.session_id = s.id"
-                    " WHERE s.status IN ('running', 'awaiting_approval')"
-                    " OR (f.outcome IS NOT NULL AND s.status IN ('created', 'provisioning', 'initializing'))"
-                )
-            )
+        return await self.rows(
+            "SELECT s.id::text AS id, s.status, s.sandbox_handle, extract(epoch FROM now() -"
+            " coalesce(s.last_heartbeat_at, s.started_at, s.updated_at)) AS silent_secs,"
+            " f.outcome IS NOT NULL AS has_intent FROM sessions s"
+            " LEFT JOIN session_finalizations f ON f.session_id = s.id"
+            " WHERE s.status IN ('running', 'awaiting_approval')"
+            " OR (f.outcome IS NOT NULL AND s.status IN ('created', 'provisioning', 'initializing'))"
+        )
 
     async def liveness(self, run_id: str) -> Row:
         async with self.pool.acquire() as conn:
@@ -301,12 +291,9 @@ class Runs:
             return moved
 
     async def artifacts(self, run_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch(
-                    "SELECT * FROM artifacts WHERE session_id = $1 ORDER BY created_at, kind", uuid.UUID(run_id)
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM artifacts WHERE session_id = $1 ORDER BY created_at, kind", uuid.UUID(run_id)
+        )
 
     async def has_gate_calls(self, run_id: str) -> bool:
         async with self.pool.acquire() as conn:

@@ -64,10 +64,9 @@ class RunTokens(Repository):
         )
 
     async def renew_tokens(self, run_id: str, ttl_secs: int) -> None:
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                "UPDATE api_tokens SET expires_at = now() + make_interval(secs => $2) "
-                "WHERE session_id = $1 AND revoked_at IS NULL",
-                uuid.UUID(run_id),
-                float(ttl_secs),
-            )
+        await self.execute(
+            "UPDATE api_tokens SET expires_at = now() + make_interval(secs => $2) "
+            "WHERE session_id = $1 AND revoked_at IS NULL",
+            uuid.UUID(run_id),
+            float(ttl_secs),
+        )

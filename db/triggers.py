@@ -20,7 +20,7 @@ from core.errors import Conflict, NotFound
 from core.states import TERMINAL
 from core.tokens import token_digest
 from core.triggers import REPLACED_REASON
-from db._base import Conn, Row, as_row, as_rows
+from db._base import Conn, Repository, Row, as_row
 from db.ids import new_id
 from db.store import Store
 
@@ -78,10 +78,10 @@ def _name_conflict(name: str) -> Conflict:
     return Conflict(f"a trigger named '{name}' already exists")
 
 
-class Triggers:
+class Triggers(Repository):
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.pool = store.pool
+        super().__init__(store.pool)
 
     # ---- subscriptions -------------------------------------------------------------------------
 
@@ -113,20 +113,14 @@ class Triggers:
             sid = uuid.UUID(subscription_id)
         except ValueError:
             return None
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow(
-                    "SELECT * FROM trigger_subscriptions WHERE id = $1 AND tenant_id = $2", sid, uuid.UUID(tenant_id)
-                )
-            )
+        return await self.one_row(
+            "SELECT * FROM trigger_subscriptions WHERE id = $1 AND tenant_id = $2", sid, uuid.UUID(tenant_id)
+        )
 
     async def all(self, tenant_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch(
-                    "SELECT * FROM trigger_subscriptions WHERE tenant_id = $1 ORDER BY name", uuid.UUID(tenant_id)
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM trigger_subscriptions WHERE tenant_id = $1 ORDER BY name", uuid.UUID(tenant_id)
+        )
 
     async def update(
         self,
@@ -198,26 +192,20 @@ class Triggers:
 
     async def resolve_token(self, token: str) -> Row | None:
         """A live trigger token's subscription and tenant (None for anything else)."""
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow(
-                    "SELECT subscription_id, tenant_id FROM api_tokens WHERE token_sha256 = $1 "
-                    "AND kind = 'trigger' AND revoked_at IS NULL AND expires_at > now()",
-                    token_digest(token),
-                )
-            )
+        return await self.one_row(
+            "SELECT subscription_id, tenant_id FROM api_tokens WHERE token_sha256 = $1 "
+            "AND kind = 'trigger' AND revoked_at IS NULL AND expires_at > now()",
+            token_digest(token),
+        )
 
     # ---- invocation claims ---------------------------------------------------------------------
 
     async def claim(self, subscription_id: str, key: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow(
-                    "SELECT * FROM trigger_invocations WHERE subscription_id = $1 AND idempotency_key = $2",
-                    uuid.UUID(subscription_id),
-                    key,
-                )
-            )
+        return await self.one_row(
+            "SELECT * FROM trigger_invocations WHERE subscription_id = $1 AND idempotency_key = $2",
+            uuid.UUID(subscription_id),
+            key,
+        )
 
     async def bind(
         self,
@@ -331,51 +319,39 @@ class Triggers:
             rid = uuid.UUID(run_id)
         except ValueError:
             return None
-        async with self.pool.acquire() as conn:
-            return as_row(
-                await conn.fetchrow(
-                    "SELECT s.* FROM trigger_invocations i JOIN sessions s ON s.id = i.session_id "
-                    "WHERE i.subscription_id = $1 AND i.session_id = $2",
-                    uuid.UUID(subscription_id),
-                    rid,
-                )
-            )
+        return await self.one_row(
+            "SELECT s.* FROM trigger_invocations i JOIN sessions s ON s.id = i.session_id "
+            "WHERE i.subscription_id = $1 AND i.session_id = $2",
+            uuid.UUID(subscription_id),
+            rid,
+        )
 
     async def runs(self, subscription_id: str, limit: int) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch(
-                    "SELECT s.id, s.status, s.status_reason, s.task, s.invoked_by_kind, s.created_at, s.finished_at, "
-                    "i.idempotency_key, i.kind AS invocation_kind FROM trigger_invocations i "
-                    "JOIN sessions s ON s.id = i.session_id WHERE i.subscription_id = $1 "
-                    "ORDER BY s.created_at DESC LIMIT $2",
-                    uuid.UUID(subscription_id),
-                    limit,
-                )
-            )
+        return await self.rows(
+            "SELECT s.id, s.status, s.status_reason, s.task, s.invoked_by_kind, s.created_at, s.finished_at, "
+            "i.idempotency_key, i.kind AS invocation_kind FROM trigger_invocations i "
+            "JOIN sessions s ON s.id = i.session_id WHERE i.subscription_id = $1 "
+            "ORDER BY s.created_at DESC LIMIT $2",
+            uuid.UUID(subscription_id),
+            limit,
+        )
 
     async def invocations(self, subscription_id: str, limit: int) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch(
-                    "SELECT id, idempotency_key, kind, session_id, skip_reason, catch_up, created_at "
-                    "FROM trigger_invocations WHERE subscription_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
-                    uuid.UUID(subscription_id),
-                    limit,
-                )
-            )
+        return await self.rows(
+            "SELECT id, idempotency_key, kind, session_id, skip_reason, catch_up, created_at "
+            "FROM trigger_invocations WHERE subscription_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
+            uuid.UUID(subscription_id),
+            limit,
+        )
 
     async def deliveries(self, subscription_id: str, limit: int) -> list[Row]:
         """The subscription's result deliveries (table owned by the deliveries work)."""
-        async with self.pool.acquire() as conn:
-            return as_rows(
-                await conn.fetch(
-                    "SELECT id, session_id, url, status, attempts, last_status_code, last_error, created_at, "
-                    "delivered_at FROM deliveries WHERE subscription_id = $1 ORDER BY created_at DESC LIMIT $2",
-                    uuid.UUID(subscription_id),
-                    limit,
-                )
-            )
+        return await self.rows(
+            "SELECT id, session_id, url, status, attempts, last_status_code, last_error, created_at, "
+            "delivered_at FROM deliveries WHERE subscription_id = $1 ORDER BY created_at DESC LIMIT $2",
+            uuid.UUID(subscription_id),
+            limit,
+        )
 
 
 def _param(column: str, value: Any) -> Any:
