@@ -33,6 +33,7 @@ from core.errors import InvalidTransition
 from core.ports import ExecutionProvider, SandboxHandle, SandboxSpec
 from core.states import RunStatus, is_terminal, outcome_status
 from core.tokens import RUN_AUDIENCES
+from db.approvals import ApprovalRecord
 from db.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -410,7 +411,7 @@ class RunActivities:
     @activity.defn(name=c.READ_APPROVAL)
     async def read_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
         rows = await self.store.list_approvals((await self.store.run_spec(inp.run_id)).tenant_id, run_id=inp.run_id)
-        row = next(r for r in rows if r["tool_call_id"] == inp.tool_call_id)
+        row = next(r for r in rows if r.tool_call_id == inp.tool_call_id)
         return _approval(row)
 
     @activity.defn(name=c.EXPIRE_APPROVAL)
@@ -441,13 +442,12 @@ class RunActivities:
         ]
 
 
-def _approval(row: dict[str, object]) -> c.ApprovalRow:
-    expires = row.get("expires_at")
+def _approval(row: ApprovalRecord) -> c.ApprovalRow:
     return c.ApprovalRow(
-        approval_id=str(row["id"]),
-        status=str(row["status"]),
-        expires_at=expires.isoformat() if expires is not None else None,  # type: ignore[attr-defined]
-        reason=str(row["decision_reason"]) if row.get("decision_reason") else None,
+        approval_id=str(row.id),
+        status=row.status,
+        expires_at=row.expires_at.isoformat() if row.expires_at is not None else None,
+        reason=row.decision_reason or None,
     )
 
 

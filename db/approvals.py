@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -12,8 +13,7 @@ import asyncpg
 from core import events as ev
 from core.errors import Conflict, NotFound
 from core.states import RunStatus, accepts_work
-from db._base import Conn, Row, as_row, as_rows
-from db.gate import DECIDED_ALLOW, GateOutcome
+from db._base import Conn, ReadModel, as_model, as_models
 from db.ledger import Ledger
 from db.runs import Runs
 
@@ -48,31 +48,83 @@ _APPROVALS_WITH_AUTHORITY = (
 )
 
 
+class ApprovalRecord(ReadModel):
+    """An ``approvals`` row. A plain pydantic model rather than the ``Approval`` table class: the gate
+    reads and writes one on every tool call, and validating the SQLModel class costs ~150 us a row."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    session_id: uuid.UUID
+    tool_call_id: str
+    tool: str
+    summary: str | None
+    input_digest: str
+    risk: str | None
+    scope: str | None
+    scope_key: str | None
+    status: str
+    decision_source: str | None
+    decision_reason: str | None
+    requested_at: datetime
+    expires_at: datetime | None
+    decided_at: datetime | None
+    decided_by: str | None
+
+
+class ApprovalWithAuthority(ApprovalRecord):
+    """An approval with the frozen facts of whose authority its call would execute under."""
+
+    brokered_slot: str | None
+    spec_owner_type: str | None
+    spec_owner_user_id: str | None
+    binding_owner_type: str | None
+    binding_owner_user_id: uuid.UUID | None
+    binding_connection_id: uuid.UUID | None
+    connection_found: bool
+    connection_display_name: str | None
+    run_invoked_by_user_id: uuid.UUID | None
+
+
+DECIDED_ALLOW = frozenset({"auto_allowed", "approved_once", "approved_session"})
+DECIDED_DENY = frozenset({"auto_denied", "denied", "expired"})
+
+
+class GateOutcome:
+    """What /permission answers: a verdict now, or the approval the runner must wait on."""
+
+    def __init__(self, verdict: str, message: str | None = None, *, wait: ApprovalRecord | None = None) -> None:
+        self.verdict = verdict  # allow | deny | wait
+        self.message = message
+        self.wait = wait  # the intent/pending approval row when verdict == "wait"
+
+
 class Approvals:
     def __init__(self, pool: asyncpg.Pool[Any], ledger: Ledger, runs: Runs) -> None:
         self.pool = pool
         self.ledger = ledger
         self.runs = runs
 
-    async def open_approval(self, run_id: str, tool_call_id: str) -> Row:
+    async def open_approval(self, run_id: str, tool_call_id: str) -> ApprovalRecord:
         """intent → pending (idempotent), ``approval.requested``, and running → awaiting_approval."""
         rid = uuid.UUID(run_id)
         async with self.pool.acquire() as conn, conn.transaction():
             status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", rid)
-            row = as_row(
+            row = as_model(
+                ApprovalRecord,
                 await conn.fetchrow(
                     "UPDATE approvals SET status = 'pending', requested_at = now(),"
                     " expires_at = now() + (expires_at - requested_at)"
                     " WHERE session_id = $1 AND tool_call_id = $2 AND status = 'intent' RETURNING *",
                     rid,
                     tool_call_id,
-                )
+                ),
             )
             if row is None:
-                existing = as_row(
+                existing = as_model(
+                    ApprovalRecord,
                     await conn.fetchrow(
                         "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2", rid, tool_call_id
-                    )
+                    ),
                 )
                 if existing is None:
                     raise NotFound("no such tool call")
@@ -87,12 +139,12 @@ class Approvals:
                     ev.NewEvent(
                         type=ev.APPROVAL_REQUESTED,
                         data={
-                            "approval_id": row["id"],
+                            "approval_id": str(row.id),
                             "tool_call_id": tool_call_id,
-                            "tool": row["tool"],
-                            "summary": row["summary"],
-                            "risk": row["risk"],
-                            "expires_at": row["expires_at"].isoformat(),
+                            "tool": row.tool,
+                            "summary": row.summary,
+                            "risk": row.risk,
+                            "expires_at": row.expires_at.isoformat() if row.expires_at else None,
                         },
                     )
                 ],
@@ -101,30 +153,33 @@ class Approvals:
                 await self.runs.transition(run_id, RunStatus.AWAITING_APPROVAL, conn=conn)
             return row
 
-    async def _settle(self, conn: Conn, row: Row, decision: str, decided_by: str, source: str, reason: str) -> Row:
-        settled = as_row(
+    async def _settle(
+        self, conn: Conn, row: ApprovalRecord, decision: str, decided_by: str, source: str, reason: str
+    ) -> ApprovalRecord:
+        settled = as_model(
+            ApprovalRecord,
             await conn.fetchrow(
                 "UPDATE approvals SET status = $2, decided_at = now(), decided_by = $3, decision_source = $4,"
                 " decision_reason = $5 WHERE id = $1 AND status IN ('pending', 'intent') RETURNING *",
-                uuid.UUID(row["id"]),
+                row.id,
                 decision,
                 decided_by,
                 source,
                 reason,
-            )
+            ),
         )
         if settled is None:
             raise Conflict("approval is not pending")
         verdict = "allow" if decision in DECIDED_ALLOW else "deny"
         new = []
-        if row["status"] == "pending":
+        if row.status == "pending":
             new.append(
                 ev.NewEvent(
                     type=ev.APPROVAL_DECIDED,
                     actor="human" if source == "human" else "system",
                     data={
-                        "approval_id": row["id"],
-                        "tool_call_id": row["tool_call_id"],
+                        "approval_id": str(row.id),
+                        "tool_call_id": row.tool_call_id,
                         "decision": decision,
                         "decided_by": decided_by,
                     },
@@ -134,15 +189,15 @@ class Approvals:
             ev.NewEvent(
                 type=ev.TOOL_DECISION,
                 data={
-                    "tool_call_id": row["tool_call_id"],
-                    "tool": row["tool"],
+                    "tool_call_id": row.tool_call_id,
+                    "tool": row.tool,
                     "verdict": verdict,
                     "source": source,
                     "reason": reason,
                 },
             )
         )
-        await self.ledger.append(conn, row["session_id"], new)
+        await self.ledger.append(conn, str(row.session_id), new)
         return settled
 
     async def decide_approval(
@@ -151,65 +206,62 @@ class Approvals:
         approval_id: str,
         decision: str,
         decided_by: str,
-        authorize: Callable[[Row], None] | None = None,
-    ) -> Row:
+        authorize: Callable[[ApprovalWithAuthority], None] | None = None,
+    ) -> ApprovalRecord:
         """The human decision: a CAS pending → decision; only the winner writes events.
-        ``authorize`` sees the row with its authority facts (``APPROVAL_AUTHORITY_COLUMNS``) and raises
+        ``authorize`` sees the row with its authority facts (``ApprovalWithAuthority``) and raises
         to refuse before anything is written."""
         try:
             aid = uuid.UUID(approval_id)
         except ValueError:
             raise NotFound() from None
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
+            row = as_model(
+                ApprovalWithAuthority,
                 await conn.fetchrow(
                     f"{_APPROVALS_WITH_AUTHORITY} WHERE a.id = $1 AND a.tenant_id = $2", aid, uuid.UUID(tenant_id)
-                )
+                ),
             )
             if row is None:
                 raise NotFound()
             if authorize is not None:
                 authorize(row)
-            if row["status"] != "pending":
-                session_status = await conn.fetchval(
-                    "SELECT status FROM sessions WHERE id = $1", uuid.UUID(row["session_id"])
-                )
+            if row.status != "pending":
+                session_status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1", row.session_id)
                 raise Conflict(
-                    "approval is not pending", approval_status=str(row["status"]), session_status=str(session_status)
+                    "approval is not pending", approval_status=row.status, session_status=str(session_status)
                 )
             # Lock order (session, then approval) matches the gate's, so concurrent deciders queue here.
-            status = await conn.fetchval(
-                "SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(row["session_id"])
-            )
+            status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", row.session_id)
             if not accepts_work(status):
                 # The runner has already been told no; a late approval must not record an allow.
-                raise Conflict(
-                    "approval is not pending", approval_status=str(row["status"]), session_status=str(status)
-                )
+                raise Conflict("approval is not pending", approval_status=row.status, session_status=str(status))
             return await self._settle(conn, row, decision, decided_by, "human", f"human:{decided_by}")
 
-    async def expire_approval(self, approval_id: str) -> Row:
+    async def expire_approval(self, approval_id: str) -> ApprovalRecord:
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id)))
+            row = as_model(
+                ApprovalRecord, await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id))
+            )
             if row is None:
                 raise NotFound()
-            await conn.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(row["session_id"]))
+            await conn.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", row.session_id)
             try:
                 return await self._settle(conn, row, "expired", "timeout", "human", "human:timeout")
             except Conflict:
-                return (
-                    as_row(await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id))) or row
-                )
+                current = await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id))
+                return as_model(ApprovalRecord, current) or row
 
     async def deny_open_approvals(self, run_id: str, reason: str) -> None:
         """Settle every undecided call of a run that stopped accepting work (single emission via CAS)."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
-            rows = as_rows(
+            rows = as_models(
+                ApprovalRecord,
                 await conn.fetch(
                     "SELECT * FROM approvals WHERE session_id = $1 AND status IN ('pending', 'intent')",
                     uuid.UUID(run_id),
-                )
+                ),
             )
             for row in rows:
                 await self._settle(conn, row, "denied", "system", "session_terminal", reason)
@@ -271,7 +323,7 @@ class Approvals:
             if status == RunStatus.AWAITING_APPROVAL and pending == 0:
                 await self.runs.transition(run_id, RunStatus.RUNNING, conn=conn)
 
-    async def list_approvals(self, tenant_id: str, *, run_id: str | None = None) -> list[Row]:
+    async def list_approvals(self, tenant_id: str, *, run_id: str | None = None) -> list[ApprovalWithAuthority]:
         """A run's approvals, or the tenant's pending ones; each with its authority facts."""
         async with self.pool.acquire() as conn:
             if run_id is not None:
@@ -287,4 +339,4 @@ class Approvals:
                     " ORDER BY a.requested_at, a.id",
                     uuid.UUID(tenant_id),
                 )
-            return as_rows(records)
+            return as_models(ApprovalWithAuthority, records)

@@ -13,22 +13,11 @@ from core.digests import input_digest
 from core.gate import GateDecision, decide
 from core.redaction import Redactor
 from core.states import accepts_work
-from db._base import Conn, Row, as_row
+from db._base import Conn, as_model
+from db.approvals import DECIDED_ALLOW, DECIDED_DENY, ApprovalRecord, GateOutcome
 from db.ids import new_id
 from db.ledger import Ledger
 from db.runs import Runs
-
-DECIDED_ALLOW = frozenset({"auto_allowed", "approved_once", "approved_session"})
-DECIDED_DENY = frozenset({"auto_denied", "denied", "expired"})
-
-
-class GateOutcome:
-    """What /permission answers: a verdict now, or the approval the runner must wait on."""
-
-    def __init__(self, verdict: str, message: str | None = None, *, wait: Row | None = None) -> None:
-        self.verdict = verdict  # allow | deny | wait
-        self.message = message
-        self.wait = wait  # the intent/pending approval row when verdict == "wait"
 
 
 class Gate:
@@ -50,12 +39,13 @@ class Gate:
             # Separate statements after the lock: under READ COMMITTED they see what a concurrent
             # transaction we waited for committed (an intent, a cancel); a join inside the locking
             # query would keep the pre-wait snapshot of the joined tables.
-            existing = as_row(
+            existing = as_model(
+                ApprovalRecord,
                 await conn.fetchrow(
                     "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2",
                     rid,
                     tool_call_id,
-                )
+                ),
             )
             winding_down = await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM session_finalizations WHERE session_id = $1)", rid
@@ -84,7 +74,8 @@ class Gate:
             status = {"allow": "auto_allowed", "deny": "auto_denied"}.get(decision.verdict, "intent")
             policy = decision.policy
             summary = str(self.redactor.redact(ev.summarize(tool, tool_input)).value)
-            row = as_row(
+            row = as_model(
+                ApprovalRecord,
                 await conn.fetchrow(
                     "INSERT INTO approvals (id, tenant_id, session_id, tool_call_id, tool, summary, input_digest,"
                     " risk, scope, scope_key, status, decision_source, decision_reason, decided_at, decided_by,"
@@ -106,7 +97,7 @@ class Gate:
                     decision.source,
                     decision.reason,
                     float(policy.ttl_secs or 600) if policy else 600.0,
-                )
+                ),
             )
             new = [
                 ev.NewEvent(
@@ -132,11 +123,11 @@ class Gate:
             return GateOutcome("wait", wait=row)
         return GateOutcome(decision.verdict, decision.reason if decision.verdict == "deny" else None)
 
-    async def _replay(self, conn: Conn, run_id: str, row: Row, tool: str, digest: str) -> GateOutcome:
-        if row["tool"] != tool or row["input_digest"] != digest:
+    async def _replay(self, conn: Conn, run_id: str, row: ApprovalRecord, tool: str, digest: str) -> GateOutcome:
+        if row.tool != tool or row.input_digest != digest:
             message = "tool_call_id reused with a different tool or input"
             data = {
-                "tool_call_id": row["tool_call_id"],
+                "tool_call_id": row.tool_call_id,
                 "tool": tool,
                 "verdict": "deny",
                 "source": "protocol_violation",
@@ -144,8 +135,8 @@ class Gate:
             }
             await self.ledger.append(conn, run_id, [ev.NewEvent(type=ev.TOOL_DECISION, data=data)])
             return GateOutcome("deny", message)
-        if row["status"] in DECIDED_ALLOW:
+        if row.status in DECIDED_ALLOW:
             return GateOutcome("allow")
-        if row["status"] in DECIDED_DENY:
-            return GateOutcome("deny", row["decision_reason"] or "denied")
+        if row.status in DECIDED_DENY:
+            return GateOutcome("deny", row.decision_reason or "denied")
         return GateOutcome("wait", wait=row)

@@ -20,8 +20,8 @@ from core.errors import InvalidTransition
 from core.redaction import Redactor
 from db._base import Conn, Row
 from db.agents import Agents
-from db.approvals import Approvals
-from db.gate import DECIDED_ALLOW, DECIDED_DENY, Gate, GateOutcome
+from db.approvals import DECIDED_ALLOW, DECIDED_DENY, Approvals, GateOutcome
+from db.gate import Gate
 from db.ids import new_id
 from db.ledger import NOTIFY_CHANNEL, Ledger
 from db.policies import Policies

@@ -24,6 +24,7 @@ from api.routes.sessions import run_handle
 from api.schemas import DecisionIn, approval_public
 from core.authority import Authority, classify
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
+from db.approvals import ApprovalWithAuthority
 from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.api.approvals")
@@ -41,9 +42,9 @@ DECIDER_ROLES = READ_ALL_ROLES  # approver, admin, owner decide organization-aut
 ORG_DECIDERS_ONLY = "deciding this approval requires approver, admin, or owner"
 
 
-def refusal(who: Principal, row: dict[str, Any], authority: Authority) -> DomainError | None:
+def refusal(who: Principal, row: ApprovalWithAuthority, authority: Authority) -> DomainError | None:
     """Why ``who`` may not decide this approval (404 for a run it cannot see), or None."""
-    invoker = row["run_invoked_by_user_id"]
+    invoker = row.run_invoked_by_user_id
     if not who.sees_run({"invoked_by_user_id": invoker}):
         return NotFound()
     if authority.kind == "personal":
@@ -60,10 +61,10 @@ def refusal(who: Principal, row: dict[str, Any], authority: Authority) -> Domain
     return Forbidden(ORG_DECIDERS_ONLY)
 
 
-def authorizer(who: Principal) -> Callable[[dict[str, Any]], None]:
+def authorizer(who: Principal) -> Callable[[ApprovalWithAuthority], None]:
     """The check ``decide_approval`` runs on the row before the CAS (its authority facts are frozen)."""
 
-    def authorize(row: dict[str, Any]) -> None:
+    def authorize(row: ApprovalWithAuthority) -> None:
         refused = refusal(who, row, classify(row))
         if refused is not None:
             raise refused
@@ -84,7 +85,7 @@ async def inbox(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
         except Conflict:
             authority, can_decide = "unclassifiable", False
         if can_decide or who.is_operator:
-            out.append({**approval_public(row), "authority": authority, "can_decide": can_decide})
+            out.append({**approval_public(row.model_dump()), "authority": authority, "can_decide": can_decide})
     return {"approvals": out}
 
 
@@ -98,10 +99,10 @@ async def decide(approval_id: str, body: DecisionIn, who: PrincipalDep, svc: Ser
     decided_by = "operator" if who.is_operator else str(who.user_id)
     row = await svc.store.decide_approval(who.tenant_id, approval_id, decision, decided_by, authorizer(who))
     try:
-        await run_handle(await svc.temporal(), row["session_id"]).signal(
-            RunWorkflow.approval_decided, c.ApprovalDecided(tool_call_id=row["tool_call_id"], status=decision)
+        await run_handle(await svc.temporal(), str(row.session_id)).signal(
+            RunWorkflow.approval_decided, c.ApprovalDecided(tool_call_id=row.tool_call_id, status=decision)
         )
     except Exception:
         # Settled in PostgreSQL already; the workflow's slow re-read picks it up.
-        log.warning("approval signal for run %s not delivered", row["session_id"], exc_info=True)
-    return {"approval": approval_public(row)}
+        log.warning("approval signal for run %s not delivered", row.session_id, exc_info=True)
+    return {"approval": approval_public(row.model_dump())}

@@ -151,7 +151,7 @@ async def session_approvals(run_id: str, who: PrincipalDep, svc: ServicesDep) ->
     """Includes auto-decided intents, not only human approvals."""
     await _visible_run(svc, who, run_id)
     rows = await svc.store.list_approvals(who.tenant_id, run_id=run_id)
-    return {"approvals": [approval_public(r) for r in rows]}
+    return {"approvals": [approval_public(r.model_dump()) for r in rows]}
 
 
 @router.get("/{run_id}/events", summary="The ledger, after a sequence number")
