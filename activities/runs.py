@@ -290,22 +290,22 @@ class RunActivities:
         if is_terminal(status) or status in (RunStatus.FINALIZING, RunStatus.CANCELLING):
             intent = await self.store.finalization(ref.run_id)
             return c.BeginFinalizeOut(
-                status=status, needs_quiesce=status == RunStatus.CANCELLING and bool(intent and intent["needs_quiesce"])
+                status=status, needs_quiesce=status == RunStatus.CANCELLING and bool(intent and intent.needs_quiesce)
             )
         intent = await self.store.finalization(ref.run_id)
         if intent is None:  # defensive: the workflow only finalizes with an intent recorded
             await self.store.request_finalization(ref.run_id, "failed", reason="finalized without an intent")
             intent = await self.store.finalization(ref.run_id)
         assert intent is not None
-        if intent["needs_quiesce"]:
+        if intent.needs_quiesce:
             await self.store.transition(
                 ref.run_id,
                 RunStatus.CANCELLING,
-                intent["reason"],
+                intent.reason,
                 [ev.NewEvent(type=ev.QUIESCE_REQUESTED, data={"deadline_secs": int(self.settings.quiesce_secs)})],
             )
             return c.BeginFinalizeOut(status=RunStatus.CANCELLING, needs_quiesce=True)
-        await self.store.transition(ref.run_id, RunStatus.FINALIZING, intent["reason"])
+        await self.store.transition(ref.run_id, RunStatus.FINALIZING, intent.reason)
         return c.BeginFinalizeOut(status=RunStatus.FINALIZING, needs_quiesce=False)
 
     @activity.defn(name=c.AWAIT_SANDBOX_EXIT)
@@ -337,7 +337,8 @@ class RunActivities:
             await self._deliver(run_id)  # a retry after the terminal commit still starts the deliveries
             await self._retire_run_dir(run_id)
             return c.StatusOut(status=row["status"])
-        intent = await self.store.finalization(run_id) or {"outcome": "failed", "summary": None, "reason": None}
+        intent = await self.store.finalization(run_id)
+        outcome = intent.outcome if intent else "failed"
         await self.store.deny_open_approvals(run_id, "session is not active")
         await self.store.settle_inflight_claims(run_id)
         handle = self._handle(row)
@@ -377,18 +378,18 @@ class RunActivities:
             )
             missing = {"kind": "diff", "reason": str(err), "fallback": "file listing", "sha256": sha256_hex(content)}
             new.append(ev.NewEvent(type=ev.ARTIFACT_MISSING, data=missing))
-        summary = intent.get("summary")
+        summary = intent.summary if intent else None
         if summary:
             artifacts.append(
                 {"kind": "summary", "name": "summary.md", "content": summary, "content_type": "text/markdown"}
             )
-        terminal = outcome_status(intent["outcome"])
-        reason = intent.get("reason")
+        terminal = outcome_status(outcome)
+        reason = intent.reason if intent else None
         if terminal == RunStatus.CANCELLED and not reason:
             reason = "cancelled by user"
         if diff_failure:  # the reported outcome stands; its reason leads with the missing diff
             reason = f"{diff_failure}; {reason}" if reason else diff_failure
-        _, final = await self.store.finish(run_id, terminal, reason, summary, intent["outcome"], artifacts, new)
+        _, final = await self.store.finish(run_id, terminal, reason, summary, outcome, artifacts, new)
         await self._deliver(run_id)
         await self._retire_run_dir(run_id)
         return c.StatusOut(status=final)

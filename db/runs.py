@@ -16,6 +16,7 @@ from core.states import RunStatus, check_transition, is_terminal
 from db._base import Conn, Repository, Row, as_row
 from db.ids import new_id
 from db.ledger import Ledger
+from db.models.runs import Artifact, RunFinalization
 from db.tokens import RunTokens
 
 # pg_advisory_xact_lock key serialising sandbox-capacity claims (any constant no other lock uses).
@@ -227,8 +228,10 @@ class Runs(Repository):
                 await self.ledger.append(conn, run_id, [ev.system_message(reason)])
             return False, live
 
-    async def finalization(self, run_id: str) -> Row | None:
-        return await self.one_row("SELECT * FROM session_finalizations WHERE session_id = $1", uuid.UUID(run_id))
+    async def finalization(self, run_id: str) -> RunFinalization | None:
+        return await self.one(
+            RunFinalization, "SELECT * FROM session_finalizations WHERE session_id = $1", uuid.UUID(run_id)
+        )
 
     async def live_runs(self) -> list[Row]:
         """Every run the liveness sweep watches: a running or waiting runner, or an intent not acted on yet."""
@@ -290,9 +293,9 @@ class Runs(Repository):
             await conn.execute("DELETE FROM session_finalizations WHERE session_id = $1", rid)
             return moved
 
-    async def artifacts(self, run_id: str) -> list[Row]:
-        return await self.rows(
-            "SELECT * FROM artifacts WHERE session_id = $1 ORDER BY created_at, kind", uuid.UUID(run_id)
+    async def artifacts(self, run_id: str) -> list[Artifact]:
+        return await self.many(
+            Artifact, "SELECT * FROM artifacts WHERE session_id = $1 ORDER BY created_at, kind", uuid.UUID(run_id)
         )
 
     async def has_gate_calls(self, run_id: str) -> bool:

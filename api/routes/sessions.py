@@ -128,14 +128,14 @@ async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str,
     """The diff against the pristine workspace, the summary, and whether the gate was ever consulted."""
     row = await _visible_run(svc, who, run_id)
     arts = await svc.store.artifacts(run_id)
-    by_kind = {a["kind"]: a for a in arts}
+    by_kind = {a.kind: a for a in arts}
     diff = by_kind.get("diff")
     return {
         "status": row["status"],
-        "diff": diff["content"] if diff else None,
+        "diff": diff.content if diff else None,
         "summary": row["result_summary"],
         "gate_consulted": await svc.store.has_gate_calls(run_id),
-        "artifacts": [pick(a, ARTIFACT_FIELDS) for a in arts],
+        "artifacts": [pick(a.model_dump(), ARTIFACT_FIELDS) for a in arts],
     }
 
 
@@ -143,7 +143,7 @@ async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str,
 async def artifacts(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The diff (``changes.patch``) and the summary (``summary.md``)."""
     await _visible_run(svc, who, run_id)
-    return {"artifacts": [pick(a, ARTIFACT_FIELDS) for a in await svc.store.artifacts(run_id)]}
+    return {"artifacts": [pick(a.model_dump(), ARTIFACT_FIELDS) for a in await svc.store.artifacts(run_id)]}
 
 
 @router.get("/{run_id}/approvals", summary="Every tool intent and approval of the run")
