@@ -12,19 +12,11 @@ from db.models.agents import Agent, AgentRevision
 
 
 class Agents(Repository):
-    _REVISION_COLUMNS = (
-        "harness",
-        "runner_image",
-        "model",
-        "system_prompt",
-        "policy_id",
-        "budgets",
-        "harness_config",
-        "capability_bundles",
-        "default_workspace",
-        "connection_requirements",
-        "network",
+    # What a revision configures: every column but its identity and its place in the agent's history.
+    _REVISION_COLUMNS = tuple(
+        f for f in AgentRevision.model_fields if f not in ("id", "tenant_id", "agent_id", "rev", "created_at")
     )
+    _POLICY_ID = _REVISION_COLUMNS.index("policy_id")
 
     async def _insert_revision(
         self, conn: Conn, tenant_id: str, agent_id: str, fields: dict[str, Any]
@@ -36,7 +28,7 @@ class Agents(Repository):
         params = ", ".join(f"${i}" for i in range(5, 5 + len(self._REVISION_COLUMNS)))
         defaults: dict[str, Any] = {"harness_config": {}, "capability_bundles": [], "connection_requirements": []}
         values = [fields.get(c) if fields.get(c) is not None else defaults.get(c) for c in self._REVISION_COLUMNS]
-        values[4] = uuid.UUID(str(values[4]))  # policy_id
+        values[self._POLICY_ID] = uuid.UUID(str(values[self._POLICY_ID]))
         record = await conn.fetchrow(
             f"INSERT INTO agent_revisions (id, tenant_id, agent_id, rev, {cols}) "
             f"VALUES ($1, $2, $3, $4, {params}) RETURNING *",
