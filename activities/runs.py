@@ -33,6 +33,7 @@ from core.ports import ExecutionProvider, SandboxHandle, SandboxSpec
 from core.runner_env import runner_env, runner_secrets
 from core.states import RunStatus, is_terminal, outcome_status
 from core.tokens import RUN_AUDIENCES
+from db.approvals import ApprovalRecord
 from db.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -289,22 +290,22 @@ class RunActivities:
         if is_terminal(status) or status in (RunStatus.FINALIZING, RunStatus.CANCELLING):
             intent = await self.store.finalization(ref.run_id)
             return c.BeginFinalizeOut(
-                status=status, needs_quiesce=status == RunStatus.CANCELLING and bool(intent and intent["needs_quiesce"])
+                status=status, needs_quiesce=status == RunStatus.CANCELLING and bool(intent and intent.needs_quiesce)
             )
         intent = await self.store.finalization(ref.run_id)
         if intent is None:  # defensive: the workflow only finalizes with an intent recorded
             await self.store.request_finalization(ref.run_id, "failed", reason="finalized without an intent")
             intent = await self.store.finalization(ref.run_id)
         assert intent is not None
-        if intent["needs_quiesce"]:
+        if intent.needs_quiesce:
             await self.store.transition(
                 ref.run_id,
                 RunStatus.CANCELLING,
-                intent["reason"],
+                intent.reason,
                 [ev.NewEvent(type=ev.QUIESCE_REQUESTED, data={"deadline_secs": int(self.settings.quiesce_secs)})],
             )
             return c.BeginFinalizeOut(status=RunStatus.CANCELLING, needs_quiesce=True)
-        await self.store.transition(ref.run_id, RunStatus.FINALIZING, intent["reason"])
+        await self.store.transition(ref.run_id, RunStatus.FINALIZING, intent.reason)
         return c.BeginFinalizeOut(status=RunStatus.FINALIZING, needs_quiesce=False)
 
     @activity.defn(name=c.AWAIT_SANDBOX_EXIT)
@@ -336,7 +337,8 @@ class RunActivities:
             await self._deliver(run_id)  # a retry after the terminal commit still starts the deliveries
             await self._retire_run_dir(run_id)
             return c.StatusOut(status=row["status"])
-        intent = await self.store.finalization(run_id) or {"outcome": "failed", "summary": None, "reason": None}
+        intent = await self.store.finalization(run_id)
+        outcome = intent.outcome if intent else "failed"
         await self.store.deny_open_approvals(run_id, "session is not active")
         await self.store.settle_inflight_claims(run_id)
         handle = self._handle(row)
@@ -376,18 +378,18 @@ class RunActivities:
             )
             missing = {"kind": "diff", "reason": str(err), "fallback": "file listing", "sha256": sha256_hex(content)}
             new.append(ev.NewEvent(type=ev.ARTIFACT_MISSING, data=missing))
-        summary = intent.get("summary")
+        summary = intent.summary if intent else None
         if summary:
             artifacts.append(
                 {"kind": "summary", "name": "summary.md", "content": summary, "content_type": "text/markdown"}
             )
-        terminal = outcome_status(intent["outcome"])
-        reason = intent.get("reason")
+        terminal = outcome_status(outcome)
+        reason = intent.reason if intent else None
         if terminal == RunStatus.CANCELLED and not reason:
             reason = "cancelled by user"
         if diff_failure:  # the reported outcome stands; its reason leads with the missing diff
             reason = f"{diff_failure}; {reason}" if reason else diff_failure
-        _, final = await self.store.finish(run_id, terminal, reason, summary, intent["outcome"], artifacts, new)
+        _, final = await self.store.finish(run_id, terminal, reason, summary, outcome, artifacts, new)
         await self._deliver(run_id)
         await self._retire_run_dir(run_id)
         return c.StatusOut(status=final)
@@ -410,7 +412,7 @@ class RunActivities:
     @activity.defn(name=c.READ_APPROVAL)
     async def read_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
         rows = await self.store.list_approvals((await self.store.run_spec(inp.run_id)).tenant_id, run_id=inp.run_id)
-        row = next(r for r in rows if r["tool_call_id"] == inp.tool_call_id)
+        row = next(r for r in rows if r.tool_call_id == inp.tool_call_id)
         return _approval(row)
 
     @activity.defn(name=c.EXPIRE_APPROVAL)
@@ -441,13 +443,12 @@ class RunActivities:
         ]
 
 
-def _approval(row: dict[str, object]) -> c.ApprovalRow:
-    expires = row.get("expires_at")
+def _approval(row: ApprovalRecord) -> c.ApprovalRow:
     return c.ApprovalRow(
-        approval_id=str(row["id"]),
-        status=str(row["status"]),
-        expires_at=expires.isoformat() if expires is not None else None,  # type: ignore[attr-defined]
-        reason=str(row["decision_reason"]) if row.get("decision_reason") else None,
+        approval_id=str(row.id),
+        status=row.status,
+        expires_at=row.expires_at.isoformat() if row.expires_at is not None else None,
+        reason=row.decision_reason or None,
     )
 
 

@@ -160,14 +160,14 @@ async def run_token(
     token = bearer(request)
     if token is None:
         raise Unauthorized()
-    row: dict[str, Any] | None = await svc.store.resolve_token(token)
-    if row is None or row["expired"] or (row["revoked"] and not allow_revoked):
+    row = await svc.store.resolve_token(token)
+    if row is None or row.expired or (row.revoked and not allow_revoked):
         raise Unauthorized()
-    if row["audience"] != audience.value:
+    if row.audience != audience.value:
         raise WrongAudience()
-    if row["session_id"] != session_id:
+    if str(row.session_id) != session_id:
         raise NotFound()
-    return RunPrincipal(row["session_id"], row["tenant_id"], row["audience"], row["status"], row["revoked"])
+    return RunPrincipal(str(row.session_id), str(row.tenant_id), row.audience, row.status, row.revoked)
 
 
 @dataclass

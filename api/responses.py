@@ -18,9 +18,10 @@ content, a ledger payload, a tool's JSON schema), it is typed as a JSON object, 
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema, model_validator
 
 Timestamp = Annotated[
     dt.datetime,
@@ -33,6 +34,14 @@ Json = dict[str, Any]
 
 class _Out(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ids_as_text(cls, data: Any) -> Any:
+        """Typed rows carry ``uuid.UUID`` ids; every id in an answer is their text."""
+        if isinstance(data, dict):
+            return {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in data.items()}
+        return data
 
 
 # ---- health --------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from core.errors import Conflict
 from core.tools import split_mcp
@@ -35,22 +35,43 @@ class Authority:
         return "personal" if self.kind == "personal" else "organization"
 
 
-def classify(row: dict[str, Any]) -> Authority:
+class AuthorityFacts(Protocol):
+    """The frozen facts an approval carries about its call (``db.approvals.ApprovalWithAuthority``)."""
+
+    @property
+    def tool(self) -> str: ...
+    @property
+    def spec_owner_type(self) -> str | None: ...
+    @property
+    def spec_owner_user_id(self) -> object | None: ...
+    @property
+    def binding_owner_type(self) -> str | None: ...
+    @property
+    def binding_owner_user_id(self) -> object | None: ...
+    @property
+    def binding_connection_id(self) -> object | None: ...
+    @property
+    def connection_found(self) -> bool: ...
+    @property
+    def connection_display_name(self) -> str | None: ...
+
+
+def classify(row: AuthorityFacts) -> Authority:
     """From the frozen binding only (never from the caller). Anything inconsistent is refused (409)
     rather than guessed, so a personal call can never be classified as an organization one."""
-    if not row["tool"].startswith("mcp__"):
+    if not row.tool.startswith("mcp__"):
         return Authority("credentialless")
-    if split_mcp(row["tool"]) is None or (row["spec_owner_type"] is None and row["binding_owner_type"] is None):
+    if split_mcp(row.tool) is None or (row.spec_owner_type is None and row.binding_owner_type is None):
         # Not a brokered surface of this run (a sandbox capability server): nothing of anyone's executes.
         return Authority("organization")
-    if row["binding_owner_type"] is None:
+    if row.binding_owner_type is None:
         raise Conflict(NO_BINDING)
-    if not row["connection_found"]:
+    if not row.connection_found:
         raise Conflict(NO_CONNECTION)
-    if "user" in (row["binding_owner_type"], row["spec_owner_type"]):
-        owner = row["binding_owner_user_id"] or row["spec_owner_user_id"]
+    if "user" in (row.binding_owner_type, row.spec_owner_type):
+        owner = row.binding_owner_user_id or row.spec_owner_user_id
         if owner is None:
             raise Conflict(NO_BINDING)
-        name = row["connection_display_name"] or str(row["binding_connection_id"])
+        name = row.connection_display_name or str(row.binding_connection_id)
         return Authority("personal", owner_user_id=str(owner), connection=name)
     return Authority("organization")

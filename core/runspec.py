@@ -103,13 +103,52 @@ def intersect_budgets(*layers: Budgets | None) -> Budgets:
     return Budgets(**out)
 
 
+class FrozenAgent(Protocol):
+    """What a run freezes of its agent (``db.models.Agent`` is one)."""
+
+    @property
+    def id(self) -> object: ...
+    @property
+    def name(self) -> str: ...
+
+
+class FrozenRevision(Protocol):
+    """What a run freezes of the agent's revision (``db.models.AgentRevision`` is one)."""
+
+    @property
+    def id(self) -> object: ...
+    @property
+    def harness(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def system_prompt(self) -> str | None: ...
+    @property
+    def budgets(self) -> dict[str, Any] | None: ...
+    @property
+    def harness_config(self) -> dict[str, Any]: ...
+    @property
+    def default_workspace(self) -> dict[str, Any] | None: ...
+
+
+class PolicyHead(Protocol):
+    """What a run freezes of its policy: the head version (``db.policies.PolicyHead`` is one)."""
+
+    @property
+    def policy_id(self) -> object: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def content(self) -> dict[str, Any]: ...
+
+
 def freeze(
     *,
     run_id: str,
     tenant_id: str,
-    agent: dict[str, Any],
-    revision: dict[str, Any],
-    policy_row: dict[str, Any],
+    agent: FrozenAgent,
+    revision: FrozenRevision,
+    policy_row: PolicyHead,
     task: str,
     workspace: WorkspaceSpec | None,
     autonomous: bool,
@@ -119,29 +158,29 @@ def freeze(
     capabilities: list[dict[str, Any]] | None = None,
 ) -> RunSpec:
     """Build the immutable RunSpec for a new run from the agent revision and policy version."""
-    policy = Policy.model_validate(policy_row["content"])
+    policy = Policy.model_validate(policy_row.content)
     if autonomous and not policy.autonomy.permitted:
         raise BadRequest("policy does not permit autonomous runs")
-    revision_budgets = Budgets.model_validate(revision["budgets"]) if revision.get("budgets") else None
-    default_ws = revision.get("default_workspace")
+    revision_budgets = Budgets.model_validate(revision.budgets) if revision.budgets else None
+    default_ws = revision.default_workspace
     return RunSpec(
         run_id=run_id,
         tenant_id=tenant_id,
-        agent_id=str(agent["id"]),
-        agent_revision_id=str(revision["id"]),
-        agent_name=agent["name"],
-        harness=revision["harness"],
-        model=revision["model"],
-        system_prompt=revision.get("system_prompt"),
-        harness_config=revision.get("harness_config") or {},
+        agent_id=str(agent.id),
+        agent_revision_id=str(revision.id),
+        agent_name=agent.name,
+        harness=revision.harness,
+        model=revision.model,
+        system_prompt=revision.system_prompt,
+        harness_config=revision.harness_config or {},
         task=task,
         workspace=workspace or (WorkspaceSpec.model_validate(default_ws) if default_ws else WorkspaceSpec()),
         autonomy="autonomous" if autonomous else "supervised",
         budgets=intersect_budgets(revision_budgets, policy.budgets, budget_override),
-        policy_id=str(policy_row["policy_id"]),
+        policy_id=str(policy_row.policy_id),
         policy_name=policy.name,
-        policy_version=int(policy_row["version"]),
-        policy_snapshot=policy_row["content"],
+        policy_version=policy_row.version,
+        policy_snapshot=policy_row.content,
         invocation=invocation,
         brokered=brokered or [],
         capabilities=capabilities or [],

@@ -5,13 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from db._base import Repository, Row, as_row, as_rows
 from db.ids import new_id
-from db.store import Row, Store, _row, _rows
+from db.store import Store
 
 
-class Capabilities:
+class Capabilities(Repository):
     def __init__(self, store: Store) -> None:
-        self.pool = store.pool
+        super().__init__(store.pool)
 
     async def publish(self, tenant_id: str, name: str, description: str | None, definition: Any, digest: str) -> Row:
         """Append version max+1 of ``name`` (v1 for a new name), under a per-name advisory lock."""
@@ -22,7 +23,7 @@ class Capabilities:
                 uuid.UUID(tenant_id),
                 name,
             )
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO capability_bundles (id, tenant_id, name, version, description, definition, "
                     "definition_digest) VALUES ($1,$2,$3,$4,$5,$6,$7) RETURNING *",
@@ -39,25 +40,19 @@ class Capabilities:
             return row
 
     async def all(self, tenant_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    "SELECT * FROM capability_bundles WHERE tenant_id = $1 ORDER BY name, version DESC",
-                    uuid.UUID(tenant_id),
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM capability_bundles WHERE tenant_id = $1 ORDER BY name, version DESC",
+            uuid.UUID(tenant_id),
+        )
 
     async def get(self, tenant_id: str, bundle_id: str) -> Row | None:
         try:
             bid = uuid.UUID(bundle_id)
         except ValueError:
             return None
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND id = $2", uuid.UUID(tenant_id), bid
-                )
-            )
+        return await self.one_row(
+            "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND id = $2", uuid.UUID(tenant_id), bid
+        )
 
     async def resolve(self, tenant_id: str, name: str, version: int | None) -> Row | None:
         """``name`` → its newest version now; ``name@N`` → exactly N."""
@@ -75,13 +70,13 @@ class Capabilities:
                     name,
                     version,
                 )
-            return _row(record)
+            return as_row(record)
 
     async def by_ids(self, ids: list[str]) -> dict[str, Row]:
         if not ids:
             return {}
         async with self.pool.acquire() as conn:
-            rows = _rows(
+            rows = as_rows(
                 await conn.fetch(
                     "SELECT * FROM capability_bundles WHERE id = ANY($1::uuid[])", [uuid.UUID(i) for i in ids]
                 )

@@ -8,8 +8,9 @@ from typing import Any
 import asyncpg
 
 from core.errors import Conflict
+from db._base import Conn, Repository, Row, as_row
 from db.ids import new_id
-from db.store import Conn, Row, Store, _row, _rows
+from db.store import Store
 
 COLUMNS = (
     "slug", "name", "icon", "description", "categories", "url", "transport", "auth_mode", "auth_hints", "scopes",
@@ -22,9 +23,9 @@ def duplicate_slug(slug: str) -> str:
     return f"a catalog entry with slug '{slug}' already exists"
 
 
-class Catalog:
+class Catalog(Repository):
     def __init__(self, store: Store) -> None:
-        self.pool = store.pool
+        super().__init__(store.pool)
 
     def _values(self, entry: dict[str, Any]) -> list[Any]:
         return [entry.get(c) if entry.get(c) is not None else DEFAULTS.get(c) for c in COLUMNS]
@@ -56,7 +57,7 @@ class Catalog:
             async with self.pool.acquire() as conn, conn.transaction():
                 if await self._taken(conn, tenant_id, entry["slug"]):
                     raise duplicate
-                row = _row(
+                row = as_row(
                     await conn.fetchrow(
                         f"INSERT INTO connector_catalog (id, tenant_id, {cols}, tier) "
                         f"VALUES ($1, $2, {params}, 'custom') RETURNING *",
@@ -90,22 +91,16 @@ class Catalog:
             await conn.execute("DELETE FROM connector_catalog WHERE id = $1 AND tier = 'custom'", uuid.UUID(entry_id))
 
     async def visible(self, tenant_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    "SELECT * FROM connector_catalog WHERE disabled_at IS NULL "
-                    "AND (tenant_id IS NULL OR tenant_id = $1) ORDER BY tier <> 'verified', slug",
-                    uuid.UUID(tenant_id),
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM connector_catalog WHERE disabled_at IS NULL "
+            "AND (tenant_id IS NULL OR tenant_id = $1) ORDER BY tier <> 'verified', slug",
+            uuid.UUID(tenant_id),
+        )
 
     async def get(self, tenant_id: str, slug: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT * FROM connector_catalog WHERE slug = $1 AND disabled_at IS NULL "
-                    "AND (tenant_id IS NULL OR tenant_id = $2)",
-                    slug,
-                    uuid.UUID(tenant_id),
-                )
-            )
+        return await self.one_row(
+            "SELECT * FROM connector_catalog WHERE slug = $1 AND disabled_at IS NULL "
+            "AND (tenant_id IS NULL OR tenant_id = $2)",
+            slug,
+            uuid.UUID(tenant_id),
+        )

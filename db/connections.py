@@ -12,8 +12,9 @@ from typing import Any
 
 from core import events as ev
 from core.errors import Conflict, NotFound
+from db._base import Conn, Repository, Row, as_row, as_rows
 from db.ids import new_id
-from db.store import Conn, Row, Store, _row, _rows
+from db.store import Store
 
 CONNECTION_FIELDS = (
     "id, tenant_id, provider, display_name, base_url, auth_kind, header_name, scheme, status, owner_type, "
@@ -28,10 +29,10 @@ def credential_context(tenant_id: str) -> str:
     return f"{tenant_id}:integration_connections.credential"
 
 
-class Connections:
+class Connections(Repository):
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.pool = store.pool
+        super().__init__(store.pool)
 
     # ---- connections ---------------------------------------------------------------------------
 
@@ -42,7 +43,7 @@ class Connections:
         ``fields["owner_user_id"]`` set makes it a personal connection of that user (owner_type ``user``)."""
         owner = fields.get("owner_user_id")
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
                     "auth_kind, header_name, scheme, credential_sealed, credential_key_id, status, owner_type, "
@@ -72,7 +73,7 @@ class Connections:
         (only ``active`` connections bind). ``fields`` as :meth:`create` (no header or scheme)."""
         owner = fields.get("owner_user_id")
         async with self.pool.acquire() as conn:
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
                     "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id) "
@@ -93,39 +94,32 @@ class Connections:
 
     async def discard_pending_oauth(self, tenant_id: str, connection_id: str) -> None:
         """Remove an ``oauth`` connection that never signed in (its first sign-in could not even start)."""
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                "DELETE FROM integration_connections WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' "
-                "AND status = 'pending' AND oauth_activated_at IS NULL",
-                uuid.UUID(tenant_id),
-                uuid.UUID(connection_id),
-            )
+        await self.execute(
+            "DELETE FROM integration_connections WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' "
+            "AND status = 'pending' AND oauth_activated_at IS NULL",
+            uuid.UUID(tenant_id),
+            uuid.UUID(connection_id),
+        )
 
     async def all(self, tenant_id: str, viewer_user_id: str | None = None) -> list[Row]:
         """Organization connections plus the viewer's own personal ones (none for the operator)."""
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 "
-                    "AND (owner_type = 'organization' OR owner_user_id = $2) ORDER BY created_at DESC",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(viewer_user_id) if viewer_user_id else None,
-                )
-            )
+        return await self.rows(
+            f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 "
+            "AND (owner_type = 'organization' OR owner_user_id = $2) ORDER BY created_at DESC",
+            uuid.UUID(tenant_id),
+            uuid.UUID(viewer_user_id) if viewer_user_id else None,
+        )
 
     async def get(self, tenant_id: str, connection_id: str) -> Row | None:
         try:
             cid = uuid.UUID(connection_id)
         except ValueError:
             return None
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 AND id = $2",
-                    uuid.UUID(tenant_id),
-                    cid,
-                )
-            )
+        return await self.one_row(
+            f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 AND id = $2",
+            uuid.UUID(tenant_id),
+            cid,
+        )
 
     async def credential(self, connection_id: str, generation: int | None = None) -> tuple[bytes, str]:
         """The sealed blob and key id, only while the connection is active (and, for the broker, still
@@ -143,7 +137,7 @@ class Connections:
 
     async def revoke(self, tenant_id: str, connection_id: str) -> Row:
         async with self.pool.acquire() as conn:
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE integration_connections SET status = 'revoked', updated_at = now(), "
                     "credential_sealed = NULL WHERE tenant_id = $1 AND id = $2 AND status <> 'revoked' "
@@ -161,7 +155,7 @@ class Connections:
     # ---- snapshots -----------------------------------------------------------------------------
 
     async def _append_snapshot(self, conn: Conn, connection_id: str, version: int, photo: dict[str, Any]) -> Row:
-        row = _row(
+        row = as_row(
             await conn.fetchrow(
                 "INSERT INTO connection_tool_snapshots (id, connection_id, snapshot_version, "
                 "authorization_generation, protocol_version, tools_json, tools_digest) "
@@ -198,35 +192,28 @@ class Connections:
             return await self._append_snapshot(conn, connection_id, version, photo)
 
     async def latest_snapshot(self, connection_id: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT * FROM connection_tool_snapshots WHERE connection_id = $1 "
-                    "ORDER BY snapshot_version DESC LIMIT 1",
-                    uuid.UUID(connection_id),
-                )
-            )
+        return await self.one_row(
+            "SELECT * FROM connection_tool_snapshots WHERE connection_id = $1 ORDER BY snapshot_version DESC LIMIT 1",
+            uuid.UUID(connection_id),
+        )
 
     # ---- bindings ------------------------------------------------------------------------------
 
     async def candidates(self, tenant_id: str, owner_user_id: str | None = None) -> list[Row]:
         """Active connections with their latest snapshot, newest first: the organization's, or (with
         ``owner_user_id``) that user's personal ones."""
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    "SELECT c.id, c.base_url, c.display_name, c.authorization_generation, c.owner_type, "
-                    "c.owner_user_id, s.snapshot_version, "
-                    "s.protocol_version, s.tools_json FROM integration_connections c JOIN LATERAL ("
-                    " SELECT * FROM connection_tool_snapshots t WHERE t.connection_id = c.id"
-                    " ORDER BY snapshot_version DESC LIMIT 1) s ON true "
-                    "WHERE c.tenant_id = $1 AND c.status = 'active' AND CASE WHEN $2::uuid IS NULL "
-                    "THEN c.owner_type = 'organization' ELSE c.owner_type = 'user' AND c.owner_user_id = $2 END "
-                    "ORDER BY c.created_at DESC",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(owner_user_id) if owner_user_id else None,
-                )
-            )
+        return await self.rows(
+            "SELECT c.id, c.base_url, c.display_name, c.authorization_generation, c.owner_type, "
+            "c.owner_user_id, s.snapshot_version, "
+            "s.protocol_version, s.tools_json FROM integration_connections c JOIN LATERAL ("
+            " SELECT * FROM connection_tool_snapshots t WHERE t.connection_id = c.id"
+            " ORDER BY snapshot_version DESC LIMIT 1) s ON true "
+            "WHERE c.tenant_id = $1 AND c.status = 'active' AND CASE WHEN $2::uuid IS NULL "
+            "THEN c.owner_type = 'organization' ELSE c.owner_type = 'user' AND c.owner_user_id = $2 END "
+            "ORDER BY c.created_at DESC",
+            uuid.UUID(tenant_id),
+            uuid.UUID(owner_user_id) if owner_user_id else None,
+        )
 
     async def insert_bindings(self, conn: Conn, tenant_id: str, run_id: str, bindings: list[Row]) -> None:
         for b in bindings:
@@ -253,28 +240,25 @@ class Connections:
         """Everything the broker checks before a call, read in one statement: the claim, its binding,
         the connection's live state (and sealed credential only while it still matches the binding),
         the run's status, and for a personal binding whether its owner is still an active member."""
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT cl.*, b.connection_id, b.authority_generation, b.connection_owner_type, "
-                    "b.connection_owner_user_id, c.owner_user_id AS live_owner_user_id, "
-                    "c.status AS connection_status, c.authorization_generation AS live_generation, "
-                    "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme, c.auth_kind, "
-                    "(m.status = 'active' AND u.status = 'active') AS owner_active, "
-                    "CASE WHEN c.status = 'active' AND c.authorization_generation = b.authority_generation "
-                    "AND (b.connection_owner_user_id IS NULL OR (c.owner_user_id = b.connection_owner_user_id "
-                    "AND m.status = 'active' AND u.status = 'active')) "
-                    "THEN c.credential_sealed END AS credential_sealed, s.status AS run_status "
-                    "FROM tool_execution_claims cl JOIN run_resource_bindings b ON b.id = cl.binding_id "
-                    "JOIN integration_connections c ON c.id = b.connection_id JOIN sessions s ON s.id = cl.session_id "
-                    "LEFT JOIN users u ON u.id = b.connection_owner_user_id LEFT JOIN org_memberships m "
-                    "ON m.user_id = b.connection_owner_user_id AND m.tenant_id = b.tenant_id "
-                    "WHERE cl.session_id = $1 AND cl.tool_call_id = $2 AND cl.input_digest = $3",
-                    uuid.UUID(run_id),
-                    tool_call_id,
-                    digest,
-                )
-            )
+        return await self.one_row(
+            "SELECT cl.*, b.connection_id, b.authority_generation, b.connection_owner_type, "
+            "b.connection_owner_user_id, c.owner_user_id AS live_owner_user_id, "
+            "c.status AS connection_status, c.authorization_generation AS live_generation, "
+            "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme, c.auth_kind, "
+            "(m.status = 'active' AND u.status = 'active') AS owner_active, "
+            "CASE WHEN c.status = 'active' AND c.authorization_generation = b.authority_generation "
+            "AND (b.connection_owner_user_id IS NULL OR (c.owner_user_id = b.connection_owner_user_id "
+            "AND m.status = 'active' AND u.status = 'active')) "
+            "THEN c.credential_sealed END AS credential_sealed, s.status AS run_status "
+            "FROM tool_execution_claims cl JOIN run_resource_bindings b ON b.id = cl.binding_id "
+            "JOIN integration_connections c ON c.id = b.connection_id JOIN sessions s ON s.id = cl.session_id "
+            "LEFT JOIN users u ON u.id = b.connection_owner_user_id LEFT JOIN org_memberships m "
+            "ON m.user_id = b.connection_owner_user_id AND m.tenant_id = b.tenant_id "
+            "WHERE cl.session_id = $1 AND cl.tool_call_id = $2 AND cl.input_digest = $3",
+            uuid.UUID(run_id),
+            tool_call_id,
+            digest,
+        )
 
     # ---- execution claims ----------------------------------------------------------------------
 
@@ -296,7 +280,7 @@ class Connections:
             return await self._claim(conn, run_id, tool_call_id, digest)
 
     async def _claim(self, conn: Conn, run_id: str, tool_call_id: str, digest: str) -> Row:
-        row = _row(
+        row = as_row(
             await conn.fetchrow(
                 "SELECT * FROM tool_execution_claims WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3",
                 uuid.UUID(run_id),
@@ -319,7 +303,7 @@ class Connections:
         """``claimed`` for longer than ``ttl_secs`` (a dispatcher died mid-call): the outcome is
         unknown, so the claim becomes ``ambiguous`` and is never dispatched again."""
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = _rows(
+            rows = as_rows(
                 await conn.fetch(
                     "UPDATE tool_execution_claims SET state = 'ambiguous', settled_at = now(), "
                     "error = 'dispatcher lost while the call was in flight' WHERE session_id = $1 "
@@ -335,18 +319,15 @@ class Connections:
     async def take(self, run_id: str, tool_call_id: str, digest: str) -> Row | None:
         """CAS registered|failed_before_send → claimed (attempt + 1); None when someone else holds it
         or its outcome is final. Only the taker may touch the credential."""
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "UPDATE tool_execution_claims SET state = 'claimed', attempts = attempts + 1, claimed_at = now() "
-                    "WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3 "
-                    "AND (state = 'registered' OR (state = 'failed_before_send' AND attempts < $4)) RETURNING *",
-                    uuid.UUID(run_id),
-                    tool_call_id,
-                    digest,
-                    MAX_ATTEMPTS,
-                )
-            )
+        return await self.one_row(
+            "UPDATE tool_execution_claims SET state = 'claimed', attempts = attempts + 1, claimed_at = now() "
+            "WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3 "
+            "AND (state = 'registered' OR (state = 'failed_before_send' AND attempts < $4)) RETURNING *",
+            uuid.UUID(run_id),
+            tool_call_id,
+            digest,
+            MAX_ATTEMPTS,
+        )
 
     async def settle(
         self,
@@ -360,7 +341,7 @@ class Connections:
     ) -> Row:
         """claimed → outcome, and the single ``tool.brokered`` event, in one transaction."""
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE tool_execution_claims SET state = $4, result = $5, error = $6, settled_at = now() "
                     "WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3 AND state = 'claimed' "

@@ -12,8 +12,9 @@ from typing import Any
 
 from core import events as ev
 from core.runspec import RunSpec
+from db._base import Repository, Row, as_row, as_rows
 from db.ids import new_id
-from db.store import Row, Store, _row, _rows
+from db.store import Store
 
 TERMINAL = frozenset({"delivered", "failed", "skipped"})
 WEBHOOK = "webhook"
@@ -33,10 +34,10 @@ def _iso(value: Any) -> Any:
     return value.isoformat() if hasattr(value, "isoformat") else value
 
 
-class Deliveries:
+class Deliveries(Repository):
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.pool = store.pool
+        super().__init__(store.pool)
 
     async def enqueue(self, spec: RunSpec) -> list[Row]:
         """Insert a pending row per webhook destination (a retry inserts nothing); return them all."""
@@ -56,42 +57,32 @@ class Deliveries:
                     dest,
                     str(dest.get("url") or ""),
                 )
-            return _rows(
+            return as_rows(
                 await conn.fetch("SELECT * FROM deliveries WHERE session_id = $1 ORDER BY destination_index", rid)
             )
 
     async def get(self, delivery_id: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return _row(await conn.fetchrow("SELECT * FROM deliveries WHERE id = $1", uuid.UUID(delivery_id)))
+        return await self.one_row("SELECT * FROM deliveries WHERE id = $1", uuid.UUID(delivery_id))
 
     async def for_run(self, run_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    "SELECT * FROM deliveries WHERE session_id = $1 ORDER BY destination_index", uuid.UUID(run_id)
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM deliveries WHERE session_id = $1 ORDER BY destination_index", uuid.UUID(run_id)
+        )
 
     async def for_subscription(self, subscription_id: str, limit: int = 20) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    "SELECT * FROM deliveries WHERE subscription_id = $1 ORDER BY created_at DESC, id LIMIT $2",
-                    uuid.UUID(subscription_id),
-                    limit,
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM deliveries WHERE subscription_id = $1 ORDER BY created_at DESC, id LIMIT $2",
+            uuid.UUID(subscription_id),
+            limit,
+        )
 
     async def subscription(self, subscription_id: str) -> Row | None:
         """The publish authority as it stands now (H3's ``trigger_subscriptions``; read, never written)."""
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT id, tenant_id, enabled, token_generation, callback_url, callback_secret_sealed "
-                    "FROM trigger_subscriptions WHERE id = $1",
-                    uuid.UUID(subscription_id),
-                )
-            )
+        return await self.one_row(
+            "SELECT id, tenant_id, enabled, token_generation, callback_url, callback_secret_sealed "
+            "FROM trigger_subscriptions WHERE id = $1",
+            uuid.UUID(subscription_id),
+        )
 
     async def record_attempt(
         self,
@@ -104,20 +95,19 @@ class Deliveries:
         retry_in_secs: int | None,
     ) -> None:
         """Stamp one finished attempt (its number, answer, redacted error and the next try) on a pending row."""
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                "UPDATE deliveries SET attempts = greatest(attempts, $2), last_status_code = $3, last_error = $4,"
-                " payload_digest = coalesce($5, payload_digest), last_attempt_at = now(),"
-                " next_attempt_at = CASE WHEN $6::integer IS NULL THEN NULL"
-                "   ELSE now() + make_interval(secs => $6::integer) END,"
-                " updated_at = now() WHERE id = $1 AND status = 'pending'",
-                uuid.UUID(delivery_id),
-                attempt,
-                status_code,
-                self.store.redactor.redact(error).value if error else None,
-                payload_digest,
-                retry_in_secs,
-            )
+        await self.execute(
+            "UPDATE deliveries SET attempts = greatest(attempts, $2), last_status_code = $3, last_error = $4,"
+            " payload_digest = coalesce($5, payload_digest), last_attempt_at = now(),"
+            " next_attempt_at = CASE WHEN $6::integer IS NULL THEN NULL"
+            "   ELSE now() + make_interval(secs => $6::integer) END,"
+            " updated_at = now() WHERE id = $1 AND status = 'pending'",
+            uuid.UUID(delivery_id),
+            attempt,
+            status_code,
+            self.store.redactor.redact(error).value if error else None,
+            payload_digest,
+            retry_in_secs,
+        )
 
     async def close(
         self, delivery_id: str, status: str, attempts: int, error: str | None, event: ev.NewEvent
@@ -126,7 +116,7 @@ class Deliveries:
         if status not in TERMINAL:
             raise ValueError(f"not a final delivery status: {status}")
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE deliveries SET status = $2, last_error = coalesce($3, last_error),"
                     " attempts = greatest(attempts, $4), next_attempt_at = NULL, updated_at = now(),"

@@ -17,8 +17,9 @@ import asyncpg
 
 from core.errors import BadRequest, Conflict, NotFound
 from core.tokens import token_digest
+from db._base import Conn, Repository, Row, as_row
 from db.ids import new_id
-from db.store import Conn, Row, Store, _row, _rows
+from db.store import Store
 
 PAT_PREFIX = "fbx_pat_"
 ROLES: tuple[str, ...] = ("member", "approver", "admin", "owner")
@@ -58,22 +59,19 @@ def clamp_expiry(expires_in: int | None) -> int:
     return max(PAT_MIN_SECS, min(PAT_MAX_SECS, int(expires_in)))
 
 
-class Identity:
+class Identity(Repository):
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.pool = store.pool
+        super().__init__(store.pool)
 
     # ---- orgs ----------------------------------------------------------------------------------
 
     async def org(self, slug: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT id, slug, name, coalesce(display_name, name) AS display_name, status, created_at "
-                    "FROM tenants WHERE slug = $1",
-                    slug,
-                )
-            )
+        return await self.one_row(
+            "SELECT id, slug, name, coalesce(display_name, name) AS display_name, status, created_at "
+            "FROM tenants WHERE slug = $1",
+            slug,
+        )
 
     async def _audit(
         self, conn: Conn, tenant_id: str | None, actor: tuple[str, str | None], action: str, target: str, **detail: Any
@@ -130,7 +128,7 @@ class Identity:
             mid = uuid.UUID(membership_id)
         except ValueError:
             raise NotFound() from None
-        row = _row(
+        row = as_row(
             await conn.fetchrow(
                 f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
                 "WHERE m.tenant_id = $1 AND m.id = $2",
@@ -147,25 +145,19 @@ class Identity:
             return await self._member(conn, tenant_id, membership_id)
 
     async def member_by_email(self, tenant_id: str, email: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
-                    "WHERE m.tenant_id = $1 AND u.email_normalized = $2 ORDER BY u.created_at LIMIT 1",
-                    uuid.UUID(tenant_id),
-                    normalize_email(email),
-                )
-            )
+        return await self.one_row(
+            f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
+            "WHERE m.tenant_id = $1 AND u.email_normalized = $2 ORDER BY u.created_at LIMIT 1",
+            uuid.UUID(tenant_id),
+            normalize_email(email),
+        )
 
     async def members(self, tenant_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
-                    "WHERE m.tenant_id = $1 ORDER BY u.email_normalized",
-                    uuid.UUID(tenant_id),
-                )
-            )
+        return await self.rows(
+            f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
+            "WHERE m.tenant_id = $1 ORDER BY u.email_normalized",
+            uuid.UUID(tenant_id),
+        )
 
     async def deactivate(self, tenant_id: str, membership_id: str, *, actor: tuple[str, str | None]) -> Row:
         """The kill switch: from the next request on, the member's PATs are 401 and brokered calls
@@ -220,7 +212,7 @@ class Identity:
             member = await self._member(conn, tenant_id, membership_id)
             if member["status"] != "active" or member["user_status"] != "active":
                 raise Conflict("the membership is deactivated; it cannot get new tokens")
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO api_tokens (id, token_sha256, tenant_id, kind, audience, expires_at, membership_id, "
                     "user_id, name, display_prefix) VALUES ($1, $2, $3, 'pat', $9, "
@@ -247,26 +239,23 @@ class Identity:
         ``last_used_at`` at most once a minute."""
         if not token.startswith(PAT_PREFIX):
             return None
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "WITH hit AS ("
-                    " SELECT t.id AS token_id, t.tenant_id, t.membership_id, t.user_id, t.last_used_at, m.roles,"
-                    " t.audience, u.email, u.name, n.slug AS org_slug,"
-                    " coalesce(n.display_name, n.name) AS org_display_name"
-                    " FROM api_tokens t JOIN org_memberships m ON m.id = t.membership_id"
-                    " JOIN users u ON u.id = t.user_id JOIN tenants n ON n.id = t.tenant_id"
-                    " WHERE t.token_sha256 = $1 AND t.kind = 'pat' AND t.revoked_at IS NULL AND t.expires_at > now()"
-                    " AND m.status = 'active' AND u.status = 'active' AND n.status = 'active'"
-                    " AND m.user_id = t.user_id AND m.tenant_id = t.tenant_id),"
-                    " touch AS (UPDATE api_tokens SET last_used_at = now() WHERE id = (SELECT token_id FROM hit)"
-                    " AND (last_used_at IS NULL OR last_used_at < now() - make_interval(secs => $2)))"
-                    " SELECT token_id, tenant_id, membership_id, user_id, roles, email, name, org_slug,"
-                    " org_display_name, audience = 'read' AS read_only FROM hit",
-                    token_digest(token),
-                    float(LAST_USED_GRANULARITY_SECS),
-                )
-            )
+        return await self.one_row(
+            "WITH hit AS ("
+            " SELECT t.id AS token_id, t.tenant_id, t.membership_id, t.user_id, t.last_used_at, m.roles,"
+            " t.audience, u.email, u.name, n.slug AS org_slug,"
+            " coalesce(n.display_name, n.name) AS org_display_name"
+            " FROM api_tokens t JOIN org_memberships m ON m.id = t.membership_id"
+            " JOIN users u ON u.id = t.user_id JOIN tenants n ON n.id = t.tenant_id"
+            " WHERE t.token_sha256 = $1 AND t.kind = 'pat' AND t.revoked_at IS NULL AND t.expires_at > now()"
+            " AND m.status = 'active' AND u.status = 'active' AND n.status = 'active'"
+            " AND m.user_id = t.user_id AND m.tenant_id = t.tenant_id),"
+            " touch AS (UPDATE api_tokens SET last_used_at = now() WHERE id = (SELECT token_id FROM hit)"
+            " AND (last_used_at IS NULL OR last_used_at < now() - make_interval(secs => $2)))"
+            " SELECT token_id, tenant_id, membership_id, user_id, roles, email, name, org_slug,"
+            " org_display_name, audience = 'read' AS read_only FROM hit",
+            token_digest(token),
+            float(LAST_USED_GRANULARITY_SECS),
+        )
 
     async def revoke_pat(self, tenant_id: str, token_id: str, *, actor: tuple[str, str | None]) -> Row:
         """Revoke one PAT (from the next request on it is 401); 409 the second time."""
@@ -275,7 +264,7 @@ class Identity:
         except ValueError:
             raise NotFound() from None
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND tenant_id = $2 AND kind = 'pat' "
                     f"AND revoked_at IS NULL RETURNING {PAT_FIELDS}",
@@ -295,26 +284,19 @@ class Identity:
 
     async def tokens(self, membership_id: str) -> list[Row]:
         """The member's PATs (never the token itself), newest first."""
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    f"SELECT {PAT_FIELDS} FROM api_tokens WHERE kind = 'pat' AND membership_id = $1 "
-                    "ORDER BY created_at DESC",
-                    uuid.UUID(membership_id),
-                )
-            )
+        return await self.rows(
+            f"SELECT {PAT_FIELDS} FROM api_tokens WHERE kind = 'pat' AND membership_id = $1 ORDER BY created_at DESC",
+            uuid.UUID(membership_id),
+        )
 
     # ---- run visibility ------------------------------------------------------------------------
 
     async def runs_invoked_by(self, tenant_id: str, user_id: str, limit: int) -> list[Row]:
         """What a plain member may list: only the runs they invoked (filtered in SQL)."""
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    "SELECT * FROM sessions WHERE tenant_id = $1 AND invoked_by_user_id = $2 "
-                    "ORDER BY created_at DESC, id DESC LIMIT $3",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(user_id),
-                    limit,
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM sessions WHERE tenant_id = $1 AND invoked_by_user_id = $2 "
+            "ORDER BY created_at DESC, id DESC LIMIT $3",
+            uuid.UUID(tenant_id),
+            uuid.UUID(user_id),
+            limit,
+        )

@@ -17,9 +17,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.errors import Conflict, Forbidden, NotFound
+from db._base import Repository, Row, as_row
 from db.connections import CONNECTION_FIELDS
 from db.ids import new_id
-from db.store import Row, Store, _row, _rows
+from db.store import Store
 
 __all__ = ["PROOF_TTL", "HeldGrant", "ManagedAppRecords"]
 
@@ -37,26 +38,23 @@ HeldGrant = Row
 """A signed-in flow whose grant is waiting: sealed tokens, ``oauth`` document, and what activation compares."""
 
 
-class ManagedAppRecords:
+class ManagedAppRecords(Repository):
     def __init__(self, store: Store) -> None:
-        self.pool = store.pool
+        super().__init__(store.pool)
 
     async def accounts_connections(self, tenant_id: str, user_id: str) -> list[Row]:
         """Every app this account has a connection row for: the connection (``c.*`` public fields), ``app_id``,
         and ``provisioning`` (a signed-in grant is waiting to be completed). Reads only."""
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    f"SELECT m.app_id, {_C_FIELDS}, EXISTS (SELECT 1 FROM managed_app_flows f "
-                    " JOIN connector_oauth_flows o ON o.id = f.flow_id "
-                    " WHERE f.managed_id = m.id AND o.connection_id = m.connection_id "
-                    " AND f.signed_in_at IS NOT NULL AND f.finished_at IS NULL) AS provisioning "
-                    "FROM managed_app_connections m JOIN integration_connections c ON c.id = m.connection_id "
-                    "WHERE m.tenant_id = $1 AND m.user_id = $2 ORDER BY m.app_id",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(user_id),
-                )
-            )
+        return await self.rows(
+            f"SELECT m.app_id, {_C_FIELDS}, EXISTS (SELECT 1 FROM managed_app_flows f "
+            " JOIN connector_oauth_flows o ON o.id = f.flow_id "
+            " WHERE f.managed_id = m.id AND o.connection_id = m.connection_id "
+            " AND f.signed_in_at IS NOT NULL AND f.finished_at IS NULL) AS provisioning "
+            "FROM managed_app_connections m JOIN integration_connections c ON c.id = m.connection_id "
+            "WHERE m.tenant_id = $1 AND m.user_id = $2 ORDER BY m.app_id",
+            uuid.UUID(tenant_id),
+            uuid.UUID(user_id),
+        )
 
     async def connection_for(self, tenant_id: str, user_id: str, app_id: str, fields: Row) -> tuple[Row, str]:
         """The account's connection for ``app_id`` and its managed row id, creating a pending personal OAuth
@@ -77,9 +75,9 @@ class ManagedAppRecords:
                         f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE id = $1",
                         managed["connection_id"],
                     )
-                    return _require(_row(row)), str(managed["id"])
+                    return _require(as_row(row)), str(managed["id"])
                 created = _require(
-                    _row(
+                    as_row(
                         await conn.fetchrow(
                             "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
                             "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id) "
@@ -117,28 +115,24 @@ class ManagedAppRecords:
         self, tenant_id: str, flow_id: str, managed_id: str, user_id: str, redirect_url: str | None
     ) -> None:
         """Attach a started connector flow to the account's managed row (who, and where the browser goes after)."""
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                "INSERT INTO managed_app_flows (flow_id, tenant_id, managed_id, user_id, redirect_url) "
-                "VALUES ($1,$2,$3,$4,$5)",
-                uuid.UUID(flow_id),
-                uuid.UUID(tenant_id),
-                uuid.UUID(managed_id),
-                uuid.UUID(user_id),
-                redirect_url,
-            )
+        await self.execute(
+            "INSERT INTO managed_app_flows (flow_id, tenant_id, managed_id, user_id, redirect_url) "
+            "VALUES ($1,$2,$3,$4,$5)",
+            uuid.UUID(flow_id),
+            uuid.UUID(tenant_id),
+            uuid.UUID(managed_id),
+            uuid.UUID(user_id),
+            redirect_url,
+        )
 
     async def flow(self, flow_id: str) -> Row | None:
         """A managed flow's app and destination (no secrets)."""
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT f.flow_id, f.tenant_id, f.user_id, f.redirect_url, m.app_id, m.connection_id "
-                    "FROM managed_app_flows f JOIN managed_app_connections m ON m.id = f.managed_id "
-                    "WHERE f.flow_id = $1",
-                    uuid.UUID(flow_id),
-                )
-            )
+        return await self.one_row(
+            "SELECT f.flow_id, f.tenant_id, f.user_id, f.redirect_url, m.app_id, m.connection_id "
+            "FROM managed_app_flows f JOIN managed_app_connections m ON m.id = f.managed_id "
+            "WHERE f.flow_id = $1",
+            uuid.UUID(flow_id),
+        )
 
     async def hold(
         self,
@@ -150,36 +144,32 @@ class ManagedAppRecords:
         proof_hash: str | None,
     ) -> None:
         """Keep a redeemed grant (sealed) until the account completes it; record the proof digest, if any."""
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                "UPDATE managed_app_flows SET signed_in_at = now(), credential_sealed = $2, credential_key_id = $3, "
-                "access_token_sealed = $4, access_token_key_id = $5, access_expires_at = $6, oauth = $7, "
-                "proof_hash = $8, proof_expires_at = CASE WHEN $8::text IS NULL THEN NULL "
-                "ELSE now() + $9::interval END WHERE flow_id = $1 AND signed_in_at IS NULL",
-                uuid.UUID(flow_id),
-                credential[0],
-                credential[1],
-                access[0],
-                access[1],
-                access[2],
-                oauth,
-                proof_hash,
-                PROOF_TTL,
-            )
+        await self.execute(
+            "UPDATE managed_app_flows SET signed_in_at = now(), credential_sealed = $2, credential_key_id = $3, "
+            "access_token_sealed = $4, access_token_key_id = $5, access_expires_at = $6, oauth = $7, "
+            "proof_hash = $8, proof_expires_at = CASE WHEN $8::text IS NULL THEN NULL "
+            "ELSE now() + $9::interval END WHERE flow_id = $1 AND signed_in_at IS NULL",
+            uuid.UUID(flow_id),
+            credential[0],
+            credential[1],
+            access[0],
+            access[1],
+            access[2],
+            oauth,
+            proof_hash,
+            PROOF_TTL,
+        )
 
     async def waiting(self, tenant_id: str, managed_id: str, connection_id: str) -> HeldGrant | None:
         """The newest signed-in, unfinished grant of the account's current connection, if any."""
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    f"SELECT {_HELD} FROM managed_app_flows f JOIN connector_oauth_flows o ON o.id = f.flow_id "
-                    "WHERE f.tenant_id = $1 AND f.managed_id = $2 AND o.connection_id = $3 "
-                    "AND f.signed_in_at IS NOT NULL AND f.finished_at IS NULL ORDER BY f.signed_in_at DESC LIMIT 1",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(managed_id),
-                    uuid.UUID(connection_id),
-                )
-            )
+        return await self.one_row(
+            f"SELECT {_HELD} FROM managed_app_flows f JOIN connector_oauth_flows o ON o.id = f.flow_id "
+            "WHERE f.tenant_id = $1 AND f.managed_id = $2 AND o.connection_id = $3 "
+            "AND f.signed_in_at IS NOT NULL AND f.finished_at IS NULL ORDER BY f.signed_in_at DESC LIMIT 1",
+            uuid.UUID(tenant_id),
+            uuid.UUID(managed_id),
+            uuid.UUID(connection_id),
+        )
 
     async def take_proof(
         self, tenant_id: str, user_id: str, proof_hash: str, expected_connection_id: str | None
@@ -189,7 +179,7 @@ class ManagedAppRecords:
         the proof as it was: :class:`NotFound` (unknown, or expired), :class:`Conflict` (already used, or another
         connection than expected), :class:`Forbidden` (another account)."""
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     f"SELECT {_HELD}, f.proof_used_at IS NOT NULL AS used, f.proof_expires_at <= now() AS expired "
                     "FROM managed_app_flows f JOIN connector_oauth_flows o ON o.id = f.flow_id "
@@ -218,30 +208,28 @@ class ManagedAppRecords:
 
     async def finish(self, flow_id: str) -> None:
         """The grant was made the connection's (or lost to a newer sign-in): drop the held copy."""
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                "UPDATE managed_app_flows SET finished_at = now(), credential_sealed = NULL, credential_key_id = NULL, "
-                "access_token_sealed = NULL, access_token_key_id = NULL WHERE flow_id = $1",
-                uuid.UUID(flow_id),
-            )
+        await self.execute(
+            "UPDATE managed_app_flows SET finished_at = now(), credential_sealed = NULL, credential_key_id = NULL, "
+            "access_token_sealed = NULL, access_token_key_id = NULL WHERE flow_id = $1",
+            uuid.UUID(flow_id),
+        )
 
     async def refreshed(
         self, flow_id: str, access: tuple[bytes, str, datetime | None], credential: tuple[bytes, str] | None
     ) -> None:
         """Store a held grant's refreshed access token (and rotated refresh token) before it is completed."""
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                "UPDATE managed_app_flows SET access_token_sealed = $2, access_token_key_id = $3, "
-                "access_expires_at = $4, credential_sealed = coalesce($5, credential_sealed), "
-                "credential_key_id = coalesce($6, credential_key_id) "
-                "WHERE flow_id = $1 AND finished_at IS NULL",
-                uuid.UUID(flow_id),
-                access[0],
-                access[1],
-                access[2],
-                credential[0] if credential else None,
-                credential[1] if credential else None,
-            )
+        await self.execute(
+            "UPDATE managed_app_flows SET access_token_sealed = $2, access_token_key_id = $3, "
+            "access_expires_at = $4, credential_sealed = coalesce($5, credential_sealed), "
+            "credential_key_id = coalesce($6, credential_key_id) "
+            "WHERE flow_id = $1 AND finished_at IS NULL",
+            uuid.UUID(flow_id),
+            access[0],
+            access[1],
+            access[2],
+            credential[0] if credential else None,
+            credential[1] if credential else None,
+        )
 
 
 class _LostRace(Exception):

@@ -20,9 +20,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.errors import Conflict, Forbidden, NotFound
+from db._base import Repository, Row, as_row
 from db.connections import CONNECTION_FIELDS, Connections
 from db.ids import new_id
-from db.store import Row, Store, _row
+from db.store import Store
 
 __all__ = [
     "FLOW_TTL",
@@ -60,25 +61,22 @@ def flow_verifier_context(tenant_id: str) -> str:
     return f"{tenant_id}:connector_oauth_flows.pkce_verifier"
 
 
-class OAuthRecords:
+class OAuthRecords(Repository):
     def __init__(self, store: Store) -> None:
-        self.pool = store.pool
+        super().__init__(store.pool)
         self._connections = Connections(store)
 
     # ---- registrations -------------------------------------------------------------------------
 
     async def reusable_registration(self, tenant_id: str, issuer: str, redirect_uri: str) -> Row | None:
         """The tenant's dynamic or metadata-document registration for (issuer, redirect URI), if any."""
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
-                    "WHERE tenant_id = $1 AND issuer = $2 AND redirect_uri = $3 AND source IN ('dcr', 'cimd')",
-                    uuid.UUID(tenant_id),
-                    issuer,
-                    redirect_uri,
-                )
-            )
+        return await self.one_row(
+            f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
+            "WHERE tenant_id = $1 AND issuer = $2 AND redirect_uri = $3 AND source IN ('dcr', 'cimd')",
+            uuid.UUID(tenant_id),
+            issuer,
+            redirect_uri,
+        )
 
     async def save_registration(
         self,
@@ -99,7 +97,7 @@ class OAuthRecords:
         secret = client_secret or (None, None)
         access = registration_access_token or (None, None)
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO oauth_client_registrations (id, tenant_id, issuer, redirect_uri, source, client_id, "
                     "token_endpoint_auth_method, client_secret_sealed, client_secret_key_id, "
@@ -130,20 +128,17 @@ class OAuthRecords:
 
     async def registration(self, tenant_id: str, registration_id: str) -> Row | None:
         """One registration with its sealed secrets."""
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
-                    "WHERE tenant_id = $1 AND id = $2",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(registration_id),
-                )
-            )
+        return await self.one_row(
+            f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
+            "WHERE tenant_id = $1 AND id = $2",
+            uuid.UUID(tenant_id),
+            uuid.UUID(registration_id),
+        )
 
     async def connection_settings(self, tenant_id: str, connection_id: str) -> Row:
         """An oauth connection's ``oauth`` document and ``registration_id`` (not in the public connection fields)."""
         async with self.pool.acquire() as conn:
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "SELECT oauth, registration_id FROM integration_connections WHERE tenant_id = $1 AND id = $2",
                     uuid.UUID(tenant_id),
@@ -157,30 +152,26 @@ class OAuthRecords:
     async def grant_material(self, tenant_id: str, connection_id: str) -> Row | None:
         """An oauth connection's sealed refresh token, ``oauth`` document and registration (to revoke its grant at
         the authorization server), or None when it has no grant."""
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT credential_sealed, oauth, registration_id FROM integration_connections "
-                    "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND credential_sealed IS NOT NULL "
-                    "AND registration_id IS NOT NULL",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(connection_id),
-                )
-            )
+        return await self.one_row(
+            "SELECT credential_sealed, oauth, registration_id FROM integration_connections "
+            "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND credential_sealed IS NOT NULL "
+            "AND registration_id IS NOT NULL",
+            uuid.UUID(tenant_id),
+            uuid.UUID(connection_id),
+        )
 
     async def configure_pending(
         self, tenant_id: str, connection_id: str, *, oauth: dict[str, Any], registration_id: str | None
     ) -> None:
         """Record a pending connection's requested scopes and pre-registered identity before its first sign-in."""
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                "UPDATE integration_connections SET oauth = $3, registration_id = $4, updated_at = now() "
-                "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND status = 'pending'",
-                uuid.UUID(tenant_id),
-                uuid.UUID(connection_id),
-                oauth,
-                uuid.UUID(registration_id) if registration_id else None,
-            )
+        await self.execute(
+            "UPDATE integration_connections SET oauth = $3, registration_id = $4, updated_at = now() "
+            "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND status = 'pending'",
+            uuid.UUID(tenant_id),
+            uuid.UUID(connection_id),
+            oauth,
+            uuid.UUID(registration_id) if registration_id else None,
+        )
 
     # ---- flows ---------------------------------------------------------------------------------
 
@@ -203,7 +194,7 @@ class OAuthRecords:
         callback needs to redeem the code (endpoints, resource; nothing secret). ``purpose`` names the callback
         that may claim it (``connection`` or ``managed_app``)."""
         async with self.pool.acquire() as conn:
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO connector_oauth_flows (id, tenant_id, connection_id, registration_id, state_hash, "
                     "pkce_verifier_sealed, pkce_verifier_key_id, resource, discovery, expected_generation, "
@@ -239,7 +230,7 @@ class OAuthRecords:
         except ValueError:
             raise NotFound("this sign-in link is unknown") from None
         async with self.pool.acquire() as conn:
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE connector_oauth_flows SET browser_hash = $2 WHERE id = $1 AND consumed_at IS NULL "
                     "AND expires_at > now() AND (browser_hash IS NULL OR browser_hash = $2) AND purpose = 'connection' "
@@ -262,7 +253,7 @@ class OAuthRecords:
         ``browser_hash`` is not part of their claim.
         """
         async with self.pool.acquire() as conn:
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE connector_oauth_flows SET consumed_at = now() WHERE state_hash = $1 "
                     "AND consumed_at IS NULL AND expires_at > now() AND purpose = $3 "
@@ -300,7 +291,7 @@ class OAuthRecords:
         """
         access_blob, access_key, access_expiry = access or (None, None, None)
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE integration_connections SET status = 'active', credential_sealed = $5, "
                     "credential_key_id = $6, oauth = $7, registration_id = $8, "
@@ -351,7 +342,7 @@ class OAuthRecords:
         :class:`NotFound` (revoked, in error, gone). Writes made through the lock commit when the block exits.
         """
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "SELECT c.status, c.authorization_generation, c.credential_sealed, c.access_token_sealed, "
                     "c.access_expires_at, c.oauth, c.registration_id FROM integration_connections c "
@@ -364,7 +355,7 @@ class OAuthRecords:
                 raise NotFound("the connection is not active")
             if row["authorization_generation"] != generation:
                 raise Conflict("the connection was re-authorized; this binding is stale")
-            registration = _row(
+            registration = as_row(
                 await conn.fetchrow(
                     f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
                     "WHERE id = $1",

@@ -21,8 +21,9 @@ from core.errors import Conflict, NotFound
 from core.states import TERMINAL
 from core.tokens import token_digest
 from core.triggers import REPLACED_REASON
+from db._base import Conn, Repository, Row, as_row
 from db.ids import new_id
-from db.store import Conn, Row, Store, _row, _rows
+from db.store import Store
 
 log = logging.getLogger("fluidbox.db.triggers")
 
@@ -80,10 +81,10 @@ def _name_conflict(name: str) -> Conflict:
     return Conflict(f"a trigger named '{name}' already exists")
 
 
-class Triggers:
+class Triggers(Repository):
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.pool = store.pool
+        super().__init__(store.pool)
 
     # ---- subscriptions -------------------------------------------------------------------------
 
@@ -97,7 +98,7 @@ class Triggers:
         marks = ", ".join(f"${i}" for i in range(1, len(cols) + 1))
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                row = _row(
+                row = as_row(
                     await conn.fetchrow(
                         f"INSERT INTO trigger_subscriptions ({', '.join(cols)}) VALUES ({marks}) RETURNING *", *values
                     )
@@ -115,20 +116,14 @@ class Triggers:
             sid = uuid.UUID(subscription_id)
         except ValueError:
             return None
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT * FROM trigger_subscriptions WHERE id = $1 AND tenant_id = $2", sid, uuid.UUID(tenant_id)
-                )
-            )
+        return await self.one_row(
+            "SELECT * FROM trigger_subscriptions WHERE id = $1 AND tenant_id = $2", sid, uuid.UUID(tenant_id)
+        )
 
     async def all(self, tenant_id: str) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    "SELECT * FROM trigger_subscriptions WHERE tenant_id = $1 ORDER BY name", uuid.UUID(tenant_id)
-                )
-            )
+        return await self.rows(
+            "SELECT * FROM trigger_subscriptions WHERE tenant_id = $1 ORDER BY name", uuid.UUID(tenant_id)
+        )
 
     async def update(
         self,
@@ -147,7 +142,7 @@ class Triggers:
         sets.append("updated_at = clock_timestamp()")
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                row = _row(
+                row = as_row(
                     await conn.fetchrow(
                         f"UPDATE trigger_subscriptions SET {', '.join(sets)} "
                         "WHERE id = $1 AND tenant_id = $2 AND updated_at = $3 RETURNING *",
@@ -180,7 +175,7 @@ class Triggers:
     async def rotate_token(self, tenant_id: str, subscription_id: str, token: str) -> tuple[Row, int]:
         """Revoke every live token of the subscription, mint one, bump ``token_generation``."""
         async with self.pool.acquire() as conn, conn.transaction():
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "UPDATE trigger_subscriptions SET token_generation = token_generation + 1, "
                     "updated_at = clock_timestamp() WHERE id = $1 AND tenant_id = $2 RETURNING *",
@@ -200,26 +195,20 @@ class Triggers:
 
     async def resolve_token(self, token: str) -> Row | None:
         """A live trigger token's subscription and tenant (None for anything else)."""
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT subscription_id, tenant_id FROM api_tokens WHERE token_sha256 = $1 "
-                    "AND kind = 'trigger' AND revoked_at IS NULL AND expires_at > now()",
-                    token_digest(token),
-                )
-            )
+        return await self.one_row(
+            "SELECT subscription_id, tenant_id FROM api_tokens WHERE token_sha256 = $1 "
+            "AND kind = 'trigger' AND revoked_at IS NULL AND expires_at > now()",
+            token_digest(token),
+        )
 
     # ---- invocation claims ---------------------------------------------------------------------
 
     async def claim(self, subscription_id: str, key: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT * FROM trigger_invocations WHERE subscription_id = $1 AND idempotency_key = $2",
-                    uuid.UUID(subscription_id),
-                    key,
-                )
-            )
+        return await self.one_row(
+            "SELECT * FROM trigger_invocations WHERE subscription_id = $1 AND idempotency_key = $2",
+            uuid.UUID(subscription_id),
+            key,
+        )
 
     async def bind(
         self,
@@ -245,7 +234,7 @@ class Triggers:
         )
         if sub is None:
             raise NotFound()
-        existing = _row(
+        existing = as_row(
             await conn.fetchrow(
                 "SELECT * FROM trigger_invocations WHERE subscription_id = $1 AND idempotency_key = $2", sid, key
             )
@@ -288,7 +277,7 @@ class Triggers:
             for other in active:
                 status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(other))
                 if status not in TERMINAL_STATUSES:
-                    await self.store._request_finalization(conn, other, "cancelled", None, REPLACED_REASON, True)
+                    await self.store.runs.record_finalization(conn, other, "cancelled", None, REPLACED_REASON, True)
         return active
 
     async def record_skip(
@@ -304,7 +293,7 @@ class Triggers:
     ) -> Row:
         """A visible skip row; if the key is already claimed, that claim is returned unchanged."""
         async with self.pool.acquire() as conn:
-            row = _row(
+            row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO trigger_invocations (id, tenant_id, subscription_id, idempotency_key, kind, "
                     "request_digest, skip_reason, catch_up) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
@@ -333,53 +322,41 @@ class Triggers:
             rid = uuid.UUID(run_id)
         except ValueError:
             return None
-        async with self.pool.acquire() as conn:
-            return _row(
-                await conn.fetchrow(
-                    "SELECT s.* FROM trigger_invocations i JOIN sessions s ON s.id = i.session_id "
-                    "WHERE i.subscription_id = $1 AND i.session_id = $2",
-                    uuid.UUID(subscription_id),
-                    rid,
-                )
-            )
+        return await self.one_row(
+            "SELECT s.* FROM trigger_invocations i JOIN sessions s ON s.id = i.session_id "
+            "WHERE i.subscription_id = $1 AND i.session_id = $2",
+            uuid.UUID(subscription_id),
+            rid,
+        )
 
     async def runs(self, subscription_id: str, limit: int) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    "SELECT s.id, s.status, s.status_reason, s.task, s.invoked_by_kind, s.created_at, s.finished_at, "
-                    "i.idempotency_key, i.kind AS invocation_kind FROM trigger_invocations i "
-                    "JOIN sessions s ON s.id = i.session_id WHERE i.subscription_id = $1 "
-                    "ORDER BY s.created_at DESC LIMIT $2",
-                    uuid.UUID(subscription_id),
-                    limit,
-                )
-            )
+        return await self.rows(
+            "SELECT s.id, s.status, s.status_reason, s.task, s.invoked_by_kind, s.created_at, s.finished_at, "
+            "i.idempotency_key, i.kind AS invocation_kind FROM trigger_invocations i "
+            "JOIN sessions s ON s.id = i.session_id WHERE i.subscription_id = $1 "
+            "ORDER BY s.created_at DESC LIMIT $2",
+            uuid.UUID(subscription_id),
+            limit,
+        )
 
     async def invocations(self, subscription_id: str, limit: int) -> list[Row]:
-        async with self.pool.acquire() as conn:
-            return _rows(
-                await conn.fetch(
-                    "SELECT id, idempotency_key, kind, session_id, skip_reason, catch_up, created_at "
-                    "FROM trigger_invocations WHERE subscription_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
-                    uuid.UUID(subscription_id),
-                    limit,
-                )
-            )
+        return await self.rows(
+            "SELECT id, idempotency_key, kind, session_id, skip_reason, catch_up, created_at "
+            "FROM trigger_invocations WHERE subscription_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
+            uuid.UUID(subscription_id),
+            limit,
+        )
 
     async def deliveries(self, subscription_id: str, limit: int) -> list[Row]:
         """The subscription's result deliveries (table owned by the deliveries work); none while that
         table is not readable yet (a database migrated only part of the way)."""
         try:
-            async with self.pool.acquire() as conn:
-                return _rows(
-                    await conn.fetch(
-                        "SELECT id, session_id, url, status, attempts, last_status_code, last_error, created_at, "
-                        "delivered_at FROM deliveries WHERE subscription_id = $1 ORDER BY created_at DESC LIMIT $2",
-                        uuid.UUID(subscription_id),
-                        limit,
-                    )
-                )
+            return await self.rows(
+                "SELECT id, session_id, url, status, attempts, last_status_code, last_error, created_at, "
+                "delivered_at FROM deliveries WHERE subscription_id = $1 ORDER BY created_at DESC LIMIT $2",
+                uuid.UUID(subscription_id),
+                limit,
+            )
         except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError):
             log.warning("the deliveries table is not readable yet; listing none")
             return []

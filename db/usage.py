@@ -22,8 +22,9 @@ from core.pricing import PriceTable
 from core.runspec import RunSpec
 from core.states import ACCEPTS_WORK, accepts_work
 from core.usage import Spend, Usage, admit, exhausted
+from db._base import Conn, Row
 from db.ids import new_id
-from db.store import Conn, Row, Store
+from db.store import Store
 
 log = logging.getLogger("fluidbox.usage")
 PRICING_FILE = Path(__file__).resolve().parent.parent / "core" / "pricing.yaml"
@@ -145,7 +146,7 @@ class Metering:
         spec = await self.store.run_spec(run_id)
         limit = spec.budgets.max_cost_usd if budget == "max_cost_usd" else spec.budgets.max_tokens
         spent = f"{spend.used_cost:.6f}" if budget == "max_cost_usd" and spend.used_cost is not None else None
-        created = await self.store._request_finalization(
+        created = await self.store.runs.record_finalization(
             conn, run_id, "budget_exceeded", None, f"{budget} budget exceeded", True
         )
         if created:

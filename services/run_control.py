@@ -35,7 +35,8 @@ from core.errors import BadRequest, TooBusy, Unavailable
 from core.redaction import scrub_text
 from core.runspec import RunSpec
 from core.states import is_terminal
-from db.store import Row, Store
+from db.approvals import ApprovalRecord, ApprovalWithAuthority
+from db.store import Store
 from workflows.run import RunWorkflow
 
 log = logging.getLogger("fluidbox.services.run_control")
@@ -153,17 +154,17 @@ class RunControl:
         approval_id: str,
         decision: str,
         decided_by: str,
-        authorize: Callable[[Row], None],
-    ) -> Row:
+        authorize: Callable[[ApprovalWithAuthority], None],
+    ) -> ApprovalRecord:
         """The compare-and-swap in PostgreSQL (exactly one winner), then the signal to the run."""
         row = await self.store.decide_approval(tenant_id, approval_id, decision, decided_by, authorize)
         try:
-            await (await self.handle(row["session_id"])).signal(
-                RunWorkflow.approval_decided, c.ApprovalDecided(tool_call_id=row["tool_call_id"], status=decision)
+            await (await self.handle(str(row.session_id))).signal(
+                RunWorkflow.approval_decided, c.ApprovalDecided(tool_call_id=row.tool_call_id, status=decision)
             )
         except Exception:
             # Settled in PostgreSQL already; the workflow's slow re-read picks it up.
-            log.warning("approval signal for run %s not delivered", row["session_id"], exc_info=True)
+            log.warning("approval signal for run %s not delivered", row.session_id, exc_info=True)
         return row
 
     async def wake_for_budget(self, run_id: str) -> None:

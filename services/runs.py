@@ -160,13 +160,13 @@ class RunFactory:
         if agent is None:
             raise BadRequest(f"unknown agent '{req.agent}'")
         async with store.pool.acquire() as conn:
-            revision = await store.latest_revision(conn, agent["id"])
+            revision = await store.latest_revision(conn, str(agent.id))
             if revision is None:
                 raise BadRequest("agent has no revisions")
-            policy_row = await store.policy_head_by_id(conn, str(revision["policy_id"]))
-        capabilities = await self.freeze_capabilities(revision["capability_bundles"] or [], req.capabilities)
+            policy_row = await store.policy_head_by_id(conn, str(revision.policy_id))
+        capabilities = await self.freeze_capabilities(revision.capability_bundles or [], req.capabilities)
         brokered = await self.resolve_bindings(
-            tenant_id, revision["connection_requirements"] or [], req.bindings, invoker_user_id
+            tenant_id, revision.connection_requirements or [], req.bindings, invoker_user_id
         )
         sandbox_aliases = {s["name"] for b in capabilities for s in b["servers"]}
         for surface in brokered:
@@ -175,10 +175,9 @@ class RunFactory:
                     f"requirement slot '{surface['slot']}' collides with a sandbox capability server of the same "
                     "alias — rename the slot"
                 )
-        if revision["harness"] not in RUNNABLE:
+        if revision.harness not in RUNNABLE:
             raise Unprocessable(
-                f"harness '{revision['harness']}' cannot run in this build yet "
-                f"(runnable: {', '.join(sorted(RUNNABLE))})"
+                f"harness '{revision.harness}' cannot run in this build yet (runnable: {', '.join(sorted(RUNNABLE))})"
             )
         spec = freeze(
             run_id=new_id(),

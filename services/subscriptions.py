@@ -135,7 +135,7 @@ class SubscriptionService:
         agent = await self.store.find_agent(tenant_id, draft.agent)
         if agent is None:
             raise BadRequest(f"unknown agent '{draft.agent}'")
-        agent_id = str(agent["id"])
+        agent_id = str(agent.id)
         await self._check_capabilities(agent_id, draft.capabilities)
         sid = new_id()
         fields: dict[str, Any] = {
@@ -280,7 +280,7 @@ class SubscriptionService:
             return
         async with self.store.pool.acquire() as conn:
             revision = await self.store.latest_revision(conn, agent_id)
-        narrow_pins((revision or {}).get("capability_bundles") or [], keep)
+        narrow_pins(revision.capability_bundles if revision is not None else [], keep)
 
     async def _event_connection(self, tenant_id: str, connection_id: str) -> str:
         try:

@@ -230,7 +230,7 @@ class TriggerService:
         if base is None:
             async with self.store.pool.acquire() as conn:
                 revision = await self.store.latest_revision(conn, str(sub["agent_id"]))
-            base = (revision or {}).get("default_workspace")
+            base = revision.default_workspace if revision else None
         narrowed = narrow_workspace(base, override)
         assert base is not None
         # The run copies the resolved directory: a symlink swapped in after this check changes nothing.

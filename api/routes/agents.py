@@ -13,6 +13,7 @@ from api.schemas import AgentCreate, ConnectionRequirement, RevisionCreate
 from core.errors import BadRequest, NotFound
 from core.harnesses import check_harness, check_harness_config
 from core.runspec import workspace_doc
+from db.models.agents import AgentRevision
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
@@ -43,11 +44,11 @@ async def _policy_id(svc: ServicesDep, tenant_id: str, name: str) -> str:
     head = await svc.store.policy_head(tenant_id, name)
     if head is None:
         raise BadRequest(f"unknown policy '{name}'")
-    return str(head["policy_id"])
+    return str(head.policy_id)
 
 
-def _revision_out(row: dict[str, Any], policy_names: dict[str, str]) -> dict[str, Any]:
-    return {**row, "policy": policy_names.get(str(row["policy_id"]))}
+def _revision_out(row: AgentRevision, policy_names: dict[str, str]) -> dict[str, Any]:
+    return {**row.model_dump(), "policy": policy_names.get(str(row.policy_id))}
 
 
 @router.post(
@@ -95,7 +96,7 @@ async def get_agent(ref: str, op: OperatorDep, svc: ServicesDep) -> dict[str, An
     if agent is None:
         raise NotFound()
     names = await svc.store.policy_names(op.tenant_id)
-    revisions = [_revision_out(r, names) for r in await svc.store.revisions(agent["id"])]
+    revisions = [_revision_out(r, names) for r in await svc.store.revisions(str(agent.id))]
     return {"agent": agent, "revisions": revisions}
 
 
@@ -112,11 +113,11 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
         raise NotFound()
     given = body.model_fields_set
     changes: dict[str, Any] = {}
-    latest = (await svc.store.revisions(agent["id"]))[-1]
-    harness = body.harness or latest["harness"]
+    latest = (await svc.store.revisions(str(agent.id)))[-1]
+    harness = body.harness or latest.harness
     if "harness" in given or "model" in given:
         # A harness change re-defaults the model unless one is named.
-        model = body.model if "model" in given else (latest["model"] if harness == latest["harness"] else None)
+        model = body.model if "model" in given else (latest.model if harness == latest.harness else None)
         changes["harness"], changes["model"] = harness, check_harness(harness, model)
     if "system_prompt" in given:
         changes["system_prompt"] = body.system_prompt
@@ -134,7 +135,7 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
         changes["connection_requirements"] = requirements_doc(body.connection_requirements)
     if "harness_config" in given:
         changes["harness_config"] = body.harness_config.model_dump(exclude_none=True) if body.harness_config else {}
-    check_harness_config(harness, dict(changes.get("harness_config", latest["harness_config"]) or {}))
-    revision = await svc.store.append_revision(op.tenant_id, agent["id"], changes)
+    check_harness_config(harness, dict(changes.get("harness_config", latest.harness_config) or {}))
+    revision = await svc.store.append_revision(op.tenant_id, str(agent.id), changes)
     names = await svc.store.policy_names(op.tenant_id)
     return {"revision": _revision_out(revision, names)}

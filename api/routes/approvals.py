@@ -23,6 +23,7 @@ from api.errors import errors
 from api.schemas import DecisionIn, approval_public
 from core.authority import Authority, classify
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
+from db.approvals import ApprovalWithAuthority
 
 router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
 
@@ -38,9 +39,9 @@ DECIDER_ROLES = READ_ALL_ROLES  # approver, admin, owner decide organization-aut
 ORG_DECIDERS_ONLY = "deciding this approval requires approver, admin, or owner"
 
 
-def refusal(who: Principal, row: dict[str, Any], authority: Authority) -> DomainError | None:
+def refusal(who: Principal, row: ApprovalWithAuthority, authority: Authority) -> DomainError | None:
     """Why ``who`` may not decide this approval (404 for a run it cannot see), or None."""
-    invoker = row["run_invoked_by_user_id"]
+    invoker = row.run_invoked_by_user_id
     if not who.sees_run({"invoked_by_user_id": invoker}):
         return NotFound()
     if authority.kind == "personal":
@@ -57,10 +58,10 @@ def refusal(who: Principal, row: dict[str, Any], authority: Authority) -> Domain
     return Forbidden(ORG_DECIDERS_ONLY)
 
 
-def authorizer(who: Principal) -> Callable[[dict[str, Any]], None]:
+def authorizer(who: Principal) -> Callable[[ApprovalWithAuthority], None]:
     """The check ``decide_approval`` runs on the row before the CAS (its authority facts are frozen)."""
 
-    def authorize(row: dict[str, Any]) -> None:
+    def authorize(row: ApprovalWithAuthority) -> None:
         refused = refusal(who, row, classify(row))
         if refused is not None:
             raise refused
@@ -81,7 +82,7 @@ async def inbox(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
         except Conflict:
             authority, can_decide = "unclassifiable", False
         if can_decide or who.is_operator:
-            shown.append({**approval_public(row), "authority": authority, "can_decide": can_decide})
+            shown.append({**approval_public(row.model_dump()), "authority": authority, "can_decide": can_decide})
     return {"approvals": shown}
 
 
@@ -99,4 +100,4 @@ async def decide(approval_id: str, body: DecisionIn, who: PrincipalDep, svc: Ser
         raise BadRequest(f"unknown decision '{body.decision}'")
     decided_by = "operator" if who.is_operator else str(who.user_id)
     row = await svc.run_control.decide_approval(who.tenant_id, approval_id, decision, decided_by, authorizer(who))
-    return {"approval": approval_public(row)}
+    return {"approval": approval_public(row.model_dump())}

@@ -238,7 +238,7 @@ async def renew(
     row = await svc.store.resolve_token(token)
     if row is None:
         raise Unauthorized()
-    principal = await run_token(request, svc, row["session_id"], Audience.CONTROL)
+    principal = await run_token(request, svc, str(row.session_id), Audience.CONTROL)
     ttl = body.get("ttl_secs", svc.settings.token_ttl_secs)
     if not isinstance(ttl, int) or ttl <= 0:
         raise BadRequest("ttl_secs must be a positive integer")

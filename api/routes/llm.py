@@ -223,9 +223,9 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
     if known is None:
         # First sight of this token in this process: resolve it (and check it) now.
         row = await svc.store.resolve_token(token)
-        if row is None or row["expired"] or row["revoked"]:
+        if row is None or row.expired or row.revoked:
             return llm_error(guess, 401, "unauthorized")
-        known = (str(row["session_id"]), str(row["audience"]))
+        known = (str(row.session_id), row.audience)
         fac.remember(digest, *known)
     run_id, audience = known
     if audience != Audience.LLM.value:

@@ -19,6 +19,7 @@ from api.errors import errors
 from core.errors import BadRequest, NotFound, Unprocessable
 from core.policy import Policy, parse_policy
 from core.policy_views import autonomy_summary, overview
+from db.policies import PolicyMeta
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
@@ -83,10 +84,10 @@ def load_yaml(text: str) -> dict[str, Any]:
     return doc
 
 
-def _meta(row: dict[str, Any]) -> dict[str, Any]:
-    out = {"id": row["id"], "name": row["name"], "version": row["version"]}
-    if row.get("updated_at") is not None:
-        out["updated_at"] = row["updated_at"].isoformat()
+def _meta(row: PolicyMeta) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": str(row.id), "name": row.name, "version": row.version}
+    if row.updated_at is not None:
+        out["updated_at"] = row.updated_at.isoformat()
     return out
 
 
@@ -121,8 +122,8 @@ async def list_policies(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
         "policies": [
             {
                 **_meta(r),
-                "autonomy_summary": autonomy_summary(Policy.model_validate(r["content"])),
-                "agents_using": r["agents_using"],
+                "autonomy_summary": autonomy_summary(Policy.model_validate(r.content)),
+                "agents_using": r.agents_using,
             }
             for r in rows
         ]
@@ -175,11 +176,11 @@ async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[st
         detail = await svc.store.policy_detail(op.tenant_id, body.from_)
         if detail is None:
             raise BadRequest(f"unknown source policy '{body.from_}'")
-        wanted = body.from_version or detail["versions"][0]["version"]
-        source = next((v for v in detail["versions"] if v["version"] == wanted), None)
+        wanted = body.from_version or detail.versions[0].version
+        source = next((v for v in detail.versions if v.version == wanted), None)
         if source is None:
             raise BadRequest(f"source policy '{body.from_}' has no v{wanted}")
-        content = {**source["content"], "name": body.name}
+        content = {**source.content, "name": body.name}
         summary = f"cloned from '{body.from_}' v{wanted}"
     parse_policy(content)
     row = await svc.store.create_policy(op.tenant_id, content, summary, "api")
@@ -198,21 +199,22 @@ async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, 
     detail = await svc.store.policy_detail(op.tenant_id, name)
     if detail is None:
         raise NotFound()
-    head = detail["versions"][0]
-    policy = Policy.model_validate(head["content"])
+    head = detail.versions[0]
+    policy = Policy.model_validate(head.content)
+    row = detail.policy
     return {
-        "policy": _meta({**detail, "version": head["version"]}),
-        "content": head["content"],
+        "policy": _meta(PolicyMeta(id=row.id, name=row.name, version=head.version, updated_at=row.updated_at)),
+        "content": head.content,
         "versions": [
             {
-                "version": v["version"],
-                "author": v["author"],
-                "summary": v["summary"],
-                "created_at": v["created_at"].isoformat(),
+                "version": v.version,
+                "author": v.author,
+                "summary": v.summary,
+                "created_at": v.created_at.isoformat(),
             }
-            for v in detail["versions"]
+            for v in detail.versions
         ],
-        "agents_using": detail["agents_using"],
+        "agents_using": detail.agents_using,
         **overview(policy),
     }
 
@@ -231,15 +233,15 @@ async def get_version(
     if row is None:
         raise NotFound()
     return {
-        "policy": {"id": row["policy_id"], "name": row["name"]},
+        "policy": {"id": str(row.policy_id), "name": row.name},
         "version": {
-            "version": row["version"],
-            "author": row["author"],
-            "summary": row["summary"],
-            "created_at": row["created_at"].isoformat(),
+            "version": row.version,
+            "author": row.author,
+            "summary": row.summary,
+            "created_at": row.created_at.isoformat(),
         },
-        "content": row["content"],
-        "yaml": row["yaml_source"] or yaml.safe_dump(row["content"], sort_keys=False, allow_unicode=True),
+        "content": row.content,
+        "yaml": row.yaml_source or yaml.safe_dump(row.content, sort_keys=False, allow_unicode=True),
     }
 
 
@@ -279,11 +281,11 @@ async def revert(name: str, body: PolicyRevert, op: OperatorDep, svc: ServicesDe
     row = await svc.store.append_policy_version(
         op.tenant_id,
         name,
-        old["content"],
+        old.content,
         base_version=body.base_version,
         summary=f"revert to v{body.version}",
         author="api",
-        yaml_source=old["yaml_source"],
+        yaml_source=old.yaml_source,
     )
     return {"policy": _meta(row)}
 
@@ -296,4 +298,5 @@ async def revert(name: str, body: PolicyRevert, op: OperatorDep, svc: ServicesDe
 )
 async def delete(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """409 while any agent revision, historical ones included, names it."""
-    return {"deleted": await svc.store.delete_policy(op.tenant_id, name)}
+    deleted = await svc.store.delete_policy(op.tenant_id, name)
+    return {"deleted": {"id": str(deleted.id), "name": deleted.name}}

@@ -18,6 +18,7 @@ from api.schemas import SessionCreate, approval_public
 from core.errors import BadRequest, Forbidden, NotFound
 from core.runspec import InvocationContext, workspace_doc
 from db.identity import Identity
+from db.ledger import LedgerEvent
 from services.runs import RunRequest
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -112,11 +113,11 @@ async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str,
     """The diff against the pristine workspace, the summary, and whether the gate was ever consulted."""
     row = await _visible_run(svc, who, run_id)
     arts = await svc.store.artifacts(run_id)
-    by_kind = {a["kind"]: a for a in arts}
+    by_kind = {a.kind: a for a in arts}
     diff = by_kind.get("diff")
     return {
         "status": row["status"],
-        "diff": diff["content"] if diff else None,
+        "diff": diff.content if diff else None,
         "summary": row["result_summary"],
         "gate_consulted": await svc.store.has_gate_calls(run_id),
         "artifacts": arts,
@@ -142,7 +143,7 @@ async def session_approvals(run_id: str, who: PrincipalDep, svc: ServicesDep) ->
     """Includes auto-decided intents, not only human approvals."""
     await _visible_run(svc, who, run_id)
     rows = await svc.store.list_approvals(who.tenant_id, run_id=run_id)
-    return {"approvals": [approval_public(r) for r in rows]}
+    return {"approvals": [approval_public(r.model_dump()) for r in rows]}
 
 
 @router.get(
@@ -164,15 +165,15 @@ async def events(
     return {"events": rows}
 
 
-def _sse(row: dict[str, Any]) -> str:
+def _sse(row: LedgerEvent) -> str:
     data = {
-        "seq": row["seq"],
-        "type": row["type"],
-        "actor": row["actor"],
-        "payload": row["payload"],
-        "occurred_at": row["occurred_at"].isoformat(),
+        "seq": row.seq,
+        "type": row.type,
+        "actor": row.actor,
+        "payload": row.payload,
+        "occurred_at": row.occurred_at.isoformat(),
     }
-    return f"id: {row['seq']}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+    return f"id: {row.seq}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 SSE = {
@@ -217,7 +218,7 @@ async def stream(run_id: str, request: Request, who: PrincipalDep, svc: Services
                 rows = await svc.store.events_after(run_id, last, STREAM_BATCH)
                 for row in rows:
                     yield _sse(row)
-                    last = row["seq"]
+                    last = row.seq
                 if len(rows) == STREAM_BATCH:
                     continue
                 if rows:

@@ -2,7 +2,7 @@
 
 Importing this package registers every table on ``SQLModel.metadata``, which alembic's autogenerate
 compares against (``db/migrations/env.py``) and ``tests/db/test_models_match_migrations.py`` holds
-equal to what the migrations build. Rows still travel through ``db.store`` as asyncpg records for now.
+equal to what the migrations build. Repositories return these models (or read models beside them).
 
 What a model cannot express stays in the migrations and is listed below, so the drift test can tell
 "deliberately not modelled" from "forgotten": plpgsql functions and the triggers that run them.

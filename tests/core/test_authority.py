@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from core.authority import Authority, classify
 from core.errors import Conflict
 
 
-def row(tool: str, **binding: Any) -> dict[str, Any]:
+def row(tool: str, **binding: Any) -> SimpleNamespace:
     base: dict[str, Any] = {
         "tool": tool,
         "spec_owner_type": None,
@@ -21,7 +22,7 @@ def row(tool: str, **binding: Any) -> dict[str, Any]:
         "connection_found": True,
         "connection_display_name": None,
     }
-    return {**base, **binding}
+    return SimpleNamespace(**{**base, **binding})
 
 
 def test_non_mcp_tools_are_credentialless() -> None:

@@ -199,7 +199,7 @@ async def finished_run(env: Env, url: str, *, enabled: bool = True, rotated: boo
         env.tenant_id,
         f"agent-{uuid.uuid4().hex[:8]}",
         None,
-        {"harness": "replay", "model": "replay", "policy_id": str(policy["policy_id"])},
+        {"harness": "replay", "model": "replay", "policy_id": str(policy.policy_id)},
     )
     sub_id = str(uuid.uuid4())
     secret = "fbx_whsec_" + secrets.token_hex(32)
@@ -210,7 +210,7 @@ async def finished_run(env: Env, url: str, *, enabled: bool = True, rotated: boo
             uuid.UUID(sub_id),
             uuid.UUID(env.tenant_id),
             f"sub-{sub_id[:8]}",
-            uuid.UUID(str(agent["id"])),
+            uuid.UUID(str(agent.id)),
             enabled,
             url,
             env.sealer.seal(secret, context=callback_secret_context(sub_id)),
@@ -221,7 +221,7 @@ async def finished_run(env: Env, url: str, *, enabled: bool = True, rotated: boo
     dest = {"kind": "webhook", "subscription_id": sub_id, "url": url, "token_generation": 1}
     spec: RunSpec = await factory.prepare(
         env.tenant_id,
-        RunRequest(agent=agent["name"], task="deliver me", result_destinations=[dest]),
+        RunRequest(agent=agent.name, task="deliver me", result_destinations=[dest]),
         InvocationContext(kind="api", actor="trigger", subscription_id=sub_id),
     )
     await store.create_run(spec, invoked_by_kind="trigger")
@@ -245,7 +245,7 @@ async def deliver(env: Env, d: Delivery) -> tuple[str, Any]:
 
 async def ledger(env: Env, run_id: str, prefix: str = "callback.") -> list[dict[str, Any]]:
     rows = await env.store.events_after(run_id, 0, 1000)
-    return [r["payload"] for r in rows if r["type"].startswith(prefix)]
+    return [r.payload for r in rows if r.type.startswith(prefix)]
 
 
 # ---- tests ---------------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
             tenant_id,
             "scheduled-agent",
             None,
-            {"harness": "replay", "model": "replay", "policy_id": str(policy["policy_id"])},
+            {"harness": "replay", "model": "replay", "policy_id": str(policy.policy_id)},
         )
         async with await WorkflowEnvironment.start_local(
             dev_server_existing_path=str(BIN / "temporal"),
@@ -133,7 +133,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
             fires = Settings(task_queue=f"fires-{suffix}")
             runs = Settings(task_queue=f"runs-{suffix}")
             service = TriggerService(store, Connections(store), Capabilities(store), runs, get_client)
-            e = Env(store, tenant_id, str(agent["id"]), client, Schedules(get_client, fires), service, fires.task_queue)
+            e = Env(store, tenant_id, str(agent.id), client, Schedules(get_client, fires), service, fires.task_queue)
             await e.start_worker()
             try:
                 yield e

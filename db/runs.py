@@ -1,0 +1,303 @@
+"""Runs (the ``sessions`` table): creation, the frozen run spec, status transitions, finalization intents,
+sandbox capacity, liveness and artifacts."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from core import events as ev
+from core.errors import NotFound
+from core.runspec import RunSpec
+from core.states import RunStatus, check_transition, is_terminal
+from db._base import Conn, Repository, Row, as_row
+from db.ids import new_id
+from db.ledger import Ledger
+from db.models.runs import Artifact, RunFinalization
+from db.tokens import RunTokens
+
+# pg_advisory_xact_lock key serialising sandbox-capacity claims (any constant no other lock uses).
+SANDBOX_CAPACITY_LOCK = 0x66627862_0001
+WAITING_FOR_CAPACITY = "waiting for sandbox capacity"
+# Runs that hold a sandbox or are about to (sessions_live_sandbox_idx covers these statuses).
+_LIVE_SANDBOXES = (
+    "SELECT count(*) FROM sessions WHERE status IN ('provisioning', 'initializing', 'running', 'awaiting_approval')"
+    " OR (status IN ('cancelling', 'finalizing') AND sandbox_handle IS NOT NULL)"
+)
+
+
+class Runs(Repository):
+    def __init__(self, pool: asyncpg.Pool[Any], ledger: Ledger, tokens: RunTokens) -> None:
+        super().__init__(pool)
+        self.ledger = ledger
+        self.tokens = tokens
+        self._specs: dict[str, RunSpec] = {}
+
+    async def create_run(
+        self, spec: RunSpec, invoked_by_kind: str, also: Callable[[Conn], Awaitable[None]] | None = None
+    ) -> Row:
+        """Insert the run (and, through ``also``, its frozen bindings) in one transaction."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            record = await conn.fetchrow(
+                "INSERT INTO sessions (id, tenant_id, agent_id, agent_revision_id, status, autonomy, trust_tier, "
+                "task, repo_source, run_spec, trigger, budgets, invoked_by_kind) "
+                "VALUES ($1,$2,$3,$4,'created',$5,$6,$7,$8,$9,$10,$11,$12) RETURNING *",
+                uuid.UUID(spec.run_id),
+                uuid.UUID(spec.tenant_id),
+                uuid.UUID(spec.agent_id),
+                uuid.UUID(spec.agent_revision_id),
+                spec.autonomy,
+                spec.trust_tier,
+                spec.task,
+                spec.workspace.model_dump(),
+                spec.model_dump(mode="json"),
+                spec.invocation.model_dump(mode="json"),
+                spec.budgets.model_dump(),
+                invoked_by_kind,
+            )
+            created = ev.NewEvent(
+                type=ev.SESSION_CREATED,
+                data={"task": spec.task, "agent": spec.agent_name, "autonomy": spec.autonomy},
+            )
+            new = [created]
+            if spec.capabilities:
+                new.append(ev.capability_frozen(spec.capabilities))
+            await self.ledger.append(conn, spec.run_id, new)
+            if also is not None:
+                await also(conn)
+        row = as_row(record) or {}
+        row["event_seq"] = 2 if spec.capabilities else 1
+        return row
+
+    async def get_run(self, tenant_id: str | None, run_id: str) -> Row | None:
+        try:
+            rid = uuid.UUID(run_id)
+        except ValueError:
+            return None
+        async with self.pool.acquire() as conn:
+            if tenant_id is None:
+                return as_row(await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", rid))
+            return as_row(
+                await conn.fetchrow(
+                    "SELECT * FROM sessions WHERE id = $1 AND tenant_id = $2", rid, uuid.UUID(tenant_id)
+                )
+            )
+
+    async def list_runs(self, tenant_id: str, limit: int) -> list[Row]:
+        return await self.rows(
+            "SELECT * FROM sessions WHERE tenant_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
+            uuid.UUID(tenant_id),
+            limit,
+        )
+
+    async def run_spec(self, run_id: str) -> RunSpec:
+        spec = self._specs.get(run_id)
+        if spec is None:
+            async with self.pool.acquire() as conn:
+                raw = await conn.fetchval("SELECT run_spec FROM sessions WHERE id = $1", uuid.UUID(run_id))
+            if raw is None:
+                raise NotFound()
+            spec = RunSpec.model_validate(raw)
+            if len(self._specs) > 4096:
+                self._specs.clear()
+            self._specs[run_id] = spec  # frozen forever, so caching cannot go stale
+        return spec
+
+    async def usage_totals(self, run_id: str) -> Row:
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT coalesce(sum(input_tokens),0) AS input_tokens, coalesce(sum(output_tokens),0) AS output_tokens,"
+                " coalesce(sum(cache_read_tokens),0) AS cache_read_tokens,"
+                " coalesce(sum(cache_write_tokens),0) AS cache_write_tokens, sum(cost_usd) AS cost_usd,"
+                " count(*) AS requests FROM usage_entries WHERE session_id = $1",
+                uuid.UUID(run_id),
+            )
+        out = dict(row) if row else {}
+        out["cost_usd"] = float(out["cost_usd"]) if out.get("cost_usd") is not None else 0.0
+        return {k: (int(v) if k != "cost_usd" else v) for k, v in out.items()}
+
+    async def transition(
+        self,
+        run_id: str,
+        to: RunStatus,
+        reason: str | None = None,
+        extra: list[ev.NewEvent] | None = None,
+        *,
+        conn: Conn | None = None,
+    ) -> tuple[str, str]:
+        """Move a run to ``to`` (a no-op when it is already there). Returns (from, to)."""
+        if conn is None:
+            async with self.pool.acquire() as own, own.transaction():
+                return await self.transition(run_id, to, reason, extra, conn=own)
+        current = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
+        if current is None:
+            raise NotFound()
+        if current == to:
+            if extra:
+                await self.ledger.append(conn, run_id, extra)
+            return current, current
+        check_transition(current, to)
+        await conn.execute(
+            "UPDATE sessions SET status = $2, status_reason = $3, updated_at = now(),"
+            " started_at = CASE WHEN $2 = 'running' AND started_at IS NULL THEN now() ELSE started_at END,"
+            " finished_at = CASE WHEN $4 THEN now() ELSE finished_at END WHERE id = $1",
+            uuid.UUID(run_id),
+            to.value,
+            reason,
+            is_terminal(to),
+        )
+        await self.ledger.append(conn, run_id, [ev.status_changed(current, to.value, reason), *(extra or [])])
+        return current, to.value
+
+    async def set_fields(self, run_id: str, **fields: Any) -> None:
+        cols = list(fields)
+        sets = ", ".join(f"{c} = ${i + 2}" for i, c in enumerate(cols))
+        await self.execute(
+            f"UPDATE sessions SET {sets}, updated_at = now() WHERE id = $1",
+            uuid.UUID(run_id),
+            *[fields[c] for c in cols],
+        )
+
+    async def heartbeat(self, run_id: str) -> str | None:
+        async with self.pool.acquire() as conn:
+            status = await conn.fetchval(
+                "UPDATE sessions SET last_heartbeat_at = now() WHERE id = $1 RETURNING status", uuid.UUID(run_id)
+            )
+        return None if status is None else str(status)
+
+    # ---- finalization --------------------------------------------------------------------------
+
+    async def record_finalization(
+        self, conn: Conn, run_id: str, outcome: str, summary: str | None, reason: str | None, quiesce: bool
+    ) -> bool:
+        inserted = await conn.fetchval(
+            "INSERT INTO session_finalizations (session_id, outcome, summary, reason, needs_quiesce) "
+            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING true",
+            uuid.UUID(run_id),
+            outcome,
+            summary,
+            reason,
+            quiesce,
+        )
+        return bool(inserted)
+
+    async def request_finalization(
+        self,
+        run_id: str,
+        outcome: str,
+        *,
+        summary: str | None = None,
+        reason: str | None = None,
+        quiesce: bool = False,
+    ) -> tuple[bool, str]:
+        """Record the durable wind-down intent. Returns (created, current status)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
+            if status is None:
+                raise NotFound()
+            if is_terminal(status):
+                return False, status
+            created = await self.record_finalization(conn, run_id, outcome, summary, reason, quiesce)
+            return created, status
+
+    async def claim_sandbox(self, run_id: str, max_live: int) -> tuple[bool, int]:
+        """Take one of ``max_live`` sandbox places for a run still ``created`` (it moves to ``provisioning``).
+
+        Returns (claimed, live sandboxes counted). An advisory lock serialises the count and the move, so
+        two starts never both take the last place. A run past ``created`` already holds its place. A run
+        that must wait keeps ``created`` with a ``status_reason`` saying so (and one ledger message).
+        """
+        rid = uuid.UUID(run_id)
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", SANDBOX_CAPACITY_LOCK)
+            row = await conn.fetchrow("SELECT status, status_reason FROM sessions WHERE id = $1 FOR UPDATE", rid)
+            if row is None:
+                raise NotFound()
+            live = int(await conn.fetchval(_LIVE_SANDBOXES))
+            if row["status"] != RunStatus.CREATED:
+                return True, live
+            if live < max_live:
+                await self.transition(run_id, RunStatus.PROVISIONING, conn=conn)
+                return True, live + 1
+            reason = f"{WAITING_FOR_CAPACITY} ({live} live, max {max_live})"
+            await conn.execute("UPDATE sessions SET status_reason = $2 WHERE id = $1", rid, reason)
+            if not (row["status_reason"] or "").startswith(WAITING_FOR_CAPACITY):
+                await self.ledger.append(conn, run_id, [ev.system_message(reason)])
+            return False, live
+
+    async def finalization(self, run_id: str) -> RunFinalization | None:
+        return await self.one(
+            RunFinalization, "SELECT * FROM session_finalizations WHERE session_id = $1", uuid.UUID(run_id)
+        )
+
+    async def live_runs(self) -> list[Row]:
+        """Every run the liveness sweep watches: a running or waiting runner, or an intent not acted on yet."""
+        return await self.rows(
+            "SELECT s.id::text AS id, s.status, s.sandbox_handle, extract(epoch FROM now() -"
+            " coalesce(s.last_heartbeat_at, s.started_at, s.updated_at)) AS silent_secs,"
+            " f.outcome IS NOT NULL AS has_intent FROM sessions s"
+            " LEFT JOIN session_finalizations f ON f.session_id = s.id"
+            " WHERE s.status IN ('running', 'awaiting_approval')"
+            " OR (f.outcome IS NOT NULL AND s.status IN ('created', 'provisioning', 'initializing'))"
+        )
+
+    async def liveness(self, run_id: str) -> Row:
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT s.status, extract(epoch FROM now() - coalesce(s.last_heartbeat_at, s.started_at,"
+                " s.updated_at)) AS silent_secs, f.outcome IS NOT NULL AS has_intent FROM sessions s "
+                "LEFT JOIN session_finalizations f ON f.session_id = s.id WHERE s.id = $1",
+                uuid.UUID(run_id),
+            )
+        if row is None:
+            raise NotFound()
+        return {"status": row["status"], "silent_secs": float(row["silent_secs"] or 0), "has_intent": row["has_intent"]}
+
+    async def finish(
+        self,
+        run_id: str,
+        terminal: RunStatus,
+        reason: str | None,
+        summary: str | None,
+        outcome: str,
+        artifacts: list[Row],
+        artifact_events: list[ev.NewEvent],
+    ) -> tuple[str, str]:
+        """finalizing → terminal with artifacts, ``run.result`` and token revocation, in one transaction."""
+        rid = uuid.UUID(run_id)
+        async with self.pool.acquire() as conn, conn.transaction():
+            status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", rid)
+            if status is not None and is_terminal(status):
+                return status, status
+            for art in artifacts:
+                await conn.execute(
+                    "INSERT INTO artifacts (id, session_id, kind, name, content, content_type) "
+                    "VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (session_id, kind, name) DO NOTHING",
+                    uuid.UUID(new_id()),
+                    rid,
+                    art["kind"],
+                    art["name"],
+                    art["content"],
+                    art["content_type"],
+                )
+            await conn.execute("UPDATE sessions SET result_summary = $2 WHERE id = $1", rid, summary)
+            result = ev.NewEvent(
+                type=ev.RUN_RESULT, data={"outcome": outcome, **({"summary": summary} if summary else {})}
+            )
+            await self.ledger.append(conn, run_id, artifact_events)
+            moved = await self.transition(run_id, terminal, reason, [result], conn=conn)
+            await self.tokens.revoke_tokens(conn, run_id)
+            await conn.execute("DELETE FROM session_finalizations WHERE session_id = $1", rid)
+            return moved
+
+    async def artifacts(self, run_id: str) -> list[Artifact]:
+        return await self.many(
+            Artifact, "SELECT * FROM artifacts WHERE session_id = $1 ORDER BY created_at, kind", uuid.UUID(run_id)
+        )
+
+    async def has_gate_calls(self, run_id: str) -> bool:
+        async with self.pool.acquire() as conn:
+            return bool(await conn.fetchval("SELECT gate_calls > 0 FROM sessions WHERE id = $1", uuid.UUID(run_id)))
