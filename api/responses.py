@@ -38,7 +38,9 @@ class _Out(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _ids_as_text(cls, data: Any) -> Any:
-        """Typed rows carry ``uuid.UUID`` ids; every id in an answer is their text."""
+        """Typed rows (table models) carry ``uuid.UUID`` ids; every id in an answer is their text."""
+        if isinstance(data, BaseModel) and not isinstance(data, _Out):
+            data = data.model_dump()
         if isinstance(data, dict):
             return {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in data.items()}
         return data
