@@ -34,6 +34,8 @@ from core.runner_env import runner_env, runner_secrets
 from core.states import RunStatus, is_terminal, outcome_status
 from core.tokens import RUN_AUDIENCES
 from db.approvals import ApprovalRecord
+from db.models.runs import Run
+from db.runs import LiveRun
 from db.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +71,7 @@ class RunActivities:
         row = await self.store.get_run(None, run_id)
         if row is None:
             raise ApplicationError(f"run {run_id} does not exist", non_retryable=True)
-        return str(row["status"])
+        return row.status
 
     async def _advance(self, run_id: str, to: RunStatus, extra: list[ev.NewEvent] | None = None) -> bool:
         """Move forward along the launch order; a retry that finds the run further along is a no-op."""
@@ -79,8 +81,8 @@ class RunActivities:
         await self.store.transition(run_id, to, extra=extra)
         return True
 
-    def _handle(self, row: dict[str, object]) -> SandboxHandle | None:
-        raw = row.get("sandbox_handle")
+    def _handle(self, row: Run | LiveRun | None) -> SandboxHandle | None:
+        raw = row.sandbox_handle if row is not None else None
         return SandboxHandle.model_validate(raw) if raw else None
 
     @activity.defn(name=c.CLAIM_SANDBOX)
@@ -97,8 +99,8 @@ class RunActivities:
         row = await self.store.get_run(None, run_id)
         if row is None:
             raise ApplicationError(f"run {run_id} does not exist", non_retryable=True)
-        if row["status"] not in LAUNCH_ORDER:
-            return c.StatusOut(status=row["status"])  # cancelled or finalizing already
+        if row.status not in LAUNCH_ORDER:
+            return c.StatusOut(status=row.status)  # cancelled or finalizing already
         handle = self._handle(row)
         if handle is not None and await self.provider.status(handle) == "running":
             await self._advance(run_id, RunStatus.RUNNING)
@@ -162,10 +164,10 @@ class RunActivities:
         while True:
             activity.heartbeat()
             live = await self.store.liveness(inp.run_id)
-            if live["has_intent"] or is_terminal(live["status"]):
+            if live.has_intent or is_terminal(live.status):
                 return c.SuperviseOut(reason="intent")
             row = await self.store.get_run(None, inp.run_id)
-            handle = self._handle(row or {})
+            handle = self._handle(row)
             state = await self.provider.status(handle) if handle else "missing"
             if state != "running":
                 # Give a just-posted /result a moment to land before calling the exit a death.
@@ -174,10 +176,10 @@ class RunActivities:
                     return c.SuperviseOut(
                         reason="dead", message="sandbox died (runner exited without reporting a result)"
                     )
-            elif live["silent_secs"] > timing.heartbeat_stale_secs:
+            elif live.silent_secs > timing.heartbeat_stale_secs:
                 return c.SuperviseOut(
                     reason="stale",
-                    message=f"runner stopped heartbeating (silent for {int(live['silent_secs'])}s)",
+                    message=f"runner stopped heartbeating (silent for {int(live.silent_secs)}s)",
                 )
             await asyncio.sleep(timing.liveness_check_secs if exited_checks == 0 else 1.0)
 
@@ -195,8 +197,8 @@ class RunActivities:
         out = c.SweepOut(next_secs=self.settings.liveness_check_secs)
         gateway_up: float | None = None
         for run in runs:
-            run_id = str(run["id"])
-            if run["has_intent"]:
+            run_id = run.id
+            if run.has_intent:
                 await self._wake(run_id)
                 out.woken += 1
                 continue
@@ -211,7 +213,7 @@ class RunActivities:
             else:
                 # Silence only counts while the runner could have reached us: since this worker and the
                 # API's gateway socket came up (a restarted control plane gives its runners time).
-                silent = float(run["silent_secs"] or 0)
+                silent = run.silent_secs or 0.0
                 if silent > self.settings.heartbeat_stale_secs:
                     if gateway_up is None:
                         gateway_up = await asyncio.to_thread(self._gateway_up_secs)
@@ -311,8 +313,7 @@ class RunActivities:
     @activity.defn(name=c.AWAIT_SANDBOX_EXIT)
     async def await_sandbox_exit(self, inp: c.SandboxExitIn) -> c.StatusOut:
         """Give a quiescing runner until the deadline to stop on its own."""
-        row = await self.store.get_run(None, inp.run_id) or {}
-        handle = self._handle(row)
+        handle = self._handle(await self.store.get_run(None, inp.run_id))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + inp.timeout_secs
         exited = handle is None
@@ -333,10 +334,10 @@ class RunActivities:
         row = await self.store.get_run(None, run_id)
         if row is None:
             raise ApplicationError("run vanished", non_retryable=True)
-        if is_terminal(row["status"]):
+        if is_terminal(row.status):
             await self._deliver(run_id)  # a retry after the terminal commit still starts the deliveries
             await self._retire_run_dir(run_id)
-            return c.StatusOut(status=row["status"])
+            return c.StatusOut(status=row.status)
         intent = await self.store.finalization(run_id)
         outcome = intent.outcome if intent else "failed"
         await self.store.deny_open_approvals(run_id, "session is not active")

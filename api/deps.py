@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import uuid
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
@@ -228,8 +229,8 @@ class Principal:
         """Operator, admin, owner (agents, policies, org connections, bundles, catalog entries)."""
         return self.is_operator or bool(self.roles & MUTATE_ROLES)
 
-    def sees_run(self, row: dict[str, Any]) -> bool:
-        invoker = row.get("invoked_by_user_id")
+    def sees_run_invoked_by(self, invoker: uuid.UUID | str | None) -> bool:
+        """Whether the caller may see a run its invoker (``invoked_by_user_id``) started."""
         return self.reads_all_runs or (invoker is not None and str(invoker) == self.user_id)
 
 

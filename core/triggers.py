@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import posixpath
 import re
+import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from core.digests import canonical_json, document_digest
 from core.errors import BadRequest
@@ -291,17 +292,27 @@ def event_variables(ev: RepositoryEvent) -> dict[str, str]:
 OutcomeKind = Literal["created", "replay", "skipped", "in_flight"]
 
 
+class FiredRun(Protocol):
+    """What a firing reports of its run (the repository's typed run row has these and more)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+
+    @property
+    def status(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class FireOutcome:
     """What one firing did: ``created`` a run, ``replay`` of an earlier one, ``skipped`` (with the
     reason; ``active_run_id`` for an overlap), or ``in_flight`` (an unbound claim holds the key)."""
 
     outcome: OutcomeKind
-    run: dict[str, Any] | None = None
+    run: FiredRun | None = None
     reason: str | None = None
     active_run_id: str | None = None
     earlier: bool = False  # the key was claimed by an earlier invocation (replay, or its skip)
 
     @property
     def session_id(self) -> str | None:
-        return str(self.run["id"]) if self.run else None
+        return str(self.run.id) if self.run else None

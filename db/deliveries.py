@@ -166,12 +166,12 @@ class Deliveries(Repository):
                 "finished_at": _iso(run["finished_at"]),
             },
             "usage": {
-                "input_tokens": usage["input_tokens"],
-                "output_tokens": usage["output_tokens"],
-                "cache_read_tokens": usage["cache_read_tokens"],
-                "cache_write_tokens": usage["cache_write_tokens"],
-                "cost_usd": usage["cost_usd"],
-                "requests": usage["requests"],
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cache_read_tokens": usage.cache_read_tokens,
+                "cache_write_tokens": usage.cache_write_tokens,
+                "cost_usd": usage.cost_usd,
+                "requests": usage.requests,
                 "tool_calls": int(tool_calls or 0),
             },
             "artifacts": [

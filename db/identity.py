@@ -19,6 +19,7 @@ from core.errors import BadRequest, Conflict, NotFound
 from core.tokens import token_digest
 from db._base import Conn, Repository, Row, as_row
 from db.ids import new_id
+from db.models.runs import Run
 from db.store import Store
 
 PAT_PREFIX = "fbx_pat_"
@@ -291,9 +292,10 @@ class Identity(Repository):
 
     # ---- run visibility ------------------------------------------------------------------------
 
-    async def runs_invoked_by(self, tenant_id: str, user_id: str, limit: int) -> list[Row]:
+    async def runs_invoked_by(self, tenant_id: str, user_id: str, limit: int) -> list[Run]:
         """What a plain member may list: only the runs they invoked (filtered in SQL)."""
-        return await self.rows(
+        return await self.many(
+            Run,
             "SELECT * FROM sessions WHERE tenant_id = $1 AND invoked_by_user_id = $2 "
             "ORDER BY created_at DESC, id DESC LIMIT $3",
             uuid.UUID(tenant_id),

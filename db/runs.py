@@ -13,10 +13,10 @@ from core import events as ev
 from core.errors import NotFound
 from core.runspec import RunSpec
 from core.states import RunStatus, check_transition, is_terminal
-from db._base import Conn, Repository, Row, as_row
+from db._base import Conn, ReadModel, Repository, Row, as_model
 from db.ids import new_id
 from db.ledger import Ledger
-from db.models.runs import Artifact, RunFinalization
+from db.models.runs import Artifact, Run, RunFinalization
 from db.tokens import RunTokens
 
 # pg_advisory_xact_lock key serialising sandbox-capacity claims (any constant no other lock uses).
@@ -29,6 +29,35 @@ _LIVE_SANDBOXES = (
 )
 
 
+class LiveRun(ReadModel):
+    """A run the liveness sweep watches (``sessions`` joined with its finalization intent)."""
+
+    id: str
+    status: str
+    sandbox_handle: dict[str, Any] | None
+    silent_secs: float | None  # None when the run has no heartbeat, start or update time (never in practice)
+    has_intent: bool
+
+
+class Liveness(ReadModel):
+    """One run's liveness: its status, seconds since it was last heard of, and whether an intent exists."""
+
+    status: str
+    silent_secs: float
+    has_intent: bool
+
+
+class UsageTotals(ReadModel):
+    """A run's LLM usage summed over its entries (zeros when it has none)."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost_usd: float
+    requests: int
+
+
 class Runs(Repository):
     def __init__(self, pool: asyncpg.Pool[Any], ledger: Ledger, tokens: RunTokens) -> None:
         super().__init__(pool)
@@ -38,7 +67,7 @@ class Runs(Repository):
 
     async def create_run(
         self, spec: RunSpec, invoked_by_kind: str, also: Callable[[Conn], Awaitable[None]] | None = None
-    ) -> Row:
+    ) -> Run:
         """Insert the run (and, through ``also``, its frozen bindings) in one transaction."""
         async with self.pool.acquire() as conn, conn.transaction():
             record = await conn.fetchrow(
@@ -68,26 +97,23 @@ class Runs(Repository):
             await self.ledger.append(conn, spec.run_id, new)
             if also is not None:
                 await also(conn)
-        row = as_row(record) or {}
-        row["event_seq"] = 2 if spec.capabilities else 1
-        return row
+        run = as_model(Run, record)
+        assert run is not None  # INSERT … RETURNING always answers a row
+        run.event_seq = 2 if spec.capabilities else 1  # the ledger advanced it after the RETURNING
+        return run
 
-    async def get_run(self, tenant_id: str | None, run_id: str) -> Row | None:
+    async def get_run(self, tenant_id: str | None, run_id: str) -> Run | None:
         try:
             rid = uuid.UUID(run_id)
         except ValueError:
             return None
-        async with self.pool.acquire() as conn:
-            if tenant_id is None:
-                return as_row(await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", rid))
-            return as_row(
-                await conn.fetchrow(
-                    "SELECT * FROM sessions WHERE id = $1 AND tenant_id = $2", rid, uuid.UUID(tenant_id)
-                )
-            )
+        if tenant_id is None:
+            return await self.one(Run, "SELECT * FROM sessions WHERE id = $1", rid)
+        return await self.one(Run, "SELECT * FROM sessions WHERE id = $1 AND tenant_id = $2", rid, uuid.UUID(tenant_id))
 
-    async def list_runs(self, tenant_id: str, limit: int) -> list[Row]:
-        return await self.rows(
+    async def list_runs(self, tenant_id: str, limit: int) -> list[Run]:
+        return await self.many(
+            Run,
             "SELECT * FROM sessions WHERE tenant_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
             uuid.UUID(tenant_id),
             limit,
@@ -106,7 +132,7 @@ class Runs(Repository):
             self._specs[run_id] = spec  # frozen forever, so caching cannot go stale
         return spec
 
-    async def usage_totals(self, run_id: str) -> Row:
+    async def usage_totals(self, run_id: str) -> UsageTotals:
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
                 "SELECT coalesce(sum(input_tokens),0) AS input_tokens, coalesce(sum(output_tokens),0) AS output_tokens,"
@@ -115,9 +141,15 @@ class Runs(Repository):
                 " count(*) AS requests FROM usage_entries WHERE session_id = $1",
                 uuid.UUID(run_id),
             )
-        out = dict(row) if row else {}
-        out["cost_usd"] = float(out["cost_usd"]) if out.get("cost_usd") is not None else 0.0
-        return {k: (int(v) if k != "cost_usd" else v) for k, v in out.items()}
+        assert row is not None  # an aggregate without GROUP BY always answers one row
+        return UsageTotals(
+            input_tokens=int(row["input_tokens"]),
+            output_tokens=int(row["output_tokens"]),
+            cache_read_tokens=int(row["cache_read_tokens"]),
+            cache_write_tokens=int(row["cache_write_tokens"]),
+            cost_usd=float(row["cost_usd"]) if row["cost_usd"] is not None else 0.0,
+            requests=int(row["requests"]),
+        )
 
     async def transition(
         self,
@@ -233,18 +265,19 @@ class Runs(Repository):
             RunFinalization, "SELECT * FROM session_finalizations WHERE session_id = $1", uuid.UUID(run_id)
         )
 
-    async def live_runs(self) -> list[Row]:
+    async def live_runs(self) -> list[LiveRun]:
         """Every run the liveness sweep watches: a running or waiting runner, or an intent not acted on yet."""
-        return await self.rows(
+        return await self.many(
+            LiveRun,
             "SELECT s.id::text AS id, s.status, s.sandbox_handle, extract(epoch FROM now() -"
             " coalesce(s.last_heartbeat_at, s.started_at, s.updated_at)) AS silent_secs,"
             " f.outcome IS NOT NULL AS has_intent FROM sessions s"
             " LEFT JOIN session_finalizations f ON f.session_id = s.id"
             " WHERE s.status IN ('running', 'awaiting_approval')"
-            " OR (f.outcome IS NOT NULL AND s.status IN ('created', 'provisioning', 'initializing'))"
+            " OR (f.outcome IS NOT NULL AND s.status IN ('created', 'provisioning', 'initializing'))",
         )
 
-    async def liveness(self, run_id: str) -> Row:
+    async def liveness(self, run_id: str) -> Liveness:
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
                 "SELECT s.status, extract(epoch FROM now() - coalesce(s.last_heartbeat_at, s.started_at,"
@@ -254,7 +287,7 @@ class Runs(Repository):
             )
         if row is None:
             raise NotFound()
-        return {"status": row["status"], "silent_secs": float(row["silent_secs"] or 0), "has_intent": row["has_intent"]}
+        return Liveness(status=row["status"], silent_secs=float(row["silent_secs"] or 0), has_intent=row["has_intent"])
 
     async def finish(
         self,

@@ -29,6 +29,7 @@ from core.states import RunStatus
 from db.capabilities import Capabilities
 from db.connections import Connections
 from db.ids import new_id
+from db.models.runs import Run
 from db.store import Conn, Store
 from services.run_control import RunControl
 
@@ -215,7 +216,7 @@ class RunFactory:
         invoked_by_kind: str,
         invoked_by_user_id: str | None = None,
         also: Callable[[Conn], Awaitable[None]] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Run:
         """Record the run (with its bindings and whatever ``also`` writes, in one transaction) and start
         its workflow. If the workflow cannot start, the run is finalized ``failed`` and 503 is raised."""
         store = self.store
@@ -234,7 +235,7 @@ class RunFactory:
 
         row = await store.create_run(spec, invoked_by_kind=invoked_by_kind, also=_also)
         if invoked_by_user_id is not None:
-            row["invoked_by_user_id"] = invoked_by_user_id
+            row.invoked_by_user_id = uuid.UUID(invoked_by_user_id)  # ``_also`` set it after the RETURNING
         try:
             await self._start_workflow(spec)
         except WorkflowAlreadyStartedError:
@@ -290,6 +291,6 @@ class RunFactory:
         invoked_by_kind: str,
         invoked_by_user_id: str | None = None,
         also: Callable[[Conn], Awaitable[None]] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Run:
         spec = await self.prepare(tenant_id, req, invocation, invoked_by_user_id)
         return await self.start(spec, invoked_by_kind=invoked_by_kind, invoked_by_user_id=invoked_by_user_id, also=also)

@@ -42,7 +42,7 @@ ORG_DECIDERS_ONLY = "deciding this approval requires approver, admin, or owner"
 def refusal(who: Principal, row: ApprovalWithAuthority, authority: Authority) -> DomainError | None:
     """Why ``who`` may not decide this approval (404 for a run it cannot see), or None."""
     invoker = row.run_invoked_by_user_id
-    if not who.sees_run({"invoked_by_user_id": invoker}):
+    if not who.sees_run_invoked_by(invoker):
         return NotFound()
     if authority.kind == "personal":
         if who.user_id is not None and who.user_id == authority.owner_user_id == (str(invoker) if invoker else None):

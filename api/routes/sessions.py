@@ -19,6 +19,7 @@ from core.errors import BadRequest, Forbidden, NotFound
 from core.runspec import InvocationContext, workspace_doc
 from db.identity import Identity
 from db.ledger import LedgerEvent
+from db.models.runs import Run
 from services.runs import RunRequest
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -29,17 +30,17 @@ REPOLL_SECS = 2.0
 KEEPALIVE_SECS = 15.0
 
 
-async def _run(svc: Services, tenant_id: str, run_id: str) -> dict[str, Any]:
+async def _run(svc: Services, tenant_id: str, run_id: str) -> Run:
     row = await svc.store.get_run(tenant_id, run_id)
     if row is None:
         raise NotFound()
     return row
 
 
-async def _visible_run(svc: Services, who: Principal, run_id: str) -> dict[str, Any]:
+async def _visible_run(svc: Services, who: Principal, run_id: str) -> Run:
     """The run if the caller may see it; a plain member sees only runs it invoked (else 404)."""
     row = await _run(svc, who.tenant_id, run_id)
-    if not who.sees_run(row):
+    if not who.sees_run_invoked_by(row.invoked_by_user_id):
         raise NotFound()
     return row
 
@@ -100,7 +101,8 @@ async def get_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[
 async def cancel_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, bool]:
     """``cancelled: false`` when the run is already terminal or already winding down (not an error)."""
     row = await _visible_run(svc, who, run_id)
-    if not who.mutates_resources and row.get("invoked_by_user_id") != who.user_id:
+    invoker = str(row.invoked_by_user_id) if row.invoked_by_user_id is not None else None
+    if not who.mutates_resources and invoker != who.user_id:
         raise Forbidden("cancelling another member's run requires the admin or owner role")
     created = await svc.run_control.cancel(run_id)
     return {"cancelled": created}
@@ -116,9 +118,9 @@ async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str,
     by_kind = {a.kind: a for a in arts}
     diff = by_kind.get("diff")
     return {
-        "status": row["status"],
+        "status": row.status,
         "diff": diff.content if diff else None,
-        "summary": row["result_summary"],
+        "summary": row.result_summary,
         "gate_consulted": await svc.store.has_gate_calls(run_id),
         "artifacts": arts,
     }
@@ -204,7 +206,7 @@ async def stream(run_id: str, request: Request, who: PrincipalDep, svc: Services
             return True
         now = await user_principal(svc, pat)
         row = await svc.store.get_run(who.tenant_id, run_id)
-        return now is not None and row is not None and now.sees_run(row)
+        return now is not None and row is not None and now.sees_run_invoked_by(row.invoked_by_user_id)
 
     async def body() -> AsyncIterator[str]:
         last = start

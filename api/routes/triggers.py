@@ -339,7 +339,7 @@ async def run_now(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dic
     )
     if outcome.run is None:
         raise _refusal(outcome)
-    return {"session_id": str(outcome.run["id"]), "status": outcome.run["status"]}
+    return {"session_id": str(outcome.run.id), "status": outcome.run.status}
 
 
 # ---- the trigger-token plane -------------------------------------------------------------------
@@ -383,10 +383,10 @@ async def invoke(
     )
     if outcome.run is None:
         raise _refusal(outcome)
-    sid = str(outcome.run["id"])
+    sid = str(outcome.run.id)
     return {
         "session_id": sid,
-        "status": outcome.run["status"],
+        "status": outcome.run.status,
         "replay": outcome.outcome == "replay",
         "poll_url": f"/v1/triggers/{principal.subscription_id}/runs/{sid}",
     }

@@ -297,7 +297,7 @@ async def test_a_dead_receiver_gets_six_attempts_on_the_fixed_schedule_then_the_
     assert failed["data"]["delivery_id"] == d.delivery_id
     # The run itself is untouched by its receiver's death.
     run = await env.store.get_run(None, d.run_id)
-    assert run is not None and run["status"] == "completed"
+    assert run is not None and run.status == "completed"
 
 
 async def test_a_receiver_that_fails_once_gets_the_same_delivery_id_twice_and_a_verifiable_body(env: Env) -> None:

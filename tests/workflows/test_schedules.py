@@ -327,10 +327,10 @@ async def test_a_fire_creates_a_run_with_the_fire_time_rendered(env: Env) -> Non
     assert row["idempotency_key"] == fire_key(fired) and row["kind"] == "schedule" and not row["catch_up"]
     run = await env.store.get_run(env.tenant_id, str(row["session_id"]))
     assert run is not None
-    assert run["task"] == f"report for {fire_time_text(fired)}"
-    assert run["trigger"]["kind"] == "schedule"
-    assert run["trigger"]["attributes"]["fire_time"] == fire_time_text(fired)
-    assert run["trigger"]["attributes"]["catch_up"] is False
+    assert run.task == f"report for {fire_time_text(fired)}"
+    assert run.trigger is not None and run.trigger["kind"] == "schedule"
+    assert run.trigger["attributes"]["fire_time"] == fire_time_text(fired)
+    assert run.trigger["attributes"]["catch_up"] is False
     # The scheduled time Temporal recorded is the one the run was keyed and rendered with.
     desc = await handle.describe()
     assert [fire_time_text(a.scheduled_at) for a in desc.info.recent_actions] == [fire_time_text(fired)]
@@ -443,8 +443,8 @@ async def test_a_gap_is_one_skip_row_or_one_catch_up_run_and_a_disabled_schedule
         else:
             assert gap["catch_up"] is True and gap["skip_reason"] is None
             run = await env.store.get_run(env.tenant_id, str(gap["session_id"]))
-            assert run is not None and run["trigger"]["attributes"]["catch_up"] is True
-            assert run["task"] == f"report for {fire_time_text(expected_oldest)}"
+            assert run is not None and run.trigger is not None and run.trigger["attributes"]["catch_up"] is True
+            assert run.task == f"report for {fire_time_text(expected_oldest)}"
         # Nothing between the oldest missed time and the resumption: the schedule jumped ahead to
         # the next future time (Temporal's processing of a fire time may trail it a little).
         later = sorted(when(r) for r in rows if when(r) > when(gap))
