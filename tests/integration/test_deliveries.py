@@ -97,7 +97,7 @@ async def invoke(h: Harness, api: httpx.AsyncClient, url: str, *, enabled: bool 
         InvocationContext(kind="api", actor="trigger", subscription_id=sub_id),
         invoked_by_kind="trigger",
     )
-    return Invoked(str(row["id"]), sub_id, secret)
+    return Invoked(str(row.id), sub_id, secret)
 
 
 async def deliveries(api: httpx.AsyncClient, run_id: str) -> list[dict[str, Any]]:
