@@ -61,6 +61,8 @@ async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> Permiss
                     return held.result()
         finally:
             held.cancel()
+            if held.done() and not held.cancelled():
+                held.exception()  # answered from the row meanwhile: its outcome is not needed, nor logged
 
 
 async def _held_by_workflow(svc: ServicesDep, run_id: str, req: PermissionRequest) -> PermissionResponse:
