@@ -20,6 +20,7 @@ from temporalio import activity
 
 from contracts import temporal as c
 from core import events as ev
+from core.access import access_of
 from core.digests import document_digest
 from core.errors import Conflict, GrantLost, NotFound
 from core.redaction import MARK
@@ -74,6 +75,7 @@ class BrokerActivities:
                 "verdict": "deny",
                 "source": "binding",
                 "reason": reason,
+                "access": access_of(await self.store.run_spec(inp.run_id), claim["tool"]),
             },
         )
         row = await self.connections.settle(

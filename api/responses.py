@@ -345,6 +345,12 @@ class MatrixRow(_Out):
     group: str | None
     server: str | None
     status: Json = Field(description="The tagged verdict of the policy for this tool.")
+    access: Literal["read", "write"] | None = Field(
+        default=None, description="A brokered tool's access class (null: unclassified, the gate denies it)."
+    )
+    approval: Literal["always", "policy"] | None = Field(
+        default=None, description="For a write: `always` asks a human on every call, `policy` leaves it to the rules."
+    )
 
 
 class PolicyOverview(_Out):
@@ -412,6 +418,7 @@ class ConnectionPublic(_Out):
     metadata: Json
     created_at: Timestamp
     updated_at: Timestamp
+    access: Json = Field(description="Which tools read and which write (normalized; see docs/api.md).")
 
 
 class ToolRef(_Out):
@@ -438,6 +445,32 @@ class ConnectionList(_Out):
 
 class SnapshotOut(_Out):
     snapshot: SnapshotPublic
+
+
+class ToolChangePublic(_Out):
+    """A new or changed tool definition a refresh photographed (quarantined while ``pending``)."""
+
+    id: str
+    connection_id: str
+    tool: str
+    kind: Literal["added", "changed"]
+    snapshot_version: int
+    status: Literal["pending", "approved", "rejected", "superseded"]
+    changed_fields: list[str] = Field(description="`description` and/or `input_schema`.")
+    diff: str = Field(description="Unified diff of the approved and the proposed definition (indented JSON).")
+    previous: Json | None = Field(description="The approved definition (null for a new tool).")
+    proposed: Json
+    decided_by: str | None = Field(description="`operator`, `user:<id>`, or `refresh` (superseded).")
+    decided_at: Timestamp | None
+    created_at: Timestamp
+
+
+class ToolChangeList(_Out):
+    changes: list[ToolChangePublic]
+
+
+class ToolChangeOut(_Out):
+    change: ToolChangePublic
 
 
 class ConnectionCreated(_Out):
@@ -470,6 +503,10 @@ class CatalogEntryPublic(_Out):
     auth_hints: Json
     scopes: list[Any]
     tool_hints: list[Any]
+    access: Json = Field(
+        description="Reviewed read/write tool patterns; a connection made from the entry gets the read patterns "
+        "and no writes (enabling writes is an explicit PATCH of the connection)."
+    )
     sandbox_launch: Json | None
     created_at: Timestamp
 

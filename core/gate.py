@@ -14,6 +14,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict
 
+from core.access import brokered_entry, entry_access
 from core.digests import canonical_json
 from core.policy import PolicyVerdict, evaluate
 from core.runspec import RunSpec
@@ -48,6 +49,7 @@ Source = Literal[
     "budget",
     "protocol_violation",
     "session_terminal",
+    "access",
 ]
 
 
@@ -60,6 +62,8 @@ class GateDecision(BaseModel):
     original_verdict: str | None = None
     budget_exceeded: bool = False
     policy: PolicyVerdict | None = None
+    # The frozen access class of a brokered tool ("read" | "write"); None for every other tool.
+    access: str | None = None
 
     def decision_data(self, tool_call_id: str, tool: str) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -67,6 +71,7 @@ class GateDecision(BaseModel):
             "tool": tool,
             "verdict": self.verdict,
             "source": self.source,
+            "access": self.access,
         }
         if self.reason:
             data["reason"] = self.reason
@@ -161,6 +166,22 @@ def decide(
     session_scope_keys: frozenset[str] = frozenset(),
 ) -> GateDecision:
     """Decide one new tool call. ``registered_calls`` counts this call's intent row too."""
+    entry = brokered_entry(spec.brokered, tool) if tool.startswith("mcp__") else None
+    access, approval = entry_access(entry) if entry is not None else (None, None)
+    decision = _decide(spec, tool, tool_input, registered_calls, session_scope_keys, entry, access, approval)
+    return decision.model_copy(update={"access": access}) if access is not None else decision
+
+
+def _decide(
+    spec: RunSpec,
+    tool: str,
+    tool_input: dict[str, Any],
+    registered_calls: int,
+    session_scope_keys: frozenset[str],
+    entry: dict[str, Any] | None,
+    access: str | None,
+    approval: str | None,
+) -> GateDecision:
     cap = spec.budgets.max_tool_calls
     if cap is not None and registered_calls > cap:
         return GateDecision(verdict="deny", source="budget", reason="tool-call budget exceeded", budget_exceeded=True)
@@ -173,13 +194,24 @@ def decide(
         problem = schema_problems(schemas[tool], tool_input)
         if problem is not None:
             return GateDecision(verdict="deny", source="schema", reason=problem)
+        if entry is not None and access is None:
+            slot = tool[5:].partition("__")[0]
+            return GateDecision(
+                verdict="deny",
+                source="access",
+                reason=f"tool '{entry['name']}' has no access class (read or write) on connection '{slot}'",
+            )
     if spec.trust_tier == "read_only" and not _read_only_allows(tool, tool_input):
         return GateDecision(
             verdict="deny",
             source="trust_tier",
             reason=f"read-only trust tier (untrusted event source): {tool} is not a read-only call",
         )
-    verdict = evaluate(spec.policy(), tool, tool_input, autonomous=spec.autonomous)
+    verdict = evaluate(spec.policy(), tool, tool_input, autonomous=spec.autonomous, access=access)
+    always = access == "write" and approval == "always"
+    if always and (verdict.action != "deny" or verdict.original_action is not None):
+        # Whatever the policy (or autonomy's rewrite of it) said, short of a policy deny, a human decides.
+        return _always_ask(spec, tool, verdict)
     if verdict.original_action is not None:
         return GateDecision(
             verdict=verdict.action,
@@ -196,3 +228,26 @@ def decide(
             policy=verdict,
         )
     return GateDecision(verdict=verdict.action, source="policy", reason=verdict.reason, policy=verdict)
+
+
+def _always_ask(spec: RunSpec, tool: str, verdict: PolicyVerdict) -> GateDecision:
+    """A write whose connection says ``approval: always``: a human decides this one call (never a
+    session-wide approval); an autonomous run has no human, so it is denied, never silently allowed."""
+    if spec.autonomous:
+        return GateDecision(
+            verdict="deny",
+            source="access",
+            reason=f"{tool} is a write that always needs human approval; run is autonomous",
+            original_verdict="require_approval",
+        )
+    policy = spec.policy()
+    asked = PolicyVerdict(
+        action="require_approval",
+        rule=verdict.rule,
+        risk=verdict.risk,
+        reason=verdict.risk or f"{tool} is a write that always needs human approval",
+        ttl_secs=verdict.ttl_secs or policy.approvals.default_ttl_secs,
+        scope="once",
+        scope_key=None,
+    )
+    return GateDecision(verdict="require_approval", source="access", reason=asked.reason, policy=asked)

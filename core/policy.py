@@ -72,6 +72,9 @@ class PathConstraint(_Strict):
 
 class ToolRule(_Strict):
     match: list[str] = Field(min_length=1)
+    # Narrows the rule to brokered tools of this access class (frozen from their connection); a rule
+    # with ``access`` and no ``match`` matches every tool of that class.
+    access: Literal["read", "write"] | None = None
     action: Action
     risk: str | None = Field(default=None, max_length=MAX_STRING)
     paths: PathConstraint | None = None
@@ -80,12 +83,21 @@ class ToolRule(_Strict):
     approval_ttl_secs: int | None = Field(default=None, ge=1, le=7 * 24 * 3600)
     approval_scope: Literal["once", "session"] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _match_all_of_class(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "match" not in data and data.get("access") is not None:
+            return {**data, "match": ["*"]}
+        return data
+
     @field_validator("match")
     @classmethod
     def _match(cls, v: list[str]) -> list[str]:
         return _bounded(v, "match")
 
-    def matches(self, tool: str) -> bool:
+    def matches(self, tool: str, access: str | None = None) -> bool:
+        if self.access is not None and self.access != access:
+            return False
         return any(_name_matches(m, tool) for m in self.match)
 
 
@@ -133,9 +145,25 @@ class Policy(_Strict):
             raise ValueError(f"a policy has at most {MAX_RULES} tool rules")
         return self
 
-    def first_rule(self, tool: str) -> int | None:
-        """Index of the first rule whose ``match`` hits ``tool``, from an index built once per policy
-        (a scan of 500 rules per call would cost far more than the evaluation itself)."""
+    def first_rule(self, tool: str, access: str | None = None) -> int | None:
+        """Index of the first rule whose ``match`` (and ``access``, when it has one) hits ``tool``.
+        ``access`` is the tool's frozen access class (None for tools that are not brokered)."""
+        index = self._first_by_name(tool)
+        if index is None or not self._has_access_rules:
+            return index
+        # Rare: some rule is narrowed by access class; scan on from the first name hit.
+        return next(
+            (i for i in range(index, len(self.tools)) if self.tools[i].matches(tool, access)),
+            None,
+        )
+
+    @cached_property
+    def _has_access_rules(self) -> bool:
+        return any(rule.access is not None for rule in self.tools)
+
+    def _first_by_name(self, tool: str) -> int | None:
+        """From an index built once per policy (a scan of 500 rules per call would cost far more than
+        the evaluation itself)."""
         exact, prefixes, star = self._index
         best = exact.get(tool)
         if star is not None and (best is None or star < best):
@@ -229,8 +257,10 @@ class PolicyVerdict(BaseModel):
     original_action: Literal["require_approval"] | None = None
 
 
-def _raw_verdict(policy: Policy, tool: str, tool_input: dict[str, Any]) -> tuple[PolicyVerdict, ToolRule | None]:
-    index = policy.first_rule(tool)
+def _raw_verdict(
+    policy: Policy, tool: str, tool_input: dict[str, Any], access: str | None = None
+) -> tuple[PolicyVerdict, ToolRule | None]:
+    index = policy.first_rule(tool, access)
     if index is not None:
         rule = policy.tools[index]
         action: Action = rule.action
@@ -286,9 +316,12 @@ def _action_verdict(
     )
 
 
-def evaluate(policy: Policy, tool: str, tool_input: dict[str, Any], *, autonomous: bool) -> PolicyVerdict:
-    """First matching rule wins; autonomy rewrites approvals inside the engine."""
-    verdict, rule = _raw_verdict(policy, tool, tool_input)
+def evaluate(
+    policy: Policy, tool: str, tool_input: dict[str, Any], *, autonomous: bool, access: str | None = None
+) -> PolicyVerdict:
+    """First matching rule wins; autonomy rewrites approvals inside the engine. ``access``: the tool's
+    frozen access class, for rules narrowed by class."""
+    verdict, rule = _raw_verdict(policy, tool, tool_input, access)
     if not autonomous or verdict.action != "require_approval":
         return verdict
     fallback = (rule.on_autonomous if rule else None) or policy.autonomy.on_approval_rule

@@ -5,6 +5,7 @@ Pure: the API folds in the agents' ``mcp__*`` tools and serves these for drafts 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from core.policy import Policy, ToolRule
@@ -35,10 +36,11 @@ def _constraints(rule: ToolRule) -> dict[str, Any] | None:
     }
 
 
-def tool_status(policy: Policy, tool: str) -> dict[str, Any]:
-    """The tagged verdict of one tool: ``{"status": "unconditional"|"conditional"|"default", "action", …}``."""
+def tool_status(policy: Policy, tool: str, access: str | None = None) -> dict[str, Any]:
+    """The tagged verdict of one tool: ``{"status": "unconditional"|"conditional"|"default", "action", …}``.
+    ``access``: a brokered tool's access class, for rules narrowed by class."""
     for index, rule in enumerate(policy.tools):
-        if rule.matches(tool):
+        if rule.matches(tool, access):
             constraints = _constraints(rule)
             if constraints is None:
                 return {"status": "unconditional", "action": rule.action, "rule": index}
@@ -46,27 +48,41 @@ def tool_status(policy: Policy, tool: str) -> dict[str, Any]:
     return {"status": "default", "action": policy.defaults.tool_action}
 
 
-def matrix(policy: Policy, extra_tools: list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
+ExtraTools = Mapping[str, tuple[str | None, str | None]] | list[str] | tuple[str, ...]
+
+
+def matrix(policy: Policy, extra_tools: ExtraTools = ()) -> list[dict[str, Any]]:
     """One row per canonical tool and per extra (``mcp__``) tool: what this policy does with it.
 
     A row is ``{tool, group, server, status}`` with ``status`` the tagged object of ``tool_status``
-    (spec/api-surface.md "Matrix rows"): clients switch on ``row["status"]["status"]``.
+    (spec/api-surface.md "Matrix rows"): clients switch on ``row["status"]["status"]``. Extra tools
+    given as a mapping carry their ``(access, approval)``, shown on the row (an unclassified brokered
+    tool has ``access: null``: the gate denies it whatever the policy says, and the row says so).
     """
+    classes = extra_tools if isinstance(extra_tools, Mapping) else dict.fromkeys(extra_tools, (None, None))
     rows = []
-    for tool in [*CANONICAL, *sorted(set(extra_tools) - set(CANONICAL))]:
+    for tool in [*CANONICAL, *sorted(set(classes) - set(CANONICAL))]:
         mcp = split_mcp(tool)
-        rows.append(
-            {
-                "tool": tool,
-                "group": GROUP_OF.get(tool),
-                "server": mcp[0] if mcp else None,
-                "status": tool_status(policy, tool),
-            }
-        )
+        row: dict[str, Any] = {"tool": tool, "group": GROUP_OF.get(tool), "server": mcp[0] if mcp else None}
+        if mcp is not None and tool in classes:
+            access, approval = classes[tool]
+            row["access"], row["approval"] = access, approval
+            if access is None:
+                row["status"] = {"status": "unclassified", "action": "deny"}
+            elif access == "write" and approval == "always":
+                status = tool_status(policy, tool, access)
+                if status["action"] != "deny":
+                    status = {**status, "action": "approve", "approval": "always"}
+                row["status"] = status
+            else:
+                row["status"] = tool_status(policy, tool, access)
+        else:
+            row["status"] = tool_status(policy, tool)
+        rows.append(row)
     return rows
 
 
-def overview(policy: Policy, extra_tools: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+def overview(policy: Policy, extra_tools: ExtraTools = ()) -> dict[str, Any]:
     return {
         "autonomy_summary": autonomy_summary(policy),
         "defaults": policy.defaults.model_dump(),

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from core import contract as wire
+from core.access import is_classified
 from core.runspec import RunSpec
 
 
@@ -63,9 +64,11 @@ def runner_env(spec: RunSpec, settings: RunnerEnvSettings) -> dict[str, str]:
         env[wire.ENV_SYSTEM_PROMPT] = spec.system_prompt
     if spec.brokered:
         # What the agent may call through the broker: names and schemas, never URLs or credentials.
+        # An unclassified tool (no read or write class) is not listed: the gate would deny it anyway.
         servers = [
             {"class": "brokered", "name": b["slot"], "tools": [
-                {k: t.get(k) for k in ("name", "description", "input_schema")} for t in b["tools"]
+                {k: t.get(k) for k in ("name", "description", "input_schema")}
+                for t in b["tools"] if is_classified(t)
             ]}
             for b in spec.brokered
         ]  # fmt: skip

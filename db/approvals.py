@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 
 from core import events as ev
+from core.access import access_of
 from core.errors import Conflict, NotFound
 from core.states import RunStatus, accepts_work
 from db._base import Conn, ReadModel, as_model, as_models
@@ -171,6 +172,9 @@ class Approvals:
         if settled is None:
             raise Conflict("approval is not pending")
         verdict = "allow" if decision in DECIDED_ALLOW else "deny"
+        access = (
+            access_of(await self.runs.run_spec(str(row.session_id)), row.tool) if row.tool.startswith("mcp__") else None
+        )
         new = []
         if row.status == "pending":
             new.append(
@@ -194,6 +198,7 @@ class Approvals:
                     "verdict": verdict,
                     "source": source,
                     "reason": reason,
+                    "access": access,
                 },
             )
         )

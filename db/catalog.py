@@ -7,6 +7,7 @@ from typing import Any
 
 import asyncpg
 
+from core.access import READ_ONLY, parse_access
 from core.errors import Conflict
 from db._base import Conn, Repository, Row, as_row
 from db.ids import new_id
@@ -14,9 +15,9 @@ from db.store import Store
 
 COLUMNS = (
     "slug", "name", "icon", "description", "categories", "url", "transport", "auth_mode", "auth_hints", "scopes",
-    "tool_hints", "sandbox_launch",
+    "tool_hints", "sandbox_launch", "access",
 )  # fmt: skip
-DEFAULTS: dict[str, Any] = {"categories": [], "auth_hints": {}, "scopes": [], "tool_hints": []}
+DEFAULTS: dict[str, Any] = {"categories": [], "auth_hints": {}, "scopes": [], "tool_hints": [], "access": READ_ONLY}
 
 
 def duplicate_slug(slug: str) -> str:
@@ -28,7 +29,9 @@ class Catalog(Repository):
         super().__init__(store.pool)
 
     def _values(self, entry: dict[str, Any]) -> list[Any]:
-        return [entry.get(c) if entry.get(c) is not None else DEFAULTS.get(c) for c in COLUMNS]
+        values = {c: entry.get(c) if entry.get(c) is not None else DEFAULTS.get(c) for c in COLUMNS}
+        values["access"] = parse_access(values["access"], f"catalog entry '{entry.get('slug')}'.access")
+        return list(values.values())
 
     async def seed(self, entries: list[dict[str, Any]]) -> None:
         """Curated entries are global and refreshed from the shipped file on every boot."""

@@ -9,19 +9,32 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 from core import events as ev
+from core.access import NONE, classify, definition
 from core.errors import Conflict, NotFound
-from db._base import Conn, Repository, Row, as_row, as_rows
+from db._base import Conn, Repository, Row, as_model, as_row, as_rows
 from db.ids import new_id
+from db.models.connections import ConnectionApprovedTool, ConnectionToolChange
 from db.store import Store
 
 CONNECTION_FIELDS = (
     "id, tenant_id, provider, display_name, base_url, auth_kind, header_name, scheme, status, owner_type, "
-    "owner_user_id, created_by_user_id, authorization_generation, metadata, created_at, updated_at"
+    "owner_user_id, created_by_user_id, authorization_generation, metadata, created_at, updated_at, access"
 )
 MAX_ATTEMPTS = 3
 CLAIM_TTL_SECS = 600.0
+
+
+def same_origin(a: str, b: str) -> bool:
+    """Scheme, host and path (trailing slash ignored) agree: the binding's notion of "the same server"."""
+    pa, pb = urlsplit(a), urlsplit(b)
+    return (pa.scheme.lower(), pa.netloc.lower(), pa.path.rstrip("/")) == (
+        pb.scheme.lower(),
+        pb.netloc.lower(),
+        pb.path.rstrip("/"),
+    )
 
 
 def credential_context(tenant_id: str) -> str:
@@ -47,8 +60,8 @@ class Connections(Repository):
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
                     "auth_kind, header_name, scheme, credential_sealed, credential_key_id, status, owner_type, "
-                    "owner_user_id, created_by_user_id) "
-                    "VALUES ($1,$2,$3,$4,$5,'static',$6,$7,$8,$9,'active',$10,$11,$12) "
+                    "owner_user_id, created_by_user_id, access) "
+                    "VALUES ($1,$2,$3,$4,$5,'static',$6,$7,$8,$9,'active',$10,$11,$12,$13) "
                     f"RETURNING {CONNECTION_FIELDS}",
                     uuid.UUID(new_id()),
                     uuid.UUID(tenant_id),
@@ -62,6 +75,7 @@ class Connections(Repository):
                     "user" if owner else "organization",
                     uuid.UUID(owner) if owner else None,
                     uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
+                    fields.get("access") or NONE,
                 )
             )
             assert row is not None
@@ -76,8 +90,8 @@ class Connections(Repository):
             row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
-                    "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id) "
-                    "VALUES ($1,$2,$3,$4,$5,'oauth','Bearer','pending',$6,$7,$8) "
+                    "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id, access) "
+                    "VALUES ($1,$2,$3,$4,$5,'oauth','Bearer','pending',$6,$7,$8,$9) "
                     f"RETURNING {CONNECTION_FIELDS}",
                     uuid.UUID(new_id()),
                     uuid.UUID(tenant_id),
@@ -87,6 +101,7 @@ class Connections(Repository):
                     "user" if owner else "organization",
                     uuid.UUID(owner) if owner else None,
                     uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
+                    fields.get("access") or NONE,
                 )
             )
         assert row is not None
@@ -135,6 +150,19 @@ class Connections(Repository):
             raise NotFound()
         return bytes(row["credential_sealed"]), str(row["credential_key_id"])
 
+    async def set_access(self, tenant_id: str, connection_id: str, access: dict[str, Any]) -> Row:
+        """Replace the connection's (normalized) access declaration; runs already bound keep theirs."""
+        row = await self.one_row(
+            "UPDATE integration_connections SET access = $3, updated_at = now() WHERE tenant_id = $1 AND id = $2 "
+            f"RETURNING {CONNECTION_FIELDS}",
+            uuid.UUID(tenant_id),
+            uuid.UUID(connection_id),
+            access,
+        )
+        if row is None:
+            raise NotFound()
+        return row
+
     async def revoke(self, tenant_id: str, connection_id: str) -> Row:
         async with self.pool.acquire() as conn:
             row = as_row(
@@ -155,6 +183,13 @@ class Connections(Repository):
     # ---- snapshots -----------------------------------------------------------------------------
 
     async def _append_snapshot(self, conn: Conn, connection_id: str, version: int, photo: dict[str, Any]) -> Row:
+        """Insert snapshot ``version`` and screen its tools against the approved definitions (see
+        :meth:`_screen`), in the caller's transaction."""
+        row = await self._insert_snapshot(conn, connection_id, version, photo)
+        await self._screen(conn, connection_id, version, photo["tools"])
+        return row
+
+    async def _insert_snapshot(self, conn: Conn, connection_id: str, version: int, photo: dict[str, Any]) -> Row:
         row = as_row(
             await conn.fetchrow(
                 "INSERT INTO connection_tool_snapshots (id, connection_id, snapshot_version, "
@@ -171,6 +206,77 @@ class Connections(Repository):
         )
         assert row is not None
         return row
+
+    async def _screen(self, conn: Conn, connection_id: str, version: int, tools: list[dict[str, Any]]) -> None:
+        """Quarantine what an admin has not seen. The first snapshot is approved as it stands (by whoever
+        created the connection); later, a tool whose definition differs from its approved one, or a new
+        tool, gets one ``pending`` change (a newer definition supersedes an older pending one), and a
+        tool back at its approved definition (or gone) has nothing pending."""
+        cid = uuid.UUID(connection_id)
+        if version == 1:
+            creator = await conn.fetchval(
+                "SELECT coalesce('user:' || created_by_user_id::text, 'operator') FROM integration_connections "
+                "WHERE id = $1",
+                cid,
+            )
+            for tool in tools:
+                await conn.execute(
+                    "INSERT INTO connection_approved_tools (connection_id, tool_name, definition, approved_by) "
+                    "VALUES ($1,$2,$3,$4) ON CONFLICT (connection_id, tool_name) DO UPDATE SET "
+                    "definition = EXCLUDED.definition, approved_by = EXCLUDED.approved_by, approved_at = now(), "
+                    "change_id = NULL",
+                    cid,
+                    tool["name"],
+                    definition(tool),
+                    f"{creator} (connection created)",
+                )
+            return
+        approved = {
+            r["tool_name"]: r["definition"]
+            for r in await conn.fetch(
+                "SELECT tool_name, definition FROM connection_approved_tools WHERE connection_id = $1", cid
+            )
+        }
+        pending = {
+            r["tool_name"]: r
+            for r in await conn.fetch(
+                "SELECT id, tool_name, proposed FROM connection_tool_changes WHERE connection_id = $1 "
+                "AND status = 'pending'",
+                cid,
+            )
+        }
+        listed = {t["name"] for t in tools}
+        stale = [r["id"] for name, r in pending.items() if name not in listed]
+        fresh: list[tuple[str, dict[str, Any]]] = []
+        for tool in tools:
+            name, proposed = tool["name"], definition(tool)
+            held = pending.get(name)
+            if approved.get(name) == proposed:
+                if held is not None:
+                    stale.append(held["id"])
+            elif held is None or held["proposed"] != proposed:
+                if held is not None:
+                    stale.append(held["id"])
+                fresh.append((name, proposed))
+        if stale:
+            await conn.execute(
+                "UPDATE connection_tool_changes SET status = 'superseded', decided_at = now(), "
+                "decided_by = 'refresh' WHERE id = ANY($1::uuid[]) AND status = 'pending'",
+                stale,
+            )
+        for name, proposed in fresh:
+            await conn.execute(
+                "INSERT INTO connection_tool_changes (id, tenant_id, connection_id, tool_name, kind, "
+                "snapshot_version, previous, proposed) SELECT $1, tenant_id, id, $2, $3, $4, $5, $6 "
+                "FROM integration_connections WHERE id = $7",
+                uuid.UUID(new_id()),
+                name,
+                "changed" if name in approved else "added",
+                version,
+                approved.get(name),
+                proposed,
+                cid,
+            )
 
     async def refresh(self, connection_id: str, generation: int, photo: dict[str, Any]) -> Row:
         """Append snapshot v+1 unless the connection was reauthorized while it was being photographed."""
@@ -191,6 +297,95 @@ class Connections(Repository):
             )
             return await self._append_snapshot(conn, connection_id, version, photo)
 
+    # ---- tool-definition changes (quarantine) ----------------------------------------------------
+
+    async def tool_changes(self, connection_id: str, status: str | None = None) -> list[ConnectionToolChange]:
+        """Newest first; ``status`` narrows (``pending`` is what awaits review)."""
+        return await self.many(
+            ConnectionToolChange,
+            "SELECT * FROM connection_tool_changes WHERE connection_id = $1 AND ($2::text IS NULL OR status = $2) "
+            "ORDER BY created_at DESC, tool_name",
+            uuid.UUID(connection_id),
+            status,
+        )
+
+    async def tool_change(self, connection_id: str, change_id: str) -> ConnectionToolChange | None:
+        try:
+            cid = uuid.UUID(change_id)
+        except ValueError:
+            return None
+        return await self.one(
+            ConnectionToolChange,
+            "SELECT * FROM connection_tool_changes WHERE connection_id = $1 AND id = $2",
+            uuid.UUID(connection_id),
+            cid,
+        )
+
+    async def approved_tools(self, connection_id: str) -> list[ConnectionApprovedTool]:
+        return await self.many(
+            ConnectionApprovedTool,
+            "SELECT * FROM connection_approved_tools WHERE connection_id = $1 ORDER BY tool_name",
+            uuid.UUID(connection_id),
+        )
+
+    async def decide_tool_change(
+        self,
+        tenant_id: str,
+        connection_id: str,
+        change_id: str,
+        decision: str,
+        actor: tuple[str, str | None],
+    ) -> ConnectionToolChange:
+        """CAS ``pending`` → ``approved`` | ``rejected`` (who and when), audited in the same transaction.
+        Approving makes the proposed definition the approved one: new runs bind the tool again.
+        A change that is no longer pending (decided, or superseded by a newer refresh) is a 409."""
+        kind, actor_id = actor
+        by = f"{kind}:{actor_id}" if actor_id else kind
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = as_model(
+                ConnectionToolChange,
+                await conn.fetchrow(
+                    "UPDATE connection_tool_changes SET status = $4, decided_by = $5, decided_by_user_id = $6, "
+                    "decided_at = now() WHERE tenant_id = $1 AND connection_id = $2 AND id = $3 "
+                    "AND status = 'pending' RETURNING *",
+                    uuid.UUID(tenant_id),
+                    uuid.UUID(connection_id),
+                    uuid.UUID(change_id),
+                    decision,
+                    by,
+                    uuid.UUID(actor_id) if kind == "user" and actor_id else None,
+                ),
+            )
+            if row is None:
+                current = await self.tool_change(connection_id, change_id)
+                if current is None:
+                    raise NotFound()
+                raise Conflict(f"this tool change is already {current.status}")
+            if decision == "approved":
+                await conn.execute(
+                    "INSERT INTO connection_approved_tools (connection_id, tool_name, definition, approved_by, "
+                    "change_id) VALUES ($1,$2,$3,$4,$5) ON CONFLICT (connection_id, tool_name) DO UPDATE SET "
+                    "definition = EXCLUDED.definition, approved_by = EXCLUDED.approved_by, approved_at = now(), "
+                    "change_id = EXCLUDED.change_id",
+                    row.connection_id,
+                    row.tool_name,
+                    row.proposed,
+                    by,
+                    row.id,
+                )
+            await conn.execute(
+                "INSERT INTO auth_audit_log (id, tenant_id, actor_kind, actor_id, action, target, success, detail) "
+                "VALUES ($1, $2, $3, $4, $5, $6, true, $7)",
+                uuid.UUID(new_id()),
+                uuid.UUID(tenant_id),
+                kind,
+                actor_id,
+                f"connection.tool_change.{'approve' if decision == 'approved' else 'reject'}",
+                connection_id,
+                {"change_id": change_id, "tool": row.tool_name, "kind": row.kind},
+            )
+            return row
+
     async def latest_snapshot(self, connection_id: str) -> Row | None:
         return await self.one_row(
             "SELECT * FROM connection_tool_snapshots WHERE connection_id = $1 ORDER BY snapshot_version DESC LIMIT 1",
@@ -204,8 +399,10 @@ class Connections(Repository):
         ``owner_user_id``) that user's personal ones."""
         return await self.rows(
             "SELECT c.id, c.base_url, c.display_name, c.authorization_generation, c.owner_type, "
-            "c.owner_user_id, s.snapshot_version, "
-            "s.protocol_version, s.tools_json FROM integration_connections c JOIN LATERAL ("
+            "c.owner_user_id, c.access, s.snapshot_version, s.protocol_version, s.tools_json, "
+            "(SELECT coalesce(jsonb_object_agg(a.tool_name, a.definition), '{}'::jsonb) "
+            " FROM connection_approved_tools a WHERE a.connection_id = c.id) AS approved "
+            "FROM integration_connections c JOIN LATERAL ("
             " SELECT * FROM connection_tool_snapshots t WHERE t.connection_id = c.id"
             " ORDER BY snapshot_version DESC LIMIT 1) s ON true "
             "WHERE c.tenant_id = $1 AND c.status = 'active' AND CASE WHEN $2::uuid IS NULL "
@@ -214,6 +411,35 @@ class Connections(Repository):
             uuid.UUID(tenant_id),
             uuid.UUID(owner_user_id) if owner_user_id else None,
         )
+
+    async def requirement_classes(
+        self, tenant_id: str, policy_id: str | None = None
+    ) -> dict[str, tuple[str | None, str | None]]:
+        """``mcp__<slot>__<tool>`` → ``(access, approval)`` for every required tool of the tenant's agents'
+        latest revisions (those naming ``policy_id``, when given), classified by the organization
+        connection a run would bind now (the newest active one to the URL); ``(None, None)`` when none
+        classifies it. What the policy matrix shows; runs freeze their own at creation."""
+        async with self.pool.acquire() as conn:
+            revisions = await conn.fetch(
+                "SELECT DISTINCT ON (r.agent_id) r.policy_id, r.connection_requirements FROM agent_revisions r "
+                "WHERE r.tenant_id = $1 ORDER BY r.agent_id, r.rev DESC",
+                uuid.UUID(tenant_id),
+            )
+            connections = await conn.fetch(
+                "SELECT base_url, access FROM integration_connections WHERE tenant_id = $1 AND status = 'active' "
+                "AND owner_type = 'organization' ORDER BY created_at DESC",
+                uuid.UUID(tenant_id),
+            )
+        out: dict[str, tuple[str | None, str | None]] = {}
+        for revision in revisions:
+            if policy_id is not None and str(revision["policy_id"]) != policy_id:
+                continue
+            for req in revision["connection_requirements"] or []:
+                url = (req.get("connector") or {}).get("url", "")
+                decl = next((c["access"] for c in connections if same_origin(c["base_url"], url)), None)
+                for name in req.get("required_tools") or []:
+                    out[f"mcp__{req['slot']}__{name}"] = classify(decl, name)
+        return out
 
     async def insert_bindings(self, conn: Conn, tenant_id: str, run_id: str, bindings: list[Row]) -> None:
         for b in bindings:

@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 
 from core import events as ev
+from core.access import access_of
 from core.digests import input_digest
 from core.gate import GateDecision, decide
 from core.redaction import Redactor
@@ -51,7 +52,7 @@ class Gate:
                 "SELECT EXISTS (SELECT 1 FROM session_finalizations WHERE session_id = $1)", rid
             )
             if existing is not None:
-                return await self._replay(conn, run_id, existing, tool, digest)
+                return await self._replay(conn, run_id, existing, tool, digest, access_of(spec, tool))
             if winding_down:
                 # A result, a cancel or a budget stop is recorded: no new work starts.
                 return GateOutcome("deny", "session is not active")
@@ -123,7 +124,9 @@ class Gate:
             return GateOutcome("wait", wait=row)
         return GateOutcome(decision.verdict, decision.reason if decision.verdict == "deny" else None)
 
-    async def _replay(self, conn: Conn, run_id: str, row: ApprovalRecord, tool: str, digest: str) -> GateOutcome:
+    async def _replay(
+        self, conn: Conn, run_id: str, row: ApprovalRecord, tool: str, digest: str, access: str | None
+    ) -> GateOutcome:
         if row.tool != tool or row.input_digest != digest:
             message = "tool_call_id reused with a different tool or input"
             data = {
@@ -132,6 +135,7 @@ class Gate:
                 "verdict": "deny",
                 "source": "protocol_violation",
                 "reason": message,
+                "access": access,
             }
             await self.ledger.append(conn, run_id, [ev.NewEvent(type=ev.TOOL_DECISION, data=data)])
             return GateOutcome("deny", message)

@@ -80,14 +80,15 @@ class ManagedAppRecords(Repository):
                     as_row(
                         await conn.fetchrow(
                             "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
-                            "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id) "
-                            "VALUES ($1,$2,'mcp_http',$3,$4,'oauth','Bearer','pending','user',$5,$5) "
+                            "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id, access) "
+                            "VALUES ($1,$2,'mcp_http',$3,$4,'oauth','Bearer','pending','user',$5,$5,$6) "
                             f"RETURNING {CONNECTION_FIELDS}",
                             uuid.UUID(new_id()),
                             tid,
                             fields["display_name"],
                             fields["base_url"],
                             uid,
+                            fields["access"],
                         )
                     )
                 )

@@ -84,6 +84,7 @@ class ConnectionService:
         display_name: str | None,
         owner_user_id: str | None = None,
         created_by_user_id: str | None = None,
+        access: dict[str, Any] | None = None,
     ) -> tuple[Row, Row]:
         """Admit the URL, photograph with the credential, then seal and store both in one transaction.
         Any refusal before the insert stores nothing. Returns the connection and its first snapshot."""
@@ -102,6 +103,7 @@ class ConnectionService:
             "scheme": scheme,
             "owner_user_id": owner_user_id,
             "created_by_user_id": created_by_user_id,
+            "access": access,
         }
         return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
 
@@ -113,6 +115,7 @@ class ConnectionService:
         display_name: str | None,
         owner_user_id: str | None = None,
         created_by_user_id: str | None = None,
+        access: dict[str, Any] | None = None,
     ) -> Row:
         """A ``pending`` oauth connection (the row); it becomes usable after its first sign-in."""
         self.oauth_connect()
@@ -123,6 +126,7 @@ class ConnectionService:
             "base_url": admitted.url,
             "owner_user_id": owner_user_id,
             "created_by_user_id": created_by_user_id,
+            "access": access,
         }
         return await self.connections.create_pending_oauth(tenant_id, fields)
 

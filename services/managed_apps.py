@@ -29,6 +29,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import SecretStr
 
+from core.access import from_catalog
 from core.errors import BadRequest, Conflict, NotFound, Unavailable, UpstreamFailed
 from core.tokens import token_digest
 from db.catalog import Catalog
@@ -65,6 +66,7 @@ class ManagedApp:
     description: str | None
     scopes: list[str]
     url: str
+    access: dict[str, Any] | None = None  # the catalog entry's reviewed patterns
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,15 @@ class ManagedApps:
                 log.warning("managed app %r is not an OAuth catalog entry with a URL; not offered", app_id)
                 continue
             out.append(
-                ManagedApp(app_id, row["name"], row["icon"], row["description"], list(row["scopes"] or []), row["url"])
+                ManagedApp(
+                    app_id,
+                    row["name"],
+                    row["icon"],
+                    row["description"],
+                    list(row["scopes"] or []),
+                    row["url"],
+                    row["access"],
+                )
             )
         return out
 
@@ -189,7 +199,10 @@ class ManagedApps:
         except UrlRefused as err:
             raise BadRequest(f"the app's server URL is refused: {err}") from None
         connection, managed_id = await self.records.connection_for(
-            tenant_id, user_id, app_id, {"display_name": app.name, "base_url": admitted.url}
+            tenant_id,
+            user_id,
+            app_id,
+            {"display_name": app.name, "base_url": admitted.url, "access": from_catalog(app.access)},
         )
         if connection["status"] == "active":
             return Outcome("connected", connection)

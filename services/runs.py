@@ -18,6 +18,7 @@ from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from config.settings import Settings
+from core.access import definition, with_access
 from core.capabilities import frozen_entry, narrow_pins
 from core.digests import document_digest
 from core.errors import BadRequest, Forbidden, Unavailable, Unprocessable
@@ -52,6 +53,13 @@ class RunRequest:
     bindings: dict[str, str] | None = None
     capabilities: list[str] | None = None
     result_destinations: list[dict[str, Any]] = field(default_factory=list)
+
+
+def bindable_tools(candidate: dict[str, Any]) -> list[dict[str, Any]]:
+    """The candidate's latest-snapshot tools whose definition an admin approved: a new tool, or one whose
+    description or input schema changed since its approval, is quarantined (not bound into new runs)."""
+    approved = candidate["approved"] or {}
+    return [t for t in candidate["tools_json"] if approved.get(t["name"]) == definition(t)]
 
 
 def same_url(a: str, b: str) -> bool:
@@ -122,17 +130,30 @@ class RunFactory:
                         f"binding for slot '{slot}': connection {explicit[slot]} is not an active {kind} to {url}"
                     )
             chosen = None
+            quarantined: list[str] = []
             for cand in candidates:
-                names = {t["name"] for t in cand["tools_json"]}
-                if set(needed) <= names:
+                usable = bindable_tools(cand)
+                if set(needed) <= {t["name"] for t in usable}:
                     chosen = cand
                     break
+                listed = {t["name"] for t in cand["tools_json"]}
+                if set(needed) <= listed:
+                    held = sorted(set(needed) - {t["name"] for t in usable})
+                    quarantined.append(f"{', '.join(held)} on connection {cand['id']}")
             if chosen is None:
+                if quarantined:
+                    raise BadRequest(
+                        f"requirement slot '{slot}' cannot be bound: tool definitions changed and await an admin's "
+                        f"review ({'; '.join(quarantined)}): see GET /v1/connections/{{id}}/tools/changes"
+                    )
                 where = "personal connection of the invoking user" if personal else "connection"
                 raise BadRequest(
                     f"requirement slot '{slot}' cannot be bound: no active {where} covers {', '.join(needed)} on {url}"
                 )
-            tools = sorted((t for t in chosen["tools_json"] if t["name"] in needed), key=lambda t: t["name"])
+            tools = sorted(
+                (with_access(chosen["access"], t) for t in bindable_tools(chosen) if t["name"] in needed),
+                key=lambda t: t["name"],
+            )
             frozen.append(
                 {
                     "slot": slot,

@@ -14,6 +14,7 @@ from api.deps import OperatorDep, Services, ServicesDep
 from api.errors import errors
 from api.views import connection_public as public
 from api.views import snapshot_public
+from core.access import READ_ONLY, from_catalog, parse_access
 from core.capabilities import check_catalog_launch, launch_server, parse_bundle
 from core.digests import document_digest
 from core.errors import BadRequest, Conflict, NotFound
@@ -44,6 +45,7 @@ class CatalogEntryIn(_Body):
     egress: list[str] = Field(default_factory=list, max_length=64)
     tool_hints: list[dict[str, Any]] = Field(default_factory=list, max_length=256)
     sandbox_launch: dict[str, Any] | None = None
+    access: Any = Field(default=None, description="Reviewed read/write tool patterns (default: `read: true`).")
 
 
 class ConnectIn(_Body):
@@ -71,6 +73,10 @@ class ServerIn(_Body):
     header_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
     scheme: Literal["Bearer", "Basic", ""] = "Bearer"
     owner: Literal["organization", "personal"] = "organization"
+    access: Any = Field(
+        default=None,
+        description="The connection's access declaration (default `read: true, write: false`).",
+    )
 
 
 def entry_public(row: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +139,9 @@ async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) 
             await svc.url_policy.admit(body.url)
         except UrlRefused as err:
             raise BadRequest(str(err)) from None
-    row = await svc.catalog.create_custom(op.tenant_id, body.model_dump(exclude={"egress"}))
+    entry = body.model_dump(exclude={"egress"})
+    entry["access"] = parse_access(body.access if body.access is not None else READ_ONLY)
+    row = await svc.catalog.create_custom(op.tenant_id, entry)
     return {"connector": entry_public(row)}
 
 
@@ -169,7 +177,10 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         if body.client_secret is not None and body.client_id is None:
             raise BadRequest("`client_secret` needs the `client_id` it was issued with")
         made = await svc.connection_service.connect_oauth(
-            op.tenant_id, base_url=row["url"], display_name=body.display_name or row["name"]
+            op.tenant_id,
+            base_url=row["url"],
+            display_name=body.display_name or row["name"],
+            access=from_catalog(row["access"]),
         )
         try:
             scopes = body.scopes or row["scopes"] or None
@@ -196,6 +207,7 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         header_name=hints.get("header_name"),
         scheme=hints.get("scheme", "Bearer"),
         display_name=body.display_name or row["name"],
+        access=from_catalog(row["access"]),
     )
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
 
@@ -280,6 +292,7 @@ async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[
         raise BadRequest("only api_key servers can be connected in one call today")
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("an api_key server needs a `token`")
+    access = parse_access(body.access if body.access is not None else READ_ONLY)
     try:
         await svc.url_policy.admit(body.url)
     except UrlRefused as err:
@@ -288,7 +301,8 @@ async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[
     entry = await svc.catalog.create_custom(
         op.tenant_id,
         {"slug": slugify(body.name), "name": body.name, "icon": body.icon, "description": body.description,
-         "url": body.url, "transport": "streamable_http", "auth_mode": "api_key", "auth_hints": hints},
+         "url": body.url, "transport": "streamable_http", "auth_mode": "api_key", "auth_hints": hints,
+         "access": access},
     )  # fmt: skip
     try:
         made, snapshot = await svc.connection_service.connect_static(
@@ -298,6 +312,7 @@ async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[
             header_name=body.header_name,
             scheme=body.scheme,
             display_name=body.display_name or body.name,
+            access=access,
         )
     except Exception:
         await svc.catalog.delete(entry["id"])

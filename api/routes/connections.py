@@ -17,7 +17,9 @@ from api.deps import Principal, PrincipalDep, Services, ServicesDep
 from api.errors import errors
 from api.views import connection_public as public
 from api.views import snapshot_public
+from core.access import classify, definition, definition_diff, parse_access
 from core.errors import BadRequest, Conflict, Forbidden, NotFound
+from db.models.connections import ConnectionToolChange
 from integrations.oauth import OAuthClientError
 from integrations.urls import UrlRefused
 
@@ -40,6 +42,16 @@ class ConnectionCreate(BaseModel):
     client_id: str | None = Field(default=None, max_length=2048)
     client_secret: SecretStr | None = None
     scopes: list[str] | None = Field(default=None, min_length=1, max_length=50)
+    access: Any = Field(
+        default=None,
+        description="Which tools read and which write: `{read: {tools: [globs]} | true | false, write: "
+        "{tools: [globs], approval: always|policy} | false}`. Omitted: no tool is classified, so none is callable.",
+    )
+
+
+class ConnectionPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    access: Any = Field(description="The new access declaration (replaces the old one; future runs only).")
 
 
 async def visible(svc: Services, who: Principal, connection_id: str) -> dict[str, Any]:
@@ -75,6 +87,7 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
     if body.owner == "organization" and not who.mutates_resources:
         raise Forbidden("creating an organization connection requires the admin or owner role")
+    access = parse_access(body.access) if body.access is not None else None
     if body.auth_kind == "oauth":
         if body.token is not None:
             raise BadRequest("an oauth connection takes no `token`: it is obtained by signing in")
@@ -92,6 +105,7 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
             display_name=body.display_name,
             owner_user_id=who.user_id if body.owner == "personal" else None,
             created_by_user_id=who.user_id,
+            access=access,
         )
         if body.client_id is not None or body.scopes:
             try:
@@ -115,6 +129,7 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         display_name=body.display_name,
         owner_user_id=who.user_id if body.owner == "personal" else None,
         created_by_user_id=who.user_id,
+        access=access,
     )
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
@@ -149,6 +164,23 @@ async def get_connection(connection_id: str, who: PrincipalDep, svc: ServicesDep
     return {"connection": public(await visible(svc, who, connection_id))}
 
 
+@router.patch(
+    "/{connection_id}",
+    summary="Edit a connection's tool access classes",
+    response_model=out.ConnectionOut,
+    responses=errors(401, 403, 404, 422),
+)
+async def edit_connection(
+    connection_id: str, body: ConnectionPatch, who: PrincipalDep, svc: ServicesDep
+) -> dict[str, Any]:
+    """Replaces ``access`` (422 naming the problem when malformed); runs already bound keep the classes
+    they froze. Enabling writes on a catalog connection is this explicit edit."""
+    row = await visible(svc, who, connection_id)
+    require_manage(who, row, "editing")
+    access = parse_access(body.access)
+    return {"connection": public(await svc.connections.set_access(who.tenant_id, connection_id, access))}
+
+
 @router.post(
     "/{connection_id}/revoke",
     summary="Revoke a connection",
@@ -174,12 +206,25 @@ async def revoke(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dic
     responses=errors(401, 404),
 )
 async def tools(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
-    """Names and descriptions of the photographed tools, with the snapshot's version and digest."""
-    await visible(svc, who, connection_id)
+    """Names and descriptions of the photographed tools, with the snapshot's version and digest; each
+    tool with its access class under the connection's declaration and whether new runs may bind it
+    (``review: approved``) or it is quarantined until an admin approves its change (``pending``)."""
+    row = await visible(svc, who, connection_id)
     snapshot = await svc.connections.latest_snapshot(connection_id)
     if snapshot is None:
         raise NotFound()
-    return {"snapshot": snapshot_public(snapshot)}
+    return {"snapshot": await _classified(svc, row, snapshot)}
+
+
+async def _classified(svc: Services, row: dict[str, Any], snapshot: dict[str, Any]) -> dict[str, Any]:
+    approved = {a.tool_name: a.definition for a in await svc.connections.approved_tools(str(row["id"]))}
+    view = snapshot_public(snapshot)
+    by_name = {t["name"]: t for t in snapshot["tools_json"]}
+    for tool in view["tools"]:
+        access, approval = classify(row["access"], tool["name"])
+        review = "approved" if approved.get(tool["name"]) == definition(by_name[tool["name"]]) else "pending"
+        tool.update(access=access, approval=approval, review=review)
+    return view
 
 
 @router.post(
@@ -194,4 +239,78 @@ async def refresh(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> di
     row = await visible(svc, who, connection_id)
     require_manage(who, row, "refreshing")
     snapshot = await svc.connection_service.refresh(who.tenant_id, row)
-    return {"snapshot": snapshot_public(snapshot)}
+    return {"snapshot": await _classified(svc, row, snapshot)}
+
+
+def change_public(change: ConnectionToolChange) -> dict[str, Any]:
+    fields, diff = definition_diff(change.previous, change.proposed)
+    return {
+        "id": str(change.id),
+        "connection_id": str(change.connection_id),
+        "tool": change.tool_name,
+        "kind": change.kind,
+        "snapshot_version": change.snapshot_version,
+        "status": change.status,
+        "changed_fields": fields,
+        "diff": diff,
+        "previous": change.previous,
+        "proposed": change.proposed,
+        "decided_by": change.decided_by,
+        "decided_at": change.decided_at,
+        "created_at": change.created_at,
+    }
+
+
+@router.get(
+    "/{connection_id}/tools/changes",
+    summary="Tool definitions awaiting review (and past reviews)",
+    response_model=out.ToolChangeList,
+    responses=errors(401, 404, 422),
+)
+async def tool_changes(
+    connection_id: str,
+    who: PrincipalDep,
+    svc: ServicesDep,
+    status: Literal["pending", "approved", "rejected", "superseded"] | None = None,
+) -> dict[str, Any]:
+    """A refresh that photographs a new tool, or a changed description or input schema, quarantines that
+    tool (new runs do not bind it) until an admin approves its change here. Newest first, each with a
+    unified diff of the approved and the proposed definition."""
+    await visible(svc, who, connection_id)
+    return {"changes": [change_public(c) for c in await svc.connections.tool_changes(connection_id, status)]}
+
+
+async def _decide_change(
+    connection_id: str, change_id: str, decision: str, who: Principal, svc: Services
+) -> dict[str, Any]:
+    row = await visible(svc, who, connection_id)
+    require_manage(who, row, "reviewing tool changes of")
+    if await svc.connections.tool_change(connection_id, change_id) is None:
+        raise NotFound("no such tool change on this connection")
+    actor = ("operator", None) if who.is_operator else ("user", who.user_id)
+    change = await svc.connections.decide_tool_change(who.tenant_id, connection_id, change_id, decision, actor)
+    return {"change": change_public(change)}
+
+
+@router.post(
+    "/{connection_id}/tools/changes/{change_id}/approve",
+    summary="Approve a tool's new definition (new runs bind it again)",
+    response_model=out.ToolChangeOut,
+    responses=errors(401, 403, 404, 409),
+)
+async def approve_change(connection_id: str, change_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+    """Recorded with who and when (and in the audit log); 409 when the change is no longer pending
+    (decided already, or superseded by a newer refresh)."""
+    return await _decide_change(connection_id, change_id, "approved", who, svc)
+
+
+@router.post(
+    "/{connection_id}/tools/changes/{change_id}/reject",
+    summary="Reject a tool's new definition (it stays quarantined)",
+    response_model=out.ToolChangeOut,
+    responses=errors(401, 403, 404, 409),
+)
+async def reject_change(connection_id: str, change_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+    """Recorded with who and when; the tool stays out of new runs until the server lists its approved
+    definition again or a later change is approved."""
+    return await _decide_change(connection_id, change_id, "rejected", who, svc)

@@ -151,10 +151,13 @@ async def validate(body: PolicyYaml, op: OperatorDep) -> dict[str, Any]:
 async def preview(body: PolicyPreview, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Strict-parses the draft and returns its per-tool verdict matrix; persists nothing."""
     policy = parse_policy(body.content)
-    if body.name is not None and await svc.store.policy_head(op.tenant_id, body.name) is None:
+    head = await svc.store.policy_head(op.tenant_id, body.name) if body.name is not None else None
+    if body.name is not None and head is None:
         raise NotFound()
-    # Agents' brokered (mcp__) tools join the matrix once connections exist; none can be named yet.
-    return {"content": policy.model_dump(mode="json", exclude_none=True), **overview(policy)}
+    # The brokered (mcp__) tools of the agents using it (every agent's, for an unnamed draft), with their
+    # access classes: what a run bound now would freeze.
+    tools = await svc.connections.requirement_classes(op.tenant_id, str(head.policy_id) if head else None)
+    return {"content": policy.model_dump(mode="json", exclude_none=True), **overview(policy, tools)}
 
 
 @router.post(
@@ -215,7 +218,7 @@ async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, 
             for v in detail.versions
         ],
         "agents_using": detail.agents_using,
-        **overview(policy),
+        **overview(policy, await svc.connections.requirement_classes(op.tenant_id, str(row.id))),
     }
 
 

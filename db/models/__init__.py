@@ -14,6 +14,8 @@ from db.models.approvals import Approval
 from db.models.capabilities import CapabilityBundle
 from db.models.catalog import ConnectorCatalogEntry
 from db.models.connections import (
+    ConnectionApprovedTool,
+    ConnectionToolChange,
     ConnectionToolSnapshot,
     IntegrationConnection,
     RunResourceBinding,
@@ -55,6 +57,8 @@ __all__ = [
     "Artifact",
     "AuthAuditLog",
     "CapabilityBundle",
+    "ConnectionApprovedTool",
+    "ConnectionToolChange",
     "ConnectionToolSnapshot",
     "ConnectorCatalogEntry",
     "ConnectorOAuthFlow",

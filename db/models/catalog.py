@@ -41,5 +41,15 @@ class ConnectorCatalogEntry(SQLModel, table=True):
     scopes: list[Any] = Field(sa_type=JSONB, sa_column_kwargs=EMPTY_ARRAY)
     tool_hints: list[Any] = Field(sa_type=JSONB, sa_column_kwargs=EMPTY_ARRAY)
     sandbox_launch: dict[str, Any] | None = Field(sa_type=JSONB)
+    # Reviewed read/write tool patterns (migration 0014; ``core/access.py``). A connection made from the
+    # entry gets its read patterns and no writes: enabling writes is an explicit edit of the connection.
+    access: dict[str, Any] = Field(
+        sa_type=JSONB,
+        sa_column_kwargs={
+            "server_default": sa.text(
+                """'{"read": {"tools": ["*"]}, "write": {"tools": [], "approval": "always"}}'::jsonb"""
+            )
+        },
+    )
     disabled_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
     created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)

@@ -14,6 +14,9 @@ from sqlmodel import Field, SQLModel
 
 from db.models._columns import BYTEA, EMPTY_OBJECT, JSONB, NOW, TEXT, TIMESTAMPTZ, default
 
+# A connection created without a declaration classifies nothing (so nothing is callable).
+ACCESS_NONE = """'{"read": {"tools": []}, "write": {"tools": [], "approval": "always"}}'::jsonb"""
+
 
 class IntegrationConnection(SQLModel, table=True):
     """A tenant's (or one user's) connection to a server, with its sealed credential."""
@@ -56,6 +59,8 @@ class IntegrationConnection(SQLModel, table=True):
     access_token_sealed: bytes | None = Field(sa_type=BYTEA)
     access_token_key_id: str | None = Field(sa_type=TEXT)
     access_expires_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
+    # Which tools read and which write (migration 0014; normalized, see ``core/access.py``).
+    access: dict[str, Any] = Field(sa_type=JSONB, sa_column_kwargs={"server_default": sa.text(ACCESS_NONE)})
 
 
 class ConnectionToolSnapshot(SQLModel, table=True):
@@ -117,3 +122,52 @@ class ToolExecutionClaim(SQLModel, table=True):
     created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
     claimed_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
     settled_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
+
+
+class ConnectionApprovedTool(SQLModel, table=True):
+    """The last definition (description + input schema) of one tool an admin approved on a connection.
+
+    A snapshot tool whose definition differs (or that has none here) is quarantined: runs do not bind it."""
+
+    __tablename__ = "connection_approved_tools"
+
+    connection_id: uuid.UUID = Field(primary_key=True, foreign_key="integration_connections.id")
+    tool_name: str = Field(primary_key=True, sa_type=TEXT)
+    definition: dict[str, Any] = Field(sa_type=JSONB)
+    approved_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
+    approved_by: str = Field(sa_type=TEXT)
+    change_id: uuid.UUID | None
+
+
+class ConnectionToolChange(SQLModel, table=True):
+    """A new or changed tool definition a refresh photographed, waiting for (or settled by) an admin."""
+
+    __tablename__ = "connection_tool_changes"
+    __table_args__ = (
+        sa.CheckConstraint("kind IN ('added', 'changed')", name="connection_tool_changes_kind_check"),
+        sa.CheckConstraint(
+            "status IN ('pending', 'approved', 'rejected', 'superseded')", name="connection_tool_changes_status_check"
+        ),
+        sa.Index("connection_tool_changes_connection", "connection_id", "created_at"),
+        sa.Index(
+            "connection_tool_changes_one_pending",
+            "connection_id",
+            "tool_name",
+            unique=True,
+            postgresql_where=sa.text("status = 'pending'"),
+        ),
+    )
+
+    id: uuid.UUID = Field(primary_key=True)
+    tenant_id: uuid.UUID = Field(foreign_key="tenants.id")
+    connection_id: uuid.UUID = Field(foreign_key="integration_connections.id")
+    tool_name: str = Field(sa_type=TEXT)
+    kind: str = Field(sa_type=TEXT)
+    snapshot_version: int
+    previous: dict[str, Any] | None = Field(sa_type=JSONB)
+    proposed: dict[str, Any] = Field(sa_type=JSONB)
+    status: str = Field(sa_type=TEXT, sa_column_kwargs=default("'pending'"))
+    decided_by: str | None = Field(sa_type=TEXT)
+    decided_by_user_id: uuid.UUID | None = Field(foreign_key="users.id")
+    decided_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
+    created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)

@@ -331,6 +331,7 @@ def test_decision_data_carries_call_id_tool_verdict_source_and_reason() -> None:
         "tool": "Bash",
         "verdict": "deny",
         "source": "policy",
+        "access": None,
         "reason": 'shell command matches deny pattern "\\bcurl\\b"',
     }
 
@@ -346,7 +347,7 @@ def test_decision_data_carries_the_original_verdict_of_an_autonomy_rewrite() -> 
 
 def test_decision_data_omits_absent_reason_and_original_verdict() -> None:
     data = _decide(make_spec(SHELL), "Read").decision_data("tc-3", "Read")
-    assert data == {"tool_call_id": "tc-3", "tool": "Read", "verdict": "allow", "source": "policy"}
+    assert data == {"tool_call_id": "tc-3", "tool": "Read", "verdict": "allow", "source": "policy", "access": None}
 
 
 # --- a property of the floor ---------------------------------------------------------------------
