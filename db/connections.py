@@ -210,8 +210,9 @@ class Connections(Repository):
     async def _screen(self, conn: Conn, connection_id: str, version: int, tools: list[dict[str, Any]]) -> None:
         """Quarantine what an admin has not seen. The first snapshot is approved as it stands (by whoever
         created the connection); later, a tool whose definition differs from its approved one, or a new
-        tool, gets one ``pending`` change (a newer definition supersedes an older pending one), and a
-        tool back at its approved definition (or gone) has nothing pending."""
+        tool, gets one ``pending`` change (a newer definition supersedes an older pending one; a definition
+        already rejected is not proposed again), and a tool back at its approved definition (or gone) has
+        nothing pending."""
         cid = uuid.UUID(connection_id)
         if version == 1:
             creator = await conn.fetchval(
@@ -245,13 +246,22 @@ class Connections(Repository):
                 cid,
             )
         }
+        # A definition an admin already rejected is not proposed again (it stays quarantined).
+        rejected = {
+            r["tool_name"]: r["proposed"]
+            for r in await conn.fetch(
+                "SELECT DISTINCT ON (tool_name) tool_name, proposed FROM connection_tool_changes "
+                "WHERE connection_id = $1 AND status = 'rejected' ORDER BY tool_name, decided_at DESC",
+                cid,
+            )
+        }
         listed = {t["name"] for t in tools}
         stale = [r["id"] for name, r in pending.items() if name not in listed]
         fresh: list[tuple[str, dict[str, Any]]] = []
         for tool in tools:
             name, proposed = tool["name"], definition(tool)
             held = pending.get(name)
-            if approved.get(name) == proposed:
+            if approved.get(name) == proposed or rejected.get(name) == proposed:
                 if held is not None:
                     stale.append(held["id"])
             elif held is None or held["proposed"] != proposed:

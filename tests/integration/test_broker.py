@@ -45,7 +45,9 @@ def requirement(url: str, tools: list[str], slot: str = "calc") -> dict[str, Any
 
 
 async def connect(api: httpx.AsyncClient, url: str, token: str) -> dict[str, Any]:
-    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": url, "token": token})
+    r = await api.post(
+        "/v1/connections", json={"provider": "mcp_http", "access": {"read": True}, "base_url": url, "token": token}
+    )
     assert r.status_code == 200, r.text
     assert token not in r.text
     return dict(r.json())
@@ -107,7 +109,8 @@ async def test_a_rejected_credential_rolls_everything_back(api: httpx.AsyncClien
     async with serve(bearer("right-token")) as srv:
         before = (await api.get("/v1/connections")).json()["connections"]
         r = await api.post(
-            "/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "wrong-token"}
+            "/v1/connections",
+            json={"provider": "mcp_http", "access": {"read": True}, "base_url": srv.url, "token": "wrong-token"},
         )
         assert r.status_code == 400 and r.json()["error"].startswith(
             "the server rejected this credential (connection rolled back)"
@@ -119,7 +122,9 @@ async def test_a_rejected_credential_rolls_everything_back(api: httpx.AsyncClien
         ("http://169.254.169.254/latest", "169.254.169.254"),
         ("ftp://example.com/x", "ftp"),
     ]:
-        r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": url, "token": "t"})
+        r = await api.post(
+            "/v1/connections", json={"provider": "mcp_http", "access": {"read": True}, "base_url": url, "token": "t"}
+        )
         assert r.status_code == 400 and message in r.json()["error"], r.text
     r = await api.post("/v1/connections", json={"provider": "slack", "base_url": "https://x", "token": "t"})
     assert (r.status_code, r.json()["error"]) == (400, "unsupported provider 'slack' (supported: mcp_http)")
@@ -261,6 +266,7 @@ async def test_custom_header_auth_and_endless_pagination(api: httpx.AsyncClient)
             "/v1/connections",
             json={
                 "provider": "mcp_http",
+                "access": {"read": True},
                 "base_url": srv.url,
                 "token": value,
                 "header_name": "X-Api-Key",
@@ -270,13 +276,25 @@ async def test_custom_header_auth_and_endless_pagination(api: httpx.AsyncClient)
         assert r.status_code == 200 and value not in r.text, r.text
         wrong = await api.post(
             "/v1/connections",
-            json={"provider": "mcp_http", "base_url": srv.url, "token": value, "scheme": "Bearer"},
+            json={
+                "provider": "mcp_http",
+                "access": {"read": True},
+                "base_url": srv.url,
+                "token": value,
+                "scheme": "Bearer",
+            },
         )
         assert wrong.status_code == 400 and "rolled back" in wrong.json()["error"]
     async with serve(endless()) as srv:
         before = (await api.get("/v1/connections")).json()["connections"]
         r = await api.post(
-            "/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "x-" + secrets.token_hex(4)}
+            "/v1/connections",
+            json={
+                "provider": "mcp_http",
+                "access": {"read": True},
+                "base_url": srv.url,
+                "token": "x-" + secrets.token_hex(4),
+            },
         )
         assert r.status_code == 502 and "could not photograph" in r.json()["error"]
         assert (await api.get("/v1/connections")).json()["connections"] == before, "a partial listing stores nothing"
@@ -362,7 +380,14 @@ async def test_basic_auth_pagination_and_explicit_bindings(api: httpx.AsyncClien
     encoded = "Basic " + base64.b64encode(secret.encode()).decode()
     async with serve(header("Authorization", encoded)) as srv:
         r = await api.post(
-            "/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": secret, "scheme": "Basic"}
+            "/v1/connections",
+            json={
+                "provider": "mcp_http",
+                "access": {"read": True},
+                "base_url": srv.url,
+                "token": secret,
+                "scheme": "Basic",
+            },
         )
         assert r.status_code == 200 and secret not in r.text and encoded not in r.text, r.text
     async with serve(paginating(n_tools=7, page_size=3)) as srv:
@@ -433,7 +458,8 @@ async def test_without_a_credential_key_the_server_boots_and_connection_routes_a
                 except httpx.TransportError:
                     await asyncio.sleep(0.05)
             r = await keyless.post(
-                "/v1/connections", json={"provider": "mcp_http", "base_url": "https://1.1.1.1/", "token": "x"}
+                "/v1/connections",
+                json={"provider": "mcp_http", "access": {"read": True}, "base_url": "https://1.1.1.1/", "token": "x"},
             )
             assert r.status_code == 503 and "FLUIDBOX_CREDENTIAL_KEY" in r.json()["error"]
             assert (await keyless.get("/v1/connections")).status_code == 200, "reading needs no key"

@@ -188,7 +188,12 @@ async def test_a_brokered_tool_call_reaches_the_real_mcp_server_through_the_brok
     async with serve(basic()) as srv:
         r = await api.post(
             "/v1/connections",
-            json={"provider": "mcp_http", "base_url": srv.url, "token": "tok-" + secrets.token_hex(8)},
+            json={
+                "provider": "mcp_http",
+                "access": {"read": True},
+                "base_url": srv.url,
+                "token": "tok-" + secrets.token_hex(8),
+            },
         )
         assert r.status_code == 200, r.text
         llm_upstream.push(

@@ -95,7 +95,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 async def connect(api: httpx.AsyncClient, url: str) -> dict[str, Any]:
     # The server ignores authorization; a static connection still needs some token.
-    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": url, "token": "unused"})
+    r = await api.post(
+        "/v1/connections", json={"provider": "mcp_http", "access": {"read": True}, "base_url": url, "token": "unused"}
+    )
     assert r.status_code == 200, r.text
     return dict(r.json())
 

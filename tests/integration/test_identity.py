@@ -162,7 +162,13 @@ async def test_a_personal_connection_is_invisible_to_everyone_but_its_owner(
         as_user(stack, await mint(stack, alice["email"])) as a,
         as_user(stack, await mint(stack, bob["email"])) as b,
     ):
-        body = {"provider": "mcp_http", "base_url": srv.url, "token": secret, "owner": "personal"}
+        body = {
+            "provider": "mcp_http",
+            "access": {"read": True},
+            "base_url": srv.url,
+            "token": secret,
+            "owner": "personal",
+        }
         r = await a.post("/v1/connections", json=body)
         assert r.status_code == 200, r.text
         conn = r.json()["connection"]
@@ -208,7 +214,13 @@ async def test_invoking_user_binds_the_invokers_connection_and_deactivation_cuts
     ):
         r = await a.post(
             "/v1/connections",
-            json={"provider": "mcp_http", "base_url": srv.url, "token": secret, "owner": "personal"},
+            json={
+                "provider": "mcp_http",
+                "access": {"read": True},
+                "base_url": srv.url,
+                "token": secret,
+                "owner": "personal",
+            },
         )
         assert r.status_code == 200, r.text
         cid = r.json()["connection"]["id"]
@@ -302,8 +314,8 @@ async def test_only_the_owner_decides_an_approval_that_would_run_under_their_per
     ):
         r = await a.post(
             "/v1/connections",
-            json={"provider": "mcp_http", "base_url": srv.url, "token": secret, "owner": "personal",
-                  "display_name": "alice-calc"},
+            json={"provider": "mcp_http", "access": {"read": True}, "base_url": srv.url, "token": secret,
+                  "owner": "personal", "display_name": "alice-calc"},
         )  # fmt: skip
         assert r.status_code == 200, r.text
         name = r.json()["connection"]["display_name"]

@@ -56,7 +56,13 @@ async def browser() -> AsyncIterator[httpx.AsyncClient]:
 async def create(api: httpx.AsyncClient, url: str) -> dict[str, Any]:
     r = await api.post(
         "/v1/connections",
-        json={"provider": "mcp_http", "base_url": url, "auth_kind": "oauth", "display_name": "protected <calc>"},
+        json={
+            "provider": "mcp_http",
+            "access": {"read": True},
+            "base_url": url,
+            "auth_kind": "oauth",
+            "display_name": "protected <calc>",
+        },
     )
     assert r.status_code == 200, r.text
     body = dict(r.json())
@@ -337,7 +343,7 @@ async def test_a_preregistered_client_id_and_requested_scopes_are_used_on_both_l
     r = await api.post(
         "/v1/connections",
         json={
-            "provider": "mcp_http", "base_url": mcp.url, "auth_kind": "oauth",
+            "provider": "mcp_http", "access": {"read": True}, "base_url": mcp.url, "auth_kind": "oauth",
             "client_id": own.client_id, "scopes": ["mcp:tools"],
         },
     )  # fmt: skip
@@ -374,7 +380,7 @@ async def test_a_preregistered_client_id_and_requested_scopes_are_used_on_both_l
 async def test_bad_oauth_requests_are_clear_4xx_errors_that_change_nothing(
     api: httpx.AsyncClient, stack: Stack, mcp: RunningServer, browser: httpx.AsyncClient
 ) -> None:
-    base = {"provider": "mcp_http", "base_url": mcp.url, "auth_kind": "oauth"}
+    base = {"provider": "mcp_http", "access": {"read": True}, "base_url": mcp.url, "auth_kind": "oauth"}
     r = await api.post("/v1/connections", json={**base, "token": "x"})
     assert r.status_code == 400 and "takes no `token`" in r.json()["error"]
     r = await api.post("/v1/connections", json={**base, "scheme": "Basic"})

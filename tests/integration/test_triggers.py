@@ -560,7 +560,10 @@ async def test_event_subscriptions_store_their_filter_and_cannot_be_fired_by_han
 ) -> None:
     agent = await make_agent(api, QUICK)
     async with serve(bearer("tok-events")) as srv:
-        r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "tok-events"})
+        r = await api.post(
+            "/v1/connections",
+            json={"provider": "mcp_http", "access": {"read": True}, "base_url": srv.url, "token": "tok-events"},
+        )
         assert r.status_code == 200, r.text
         conn_id = r.json()["connection"]["id"]
     r = await api.post(

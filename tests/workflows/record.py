@@ -59,7 +59,8 @@ async def record() -> None:
             runs["cancelled"] = cancelled
             async with serve(basic()) as srv:
                 r = await api.post(
-                    "/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "t0k"}
+                    "/v1/connections",
+                    json={"provider": "mcp_http", "access": {"read": True}, "base_url": srv.url, "token": "t0k"},
                 )
                 assert r.status_code == 200, r.text
                 policy = await make_policy(api, {"tools": [{"match": ["mcp__*"], "action": "allow"}]})
