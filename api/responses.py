@@ -412,6 +412,18 @@ class ConnectionPublic(_Out):
     metadata: Json
     created_at: Timestamp
     updated_at: Timestamp
+    transport: str = "mcp_http"
+    transport_config: Json = Field(default_factory=dict)
+
+
+class ProposalResult(_Out):
+    """A dynamic-connection proposal's outcome: saved (``pending`` until a human authorizes it) or refused."""
+
+    ok: bool
+    denied: bool | None = None
+    message: str | None = None
+    connection_id: str | None = None
+    status: str | None = None
 
 
 class ToolRef(_Out):

@@ -77,6 +77,7 @@ from core.wire import (
 )
 from runner.gateway import AudienceMismatch, ControlPlane, Credentials, GatewayError, log
 from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
+from runner.local_tools import LocalTools, StdioMcpError, ToolRefused
 from runner.relay import Relay
 from runner.replay import env_number, report_failure
 
@@ -121,6 +122,8 @@ class Settings:
     heartbeat_s: float
     token_ttl_s: float
     brokered: dict[str, list[dict[str, Any]]]
+    # Sandbox-class capability servers and sandbox CLI tools: gated by can_use_tool, run in here.
+    local: LocalTools = field(default_factory=LocalTools)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -139,6 +142,7 @@ class Settings:
             heartbeat_s=env_number(environ, ENV_HEARTBEAT_SECS, DEFAULT_HEARTBEAT_SECS) or DEFAULT_HEARTBEAT_SECS,
             token_ttl_s=env_number(environ, ENV_TOKEN_TTL_SECS, 0.0),
             brokered=brokered_tools(environ.get(ENV_CAPABILITIES)),
+            local=LocalTools.from_capabilities(environ.get(ENV_CAPABILITIES)),
         )
 
 
@@ -326,6 +330,36 @@ class ClaudeHarness:
             handler=handler,
         )  # fmt: skip
 
+    # -- in-sandbox tools ----------------------------------------------------------------------------
+
+    def local_servers(self) -> dict[str, Any]:
+        """Sandbox-class capability servers as stdio entries the CLI launches in here (no network), and
+        sandbox CLI surfaces as in-process tools. Both were decided by ``can_use_tool`` (the gate) first."""
+        local = self._settings.local
+        servers: dict[str, Any] = dict(local.stdio_configs(self._settings.workspace))
+        for slot, decls in local.cli.items():
+            defs = [self._cli_tool(slot, d) for d in decls.values()]
+            servers[slot] = create_sdk_mcp_server(f"fluidbox-cli-{slot}", tools=defs)
+        return servers
+
+    def _cli_tool(self, slot: str, spec: dict[str, Any]) -> SdkMcpTool[Any]:
+        full_name = f"mcp__{slot}__{spec['name']}"
+        found = spec.get("input_schema")
+        schema: dict[str, Any] = found if isinstance(found, dict) else {"type": "object"}
+        local, root = self._settings.local, self._settings.workspace
+
+        async def handler(args: dict[str, Any]) -> dict[str, Any]:
+            try:
+                result = await asyncio.to_thread(local.call, full_name, args, root)
+            except (ToolRefused, StdioMcpError) as exc:
+                result = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+            return {"content": result.get("content", []), "is_error": bool(result.get("isError"))}
+
+        return SdkMcpTool(
+            name=str(spec["name"]), description=str(spec.get("description") or ""), input_schema=schema,
+            handler=handler,
+        )  # fmt: skip
+
     # -- the run -----------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -368,6 +402,8 @@ class ClaudeHarness:
             if settings.brokered:
                 names = [f"mcp__{slot}__{t['name']}" for slot, tools in settings.brokered.items() for t in tools]
                 self._say("system", "brokered tools mounted: " + ", ".join(names))
+            if settings.local.mounted():
+                self._say("system", "sandbox tools mounted: " + ", ".join(settings.local.mounted()))
             return asyncio.run(self._drive())
         finally:
             relay.stop()
@@ -409,7 +445,7 @@ class ClaudeHarness:
             max_turns=settings.max_turns,
             hooks={"PreToolUse": [HookMatcher(hooks=[self.pre_tool_use], on_failure="block")]},  # type: ignore[list-item]
             can_use_tool=self.can_use_tool,
-            mcp_servers=self.brokered_servers(),
+            mcp_servers={**self.brokered_servers(), **self.local_servers()},
             strict_mcp_config=True,
             env=dict(os.environ),
             stderr=lambda line: log(f"claude: {line}"),
