@@ -3,8 +3,8 @@
 Tests copy this file into a run's workspace and publish a bundle whose server runs it with the
 interpreter of this virtualenv, so it starts *inside* the sandbox. Its ``probe`` tool reports what the
 server sees from there: its working directory, whether a TCP connection to a port on the host's loopback
-succeeds (the sandbox has no network, so it must not), and whether any FLUIDBOX token reached its
-environment.
+succeeds (the sandbox has no network, so it must not), and whether any FLUIDBOX variable or run token
+(``fbx_…``) reached its environment.
 
 Run directly: ``python tests/mcp_stdio_server.py`` speaks MCP on stdin/stdout.
 """
@@ -26,7 +26,7 @@ def probe(text: str, port: int) -> str:
             network = "reachable"
     except OSError:
         network = "unreachable"
-    tokens = sorted(k for k in os.environ if "TOKEN" in k or k.startswith("FLUIDBOX"))
+    tokens = sorted(k for k, v in os.environ.items() if k.startswith("FLUIDBOX") or "fbx_" in v)
     return f"cwd={os.getcwd()} network={network} tokens={','.join(tokens) or 'none'} text={text}"
 
 
