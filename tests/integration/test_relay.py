@@ -86,11 +86,11 @@ async def test_a_relay_connection_brokers_calls_to_the_server_behind_it_and_neve
 async def test_relay_calls_execute_upstream_exactly_once(api: httpx.AsyncClient, stack: Stack) -> None:
     canary = "relay-" + secrets.token_hex(8)
     async with serve(basic()) as upstream, tls_relay(upstream.url, canary) as relay:
-        created = await connect_relay(api, relay.url, canary, ca_pem=relay.ca_pem)
+        created = await connect_relay(api, relay.url, canary, ca_pem=relay.ca_pem, timeout_s=2)
         assert created.status_code == 200, created.text
         agent = await make_agent(
             api, [{"sleep_ms": 600000}], policy=await make_policy(api, POLICY),
-            connection_requirements=[requirement(relay.url, ["add"])],
+            connection_requirements=[requirement(relay.url, ["add", "slow"])],
         )  # fmt: skip
         run_id = await start_run(api, agent)
         await wait_status(api, run_id, {"running"})
@@ -105,6 +105,11 @@ async def test_relay_calls_execute_upstream_exactly_once(api: httpx.AsyncClient,
             assert answers[0].json()["ok"] is True and answers[0].json()["result"]["content"][0]["text"] == "42"
             again = await runner.post(url, json=body)
             assert again.text == answers[0].text
-        assert upstream.call_count("add") == 1
+            # The relay's timeout bounds a call that never answers: its outcome is unknown, and it is never re-sent.
+            slow = {"tool_call_id": "relay-slow", "tool": "mcp__dev__slow", "input": {"seconds": 30}}
+            first = (await runner.post(url, json=slow)).json()
+            second = (await runner.post(url, json=slow)).json()
+            assert first == second == {"ok": False, "error": "brokered call outcome ambiguous — not retried"}
+        assert upstream.call_count("add") == 1 and upstream.call_count("slow") == 1
         await api.post(f"/v1/sessions/{run_id}/cancel")
         await wait_status(api, run_id, {"cancelled"})
