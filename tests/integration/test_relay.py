@@ -59,6 +59,8 @@ async def test_a_relay_connection_brokers_calls_to_the_server_behind_it_and_neve
         connection = created.json()["connection"]
         assert connection["transport"] == "relay" and connection["transport_config"]["timeout_s"] == 10
         assert {t["name"] for t in created.json()["snapshot"]["tools"]} >= {"add", "echo"}
+        refreshed = await api.post(f"/v1/connections/{connection['id']}/tools/refresh")
+        assert refreshed.status_code == 200 and refreshed.json()["snapshot"]["version"] == 2, refreshed.text
         script = [{"tool": "mcp__dev__add", "input": {"a": 2, "b": 3}}]
         agent = await make_agent(
             api,
