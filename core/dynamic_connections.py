@@ -23,6 +23,25 @@ from urllib.parse import parse_qsl, urlsplit
 from core.errors import BadRequest, Forbidden
 
 PROPOSE_CONNECTION = "ProposeConnection"
+# How a model harness offers the proposal to the model (the Claude harness: ``mcp__fluidbox__propose_connection``).
+PROPOSAL_SERVER = "fluidbox"
+PROPOSAL_TOOL = {
+    "name": "propose_connection",
+    "description": (
+        "Propose a new URL-backed connection (MCP server, OpenAPI or HTTP API) for a human to approve. "
+        "Never include credentials: a human authorizes the connection after approving it."
+    ),
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "transport": {"type": "string", "enum": ["mcp_http", "openapi", "http"]},
+            "base_url": {"type": "string"},
+            "display_name": {"type": "string"},
+        },
+        "required": ["base_url"],
+        "additionalProperties": False,
+    },
+}
 TRANSPORTS = ("mcp_http", "openapi", "http")
 ALLOWED_FIELDS = frozenset({"transport", "base_url", "display_name"})
 # Fields that would smuggle a process or a secret in; each is refused by name, with the reason.

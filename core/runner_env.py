@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from core import contract as wire
+from core import dynamic_connections
 from core.runspec import RunSpec
 
 
@@ -82,6 +83,10 @@ def runner_env(spec: RunSpec, settings: RunnerEnvSettings) -> dict[str, str]:
                     "args": server.get("args", []),
                     "tools": [{k: t.get(k) for k in ("name", "description", "input_schema")} for t in server["tools"]],
                 })  # fmt: skip
+    if dynamic_connections.enabled(spec.harness_config):
+        # The proposal tool (the control plane checks, gates and saves every proposal; nothing secret here).
+        servers.append({"class": "dynamic_connections", "name": dynamic_connections.PROPOSAL_SERVER,
+                        "tools": [dynamic_connections.PROPOSAL_TOOL]})  # fmt: skip
     if servers:
         env[wire.ENV_CAPABILITIES] = json.dumps({"servers": servers})
     if spec.harness == "replay" and spec.harness_config.get("script") is not None:

@@ -13,7 +13,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.helpers import ROOT, events, make_agent, make_policy, start_run, unique, wait_status
+from tests.integration.helpers import (
+    ROOT,
+    events,
+    make_agent,
+    make_policy,
+    start_run,
+    unique,
+    wait_pending,
+    wait_status,
+)
 from tests.integration.test_claude_e2e import MODEL, POLICY, messages_requests, of_type, result_text, tool_results
 from tests.integration.test_sandbox_tools import CLI_TOOLS, PROBE_SCHEMA
 from tests.llm_upstream import Upstream, text, tool_use
@@ -71,3 +80,32 @@ async def test_claude_runs_sandbox_class_servers_and_sandbox_cli_tools_behind_th
     assert not of_type(evs, "tool.brokered")
     said = [m["text"] for m in of_type(evs, "agent.message")]
     assert "sandbox tools mounted: mcp__probe__probe, mcp__sh__echo_args" in said
+
+
+async def test_claude_proposes_a_connection_that_a_human_approves(
+    api: httpx.AsyncClient, llm_upstream: Upstream
+) -> None:
+    url = f"http://localhost:9/{unique('mcp')}"
+    llm_upstream.push(
+        tool_use("mcp__fluidbox__propose_connection", {"base_url": url, "display_name": "docs"}, id="toolu_prop"),
+        text("Proposed."),
+    )
+    dynamic = {"enabled": True, "allowedHosts": ["localhost"]}
+    agent = await make_agent(
+        api, policy=await make_policy(api, {"defaults": {"tool_action": "deny"},
+                                            "tools": [{"match": ["ProposeConnection"], "action": "allow"}]}),
+        harness="claude-agent-sdk", model=MODEL, harness_config={"dynamic_connections": dynamic},
+    )  # fmt: skip
+    run_id = await start_run(api, agent, workspace=None)
+    approval = await wait_pending(api, run_id, timeout=120)
+    assert (approval["tool"], approval["tool_call_id"]) == ("ProposeConnection", "toolu_prop")
+    r = await api.post(f"/v1/approvals/{approval['id']}/decision", json={"decision": "approve"})
+    assert r.status_code == 200, r.text
+    row = await wait_status(api, run_id, {"completed", "failed"}, timeout=120)
+    evs = await events(api, run_id)
+    assert row["status"] == "completed", of_type(evs, "run.error")
+    [saved] = [c for c in (await api.get("/v1/connections")).json()["connections"] if c["base_url"] == url]
+    assert saved["status"] == "pending" and saved["metadata"]["proposed_in"] == run_id
+    answer = result_text(tool_results(messages_requests(llm_upstream)[-1])["toolu_prop"])
+    assert answer.startswith(f"saved connection {saved['id']} (pending)")
+    assert [d["connection_id"] for d in of_type(evs, "connection.saved")] == [saved["id"]]
