@@ -63,7 +63,7 @@ class LocalTools:
             if not isinstance(server, dict):
                 continue
             name, kind = server.get("name"), server.get("class")
-            tool_list = server.get("tools")
+            tool_list = server.get("tools") or []
             if not isinstance(name, str) or not isinstance(tool_list, list):
                 raise ValueError("FLUIDBOX_CAPABILITIES: a server needs a name and a tools list")
             by_name = {t["name"]: t for t in tool_list if isinstance(t, dict) and isinstance(t.get("name"), str)}
