@@ -32,6 +32,7 @@ from integrations.headers import auth_headers
 from integrations.mcp_pool import SessionPool
 from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
+from integrations.transports.relay import RelayTransport
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
 
 
@@ -103,6 +104,10 @@ class BrokerActivities:
                 return await self._refuse(
                     inp, claim, "the owner of the bound personal connection is no longer an active member"
                 )
+        if binding.get("transport") == "sandbox_cli":
+            return await self._refuse(
+                inp, claim, "a sandbox CLI tool runs inside the sandbox, never through the broker"
+            )
         if self.sealer is None:
             return await self._refuse(inp, claim, "credential storage is disabled on this worker")
         if not accepts_work(claim["run_status"]):
@@ -131,6 +136,7 @@ class BrokerActivities:
         assert split is not None
         tokens = [token]
         started = time.monotonic()
+        admitted: AdmittedUrl | None = None
         try:
             # Admitted again right before connecting: a name that now resolves somewhere forbidden
             # is refused with nothing sent, and the call connects only to the addresses vetted here
@@ -138,7 +144,10 @@ class BrokerActivities:
             admitted = await self.url_policy.admit(binding["base_url"])
         except UrlRefused as err:
             outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
-        else:
+        if admitted is not None and binding.get("transport") == "relay":
+            relay = RelayTransport(admitted, token, dict(binding.get("transport_config") or {}))
+            outcome = await relay.call_tool(split[1], claim["input"], expected_protocol=surface.get("protocol_version"))
+        elif admitted is not None:
             send = (admitted, split[1], claim["input"], surface.get("protocol_version"))
             headers = (
                 auth_headers(token, header_name=None, scheme="Bearer")

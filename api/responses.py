@@ -419,6 +419,18 @@ class ConnectionPublic(_Out):
     created_at: Timestamp
     updated_at: Timestamp
     access: Json = Field(description="Which tools read and which write (normalized; see docs/api.md).")
+    transport: str = "mcp_http"
+    transport_config: Json = Field(default_factory=dict)
+
+
+class ProposalResult(_Out):
+    """A dynamic-connection proposal's outcome: saved (``pending`` until a human authorizes it) or refused."""
+
+    ok: bool
+    denied: bool | None = None
+    message: str | None = None
+    connection_id: str | None = None
+    status: str | None = None
 
 
 class ToolRef(_Out):

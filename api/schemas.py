@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.contract import ReplayStep
+from core.dynamic_connections import check_allowed_hosts
 from core.policy import Budgets
 from core.redaction import scrub_text
 
@@ -28,6 +29,20 @@ TOOL_INPUTS: dict[str, tuple[str, ...]] = {
 }
 
 
+class DynamicConnections(_Body):
+    """Off by default: when on, the agent may propose URL-backed connections to hosts in ``allowedHosts``;
+    saving one waits for a human approval unless ``require_approval`` is false."""
+
+    enabled: bool = False
+    allowedHosts: list[str] = Field(default_factory=list, max_length=64)
+    require_approval: bool = True
+
+    @field_validator("allowedHosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        return check_allowed_hosts(hosts)
+
+
 class HarnessConfig(_Body):
     """Harness-specific settings. ``replay`` takes a ``script`` of steps, a pacing ``delay_ms`` and the
     ``model_api`` the LLM facade speaks for the run (replay runs stand in for either model client)."""
@@ -35,6 +50,7 @@ class HarnessConfig(_Body):
     script: list[ReplayStep] | None = Field(default=None, max_length=500)
     delay_ms: int | None = Field(default=None, ge=0, le=60_000)
     model_api: Literal["anthropic-messages", "openai-responses"] | None = None
+    dynamic_connections: DynamicConnections | None = None
 
     @field_validator("script")
     @classmethod
@@ -57,7 +73,7 @@ class HarnessConfig(_Body):
 
 
 class ConnectorRef(_Body):
-    url: str = Field(min_length=1, max_length=2048, pattern=r"^https?://")
+    url: str = Field(min_length=1, max_length=2048, pattern=r"^(https?|sandbox-cli)://")
     slug: str | None = Field(default=None, max_length=64)
 
 

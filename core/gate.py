@@ -14,6 +14,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict
 
+from core import dynamic_connections
 from core.access import brokered_entry, entry_access
 from core.digests import canonical_json
 from core.policy import PolicyVerdict, evaluate
@@ -50,6 +51,7 @@ Source = Literal[
     "protocol_violation",
     "session_terminal",
     "access",
+    "dynamic_connection",
 ]
 
 
@@ -207,11 +209,24 @@ def _decide(
             source="trust_tier",
             reason=f"read-only trust tier (untrusted event source): {tool} is not a read-only call",
         )
+    if tool == dynamic_connections.PROPOSE_CONNECTION and not dynamic_connections.enabled(spec.harness_config):
+        return GateDecision(verdict="deny", source="capability", reason="dynamic connections are off for this agent")
     verdict = evaluate(spec.policy(), tool, tool_input, autonomous=spec.autonomous, access=access)
     always = access == "write" and approval == "always"
     if always and (verdict.action != "deny" or verdict.original_action is not None):
         # Whatever the policy (or autonomy's rewrite of it) said, short of a policy deny, a human decides.
         return _always_ask(spec, tool, verdict)
+    if (
+        tool == dynamic_connections.PROPOSE_CONNECTION
+        and verdict.action != "deny"
+        and dynamic_connections.requires_approval(spec.harness_config)
+    ):
+        # Saving a proposed connection waits for a human whatever the policy or autonomy says (no session scope).
+        return GateDecision(
+            verdict="require_approval",
+            source="dynamic_connection",
+            reason="saving a proposed connection needs a human approval",
+        )
     if verdict.original_action is not None:
         return GateDecision(
             verdict=verdict.action,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from core import contract as wire
+from core import dynamic_connections
 from core.access import is_classified
 from core.runspec import RunSpec
 
@@ -62,16 +63,33 @@ def runner_env(spec: RunSpec, settings: RunnerEnvSettings) -> dict[str, str]:
     }
     if spec.system_prompt:
         env[wire.ENV_SYSTEM_PROMPT] = spec.system_prompt
-    if spec.brokered:
-        # What the agent may call through the broker: names and schemas, never URLs or credentials.
-        # An unclassified tool (no read or write class) is not listed: the gate would deny it anyway.
-        servers = [
-            {"class": "brokered", "name": b["slot"], "tools": [
-                {k: t.get(k) for k in ("name", "description", "input_schema")}
-                for t in b["tools"] if is_classified(t)
-            ]}
-            for b in spec.brokered
-        ]  # fmt: skip
+    servers = []
+    for b in spec.brokered:
+        # What the agent may call: names and schemas, never URLs or credentials. A sandbox CLI surface also
+        # carries each tool's reviewed command line (it runs in here, with no credential). An unclassified
+        # tool (no read or write class) is not listed: the gate would deny it anyway.
+        kind = "sandbox_cli" if b.get("transport") == "sandbox_cli" else "brokered"
+        keys = (
+            "name",
+            "description",
+            "input_schema",
+            *(("command", "args", "timeout_s") if kind != "brokered" else ()),
+        )
+        servers.append({"class": kind, "name": b["slot"], "tools": [{k: t.get(k) for k in keys} for t in b["tools"] if is_classified(t)]})
+    for bundle in spec.capabilities:
+        for server in bundle.get("servers", []):
+            if server.get("class") == "sandbox":
+                # Launched inside the sandbox by the harness: no network, no token in its environment.
+                servers.append({
+                    "class": "sandbox", "name": server["name"], "command": server["command"],
+                    "args": server.get("args", []),
+                    "tools": [{k: t.get(k) for k in ("name", "description", "input_schema")} for t in server["tools"]],
+                })  # fmt: skip
+    if dynamic_connections.enabled(spec.harness_config):
+        # The proposal tool (the control plane checks, gates and saves every proposal; nothing secret here).
+        servers.append({"class": "dynamic_connections", "name": dynamic_connections.PROPOSAL_SERVER,
+                        "tools": [dynamic_connections.PROPOSAL_TOOL]})  # fmt: skip
+    if servers:
         env[wire.ENV_CAPABILITIES] = json.dumps({"servers": servers})
     if spec.harness == "replay" and spec.harness_config.get("script") is not None:
         env[wire.ENV_REPLAY_SCRIPT] = json.dumps(spec.harness_config["script"])

@@ -62,7 +62,7 @@ RUN_ERROR = "run.error"
 
 # ---- replay scripts ------------------------------------------------------------------------------
 
-REPLAY_TOOL_PATTERN = r"^(Bash|Write|Edit|Read|mcp__[a-z0-9-]+__.+)$"
+REPLAY_TOOL_PATTERN = r"^(Bash|Write|Edit|Read|ProposeConnection|mcp__[a-z0-9-]+__.+)$"
 REPLAY_STEP_FIELDS = ("say", "tool", "input", "on_deny_say", "timeout_ms", "sleep_ms")
 REPLAY_KINDS = ("say", "tool", "sleep_ms")
 TIMEOUT_MS_MAX = 600_000

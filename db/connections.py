@@ -21,7 +21,8 @@ from db.store import Store
 
 CONNECTION_FIELDS = (
     "id, tenant_id, provider, display_name, base_url, auth_kind, header_name, scheme, status, owner_type, "
-    "owner_user_id, created_by_user_id, authorization_generation, metadata, created_at, updated_at, access"
+    "owner_user_id, created_by_user_id, authorization_generation, metadata, created_at, updated_at, access, "
+    "transport, transport_config"
 )
 MAX_ATTEMPTS = 3
 CLAIM_TTL_SECS = 600.0
@@ -50,7 +51,7 @@ class Connections(Repository):
     # ---- connections ---------------------------------------------------------------------------
 
     async def create(
-        self, tenant_id: str, fields: Row, sealed: bytes, key_id: str, photo: dict[str, Any]
+        self, tenant_id: str, fields: Row, sealed: bytes | None, key_id: str | None, photo: dict[str, Any]
     ) -> tuple[Row, Row]:
         """Insert the connection and its first snapshot together: a connection never exists unphotographed.
         ``fields["owner_user_id"]`` set makes it a personal connection of that user (owner_type ``user``)."""
@@ -60,8 +61,8 @@ class Connections(Repository):
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
                     "auth_kind, header_name, scheme, credential_sealed, credential_key_id, status, owner_type, "
-                    "owner_user_id, created_by_user_id, access) "
-                    "VALUES ($1,$2,$3,$4,$5,'static',$6,$7,$8,$9,'active',$10,$11,$12,$13) "
+                    "owner_user_id, created_by_user_id, transport, transport_config, access) "
+                    "VALUES ($1,$2,$3,$4,$5,$15,$6,$7,$8,$9,'active',$10,$11,$12,$13,$14,$16) "
                     f"RETURNING {CONNECTION_FIELDS}",
                     uuid.UUID(new_id()),
                     uuid.UUID(tenant_id),
@@ -75,6 +76,9 @@ class Connections(Repository):
                     "user" if owner else "organization",
                     uuid.UUID(owner) if owner else None,
                     uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
+                    fields.get("transport", "mcp_http"),
+                    fields.get("transport_config") or {},
+                    fields.get("auth_kind", "static"),
                     fields.get("access") or NONE,
                 )
             )
@@ -106,6 +110,72 @@ class Connections(Repository):
             )
         assert row is not None
         return row
+
+    async def record_proposal(self, run_id: str, tool_call_id: str, data: dict[str, Any]) -> None:
+        """Append ``connection.proposed`` once per (run, tool call): a runner re-attaching after a dropped
+        connection repeats the request, not the event."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1 || ':' || $2))", run_id, tool_call_id)
+            seen = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM events WHERE session_id = $1 AND type = 'connection.proposed' "
+                "AND payload->'data'->>'tool_call_id' = $2)",
+                uuid.UUID(run_id),
+                tool_call_id,
+            )
+            if not seen:
+                event = ev.NewEvent(
+                    type="connection.proposed", actor="agent", data={"tool_call_id": tool_call_id, **data}
+                )
+                await self.store.append(conn, run_id, [event])
+
+    async def save_proposal(
+        self, tenant_id: str, run_id: str, tool_call_id: str, proposal: dict[str, str], agent: str
+    ) -> tuple[Row, bool]:
+        """Save an approved dynamic-connection proposal once per (run, tool call): a ``pending`` connection with
+        no credential (a human authorizes it before anything can bind to it), and the ``connection.saved`` event,
+        in one transaction. Returns the row and whether this call created it."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1 || ':' || $2))", run_id, tool_call_id)
+            existing = as_row(
+                await conn.fetchrow(
+                    f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 "
+                    "AND metadata->>'proposed_in' = $2 AND metadata->>'proposed_call' = $3",
+                    uuid.UUID(tenant_id),
+                    run_id,
+                    tool_call_id,
+                )
+            )
+            if existing is not None:
+                return existing, False
+            transport = proposal["transport"]
+            row = as_row(
+                await conn.fetchrow(
+                    "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, auth_kind, "
+                    "scheme, status, owner_type, transport, metadata) "
+                    "VALUES ($1,$2,$3,$4,$5,$6,'Bearer','pending','organization',$3,$7) "
+                    f"RETURNING {CONNECTION_FIELDS}",
+                    uuid.UUID(new_id()),
+                    uuid.UUID(tenant_id),
+                    transport,
+                    proposal["display_name"],
+                    proposal["base_url"],
+                    "oauth" if transport == "mcp_http" else "none",
+                    {"proposed_in": run_id, "proposed_call": tool_call_id, "proposed_by_agent": agent},
+                )
+            )
+            assert row is not None
+            event = ev.NewEvent(
+                type="connection.saved",
+                data={
+                    "tool_call_id": tool_call_id,
+                    "connection_id": str(row["id"]),
+                    "transport": transport,
+                    "base_url": proposal["base_url"],
+                    "status": "pending",
+                },
+            )
+            await self.store.append(conn, run_id, [event])
+            return row, True
 
     async def discard_pending_oauth(self, tenant_id: str, connection_id: str) -> None:
         """Remove an ``oauth`` connection that never signed in (its first sign-in could not even start)."""
@@ -409,7 +479,7 @@ class Connections(Repository):
         ``owner_user_id``) that user's personal ones."""
         return await self.rows(
             "SELECT c.id, c.base_url, c.display_name, c.authorization_generation, c.owner_type, "
-            "c.owner_user_id, c.access, s.snapshot_version, s.protocol_version, s.tools_json, "
+            "c.owner_user_id, c.access, c.transport, s.snapshot_version, s.protocol_version, s.tools_json, "
             "(SELECT coalesce(jsonb_object_agg(a.tool_name, a.definition), '{}'::jsonb) "
             " FROM connection_approved_tools a WHERE a.connection_id = c.id) AS approved "
             "FROM integration_connections c JOIN LATERAL ("
@@ -481,6 +551,7 @@ class Connections(Repository):
             "b.connection_owner_user_id, c.owner_user_id AS live_owner_user_id, "
             "c.status AS connection_status, c.authorization_generation AS live_generation, "
             "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme, c.auth_kind, "
+            "c.transport, c.transport_config, "
             "(m.status = 'active' AND u.status = 'active') AS owner_active, "
             "CASE WHEN c.status = 'active' AND c.authorization_generation = b.authority_generation "
             "AND (b.connection_owner_user_id IS NULL OR (c.owner_user_id = b.connection_owner_user_id "

@@ -262,7 +262,12 @@ def _tls_context() -> ssl.SSLContext:
 
 @asynccontextmanager
 async def _open_session(
-    url: str, headers: dict[str, str], timeout: float, wire: _Wire, pin: AdmittedUrl | None = None
+    url: str,
+    headers: dict[str, str],
+    timeout: float,
+    wire: _Wire,
+    pin: AdmittedUrl | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncIterator[ClientSession]:
     # Read timeout is left to the caller's cancel scopes (each phase is bounded there); connect,
     # write and pool waits are bounded here. trust_env=False: no proxy or .netrc from the environment.
@@ -272,8 +277,8 @@ async def _open_session(
         timeout=httpx2.Timeout(timeout, read=None),
         event_hooks={"response": [wire.on_response]},
         trust_env=False,
-        verify=_tls_context(),
-        transport=PinnedTransport(pin, verify=_tls_context()) if pin is not None else None,
+        verify=tls or _tls_context(),
+        transport=PinnedTransport(pin, verify=tls or _tls_context()) if pin is not None else None,
     )
     async with http, streamable_http_client(url, http_client=http) as (read, write):
         async with ClientSession(read, write, client_info=CLIENT_INFO) as session:
@@ -355,6 +360,7 @@ async def photograph(
     timeout: float = 30.0,
     max_pages: int = 50,
     pin: AdmittedUrl | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> Photograph:
     """Initialize (offering ``2025-11-25``) and list every tool across all ``tools/list`` pages.
 
@@ -371,7 +377,7 @@ async def photograph(
     # so failures are recorded here and raised after the session has closed.
     try:
         with anyio.CancelScope(deadline=anyio.current_time() + timeout) as bound:
-            async with _open_session(url, headers, timeout, wire, pin) as session:
+            async with _open_session(url, headers, timeout, wire, pin, tls) as session:
                 try:
                     version = await _initialize(session)
                     initialized = True
@@ -464,6 +470,7 @@ async def call_tool(
     expected_protocol: str | None,
     timeout: float = 30.0,
     pin: AdmittedUrl | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> CallOutcome:
     """Execute one ``tools/call`` in a fresh session and classify the outcome (never raises for upstream trouble).
 
@@ -471,14 +478,15 @@ async def call_tool(
     else is refused before the call is sent (the drift message keeps ``{id}`` literal).
     ``timeout`` bounds initialize and, separately, the ``tools/call`` itself. ``pin`` (the
     admission of ``url``) makes every request connect to its vetted addresses only; without it
-    the name is resolved again at connect time.
+    the name is resolved again at connect time. ``tls``: the context that verifies the server
+    (default: the system's trust store), e.g. one trusting a device relay's own CA.
     """
     wire = _Wire()
     outcome: CallOutcome | None = None
     sent = False  # the tools/call request has been handed to the transport
     try:
         with anyio.CancelScope(deadline=anyio.current_time() + 2 * timeout + _TEARDOWN_GRACE) as bound:
-            async with _open_session(url, headers, timeout, wire, pin) as session:
+            async with _open_session(url, headers, timeout, wire, pin, tls) as session:
                 outcome = await _initialize_for_call(session, wire, url, expected_protocol, timeout)
                 if outcome is None:
                     sent = True

@@ -77,6 +77,7 @@ from core.wire import (
 )
 from runner.gateway import AudienceMismatch, ControlPlane, Credentials, GatewayError, log
 from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
+from runner.local_tools import LocalTools, StdioMcpError, ToolRefused
 from runner.relay import Relay
 from runner.replay import env_number, report_failure
 
@@ -121,6 +122,10 @@ class Settings:
     heartbeat_s: float
     token_ttl_s: float
     brokered: dict[str, list[dict[str, Any]]]
+    # Sandbox-class capability servers and sandbox CLI tools: gated by can_use_tool, run in here.
+    local: LocalTools = field(default_factory=LocalTools)
+    # The agent may propose connections (``mcp__fluidbox__propose_connection``): the tool's definition, or None.
+    proposal_tool: dict[str, Any] | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -139,6 +144,8 @@ class Settings:
             heartbeat_s=env_number(environ, ENV_HEARTBEAT_SECS, DEFAULT_HEARTBEAT_SECS) or DEFAULT_HEARTBEAT_SECS,
             token_ttl_s=env_number(environ, ENV_TOKEN_TTL_SECS, 0.0),
             brokered=brokered_tools(environ.get(ENV_CAPABILITIES)),
+            local=LocalTools.from_capabilities(environ.get(ENV_CAPABILITIES)),
+            proposal_tool=proposal_tool(environ.get(ENV_CAPABILITIES)),
         )
 
 
@@ -166,6 +173,19 @@ def brokered_tools(raw: str | None) -> dict[str, list[dict[str, Any]]]:
             raise ValueError(f"{ENV_CAPABILITIES}: a brokered server needs a name and a tools list")
         found[slot] = [t for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)]
     return found
+
+
+def proposal_tool(raw: str | None) -> dict[str, Any] | None:
+    """The dynamic-connection proposal tool from ``FLUIDBOX_CAPABILITIES`` (present only when the agent enables it)."""
+    try:
+        servers = json.loads(raw).get("servers", []) if raw and raw.strip() else []
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    for server in servers if isinstance(servers, list) else []:
+        if isinstance(server, dict) and server.get("class") == "dynamic_connections" and server.get("tools"):
+            tool = server["tools"][0]
+            return {**tool, "full_name": f"mcp__{server.get('name')}__{tool.get('name')}"}
+    return None
 
 
 def cli_env(*, base_url: str, model: str, home: str) -> dict[str, str]:
@@ -290,6 +310,9 @@ class ClaudeHarness:
         return result
 
     def _is_brokered(self, tool_name: str) -> bool:
+        proposal = self._settings.proposal_tool
+        if proposal is not None and tool_name == proposal["full_name"]:
+            return True  # like a brokered call, the control plane gates it (/connections/propose)
         if not tool_name.startswith("mcp__"):
             return False
         slot, sep, name = tool_name[5:].partition("__")
@@ -320,6 +343,65 @@ class ClaudeHarness:
                 self._abort(EXIT_AUDIENCE_MISMATCH)
                 raise
             return brokered_result(answer)
+
+        return SdkMcpTool(
+            name=str(spec["name"]), description=str(spec.get("description") or ""), input_schema=schema,
+            handler=handler,
+        )  # fmt: skip
+
+    # -- in-sandbox tools ----------------------------------------------------------------------------
+
+    def local_servers(self) -> dict[str, Any]:
+        """Sandbox-class capability servers as stdio entries the CLI launches in here (no network), and
+        sandbox CLI surfaces as in-process tools. Both were decided by ``can_use_tool`` (the gate) first."""
+        local = self._settings.local
+        servers: dict[str, Any] = dict(local.stdio_configs(self._settings.workspace))
+        for slot, decls in local.cli.items():
+            defs = [self._cli_tool(slot, d) for d in decls.values()]
+            servers[slot] = create_sdk_mcp_server(f"fluidbox-cli-{slot}", tools=defs)
+        return servers
+
+    def proposal_servers(self) -> dict[str, Any]:
+        """``mcp__fluidbox__propose_connection`` when the agent may propose connections."""
+        proposal = self._settings.proposal_tool
+        if proposal is None:
+            return {}
+        full_name = proposal["full_name"]
+
+        async def handler(args: dict[str, Any]) -> dict[str, Any]:
+            with self._pending_lock:
+                queue = self._pending_brokered.get((full_name, _key(args)), [])
+                tool_call_id = queue.pop(0) if queue else f"prop_{uuid.uuid4().hex}"
+            try:
+                answer = await asyncio.to_thread(self._gateway.propose_connection, tool_call_id, args)
+            except AudienceMismatch:
+                self._abort(EXIT_AUDIENCE_MISMATCH)
+                raise
+            if answer.get("ok"):
+                line = f"saved connection {answer.get('connection_id')} ({answer.get('status')}): a human authorizes it"
+                return {"content": [{"type": "text", "text": line}]}
+            reason = answer.get("message") or answer.get("error") or "no reason given"
+            return {"content": [{"type": "text", "text": f"proposal refused: {reason}"}], "is_error": True}
+
+        tool = SdkMcpTool(
+            name=str(proposal["name"]), description=str(proposal.get("description") or ""),
+            input_schema=dict(proposal["input_schema"]), handler=handler,
+        )  # fmt: skip
+        server = full_name[len("mcp__") :].split("__")[0]
+        return {server: create_sdk_mcp_server("fluidbox-connections", tools=[tool])}
+
+    def _cli_tool(self, slot: str, spec: dict[str, Any]) -> SdkMcpTool[Any]:
+        full_name = f"mcp__{slot}__{spec['name']}"
+        found = spec.get("input_schema")
+        schema: dict[str, Any] = found if isinstance(found, dict) else {"type": "object"}
+        local, root = self._settings.local, self._settings.workspace
+
+        async def handler(args: dict[str, Any]) -> dict[str, Any]:
+            try:
+                result = await asyncio.to_thread(local.call, full_name, args, root)
+            except (ToolRefused, StdioMcpError) as exc:
+                result = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+            return {"content": result.get("content", []), "is_error": bool(result.get("isError"))}
 
         return SdkMcpTool(
             name=str(spec["name"]), description=str(spec.get("description") or ""), input_schema=schema,
@@ -368,6 +450,8 @@ class ClaudeHarness:
             if settings.brokered:
                 names = [f"mcp__{slot}__{t['name']}" for slot, tools in settings.brokered.items() for t in tools]
                 self._say("system", "brokered tools mounted: " + ", ".join(names))
+            if settings.local.mounted():
+                self._say("system", "sandbox tools mounted: " + ", ".join(settings.local.mounted()))
             return asyncio.run(self._drive())
         finally:
             relay.stop()
@@ -409,7 +493,7 @@ class ClaudeHarness:
             max_turns=settings.max_turns,
             hooks={"PreToolUse": [HookMatcher(hooks=[self.pre_tool_use], on_failure="block")]},  # type: ignore[list-item]
             can_use_tool=self.can_use_tool,
-            mcp_servers=self.brokered_servers(),
+            mcp_servers={**self.proposal_servers(), **self.brokered_servers(), **self.local_servers()},
             strict_mcp_config=True,
             env=dict(os.environ),
             stderr=lambda line: log(f"claude: {line}"),

@@ -194,6 +194,8 @@ class ControlPlane(Protocol):
 
     def tools_call(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> dict[str, Any]: ...
 
+    def propose_connection(self, tool_call_id: str, connection: dict[str, Any]) -> dict[str, Any]: ...
+
     def result(self, outcome: str, summary: str) -> None: ...
 
 
@@ -394,10 +396,20 @@ class Gateway:
         Up to 3 transport attempts with the same ``tool_call_id`` when no usable answer arrived; the
         server's execution claim makes the upstream call at-most-once whatever happens here.
         """
-        payload = {"tool_call_id": tool_call_id, "tool": tool, "input": input}
+        return self._tool_post("tools/call", {"tool_call_id": tool_call_id, "tool": tool, "input": input})
+
+    def propose_connection(self, tool_call_id: str, connection: dict[str, Any]) -> dict[str, Any]:
+        """Propose a new URL-backed connection (dynamic connections); waits while a human decides.
+
+        Returns ``{"ok": true, "connection_id", "status"}``, or ``{"ok": false, ...}`` with the reason.
+        """
+        return self._tool_post("connections/propose", {"tool_call_id": tool_call_id, "connection": connection})
+
+    def _tool_post(self, leaf: str, payload: dict[str, Any]) -> dict[str, Any]:
+        tool_call_id = payload["tool_call_id"]
         for attempt in range(3):
             try:
-                response = self._post("tools/call", payload, self._tool, PERMISSION_TIMEOUT_S + 30)
+                response = self._post(leaf, payload, self._tool, PERMISSION_TIMEOUT_S + 30)
             except TransportError as exc:
                 failure = str(exc)
             else:
@@ -416,7 +428,7 @@ class Gateway:
                             f"{error_text(response)}"}  # fmt: skip
                 else:
                     failure = f"HTTP {response.status_code}"
-            log(f"tools/call {tool_call_id}: {failure}; attempt {attempt + 1} of 3")
+            log(f"{leaf} {tool_call_id}: {failure}; attempt {attempt + 1} of 3")
             self._sleep((0.5, 1.5, 0.0)[attempt])
         return {
             "ok": False,

@@ -25,6 +25,7 @@ from core.tools import canonicalize
 from core.wire import (
     AGENT_MESSAGE,
     ENV_AUTONOMY,
+    ENV_CAPABILITIES,
     ENV_HEARTBEAT_SECS,
     ENV_REPLAY_DELAY_MS,
     ENV_REPLAY_SCRIPT,
@@ -41,11 +42,14 @@ from core.wire import Step as ReplayStep
 from runner import tools
 from runner.gateway import AudienceMismatch, ControlPlane, GatewayError, GatewayGone, log
 from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
+from runner.local_tools import LocalTools, StdioMcpError, ToolRefused
 
 DEFAULT_TRANSCRIPT: Final[str] = (files("runner") / "transcripts" / "demo.json").read_text(encoding="utf-8")
 DEFAULT_DELAY_MS = 400.0
 STARTING_TEXT = "deterministic replay runner starting — scripted transcript, no model calls (autonomy={autonomy})"
 DEPLOY_WITHHELD = " Deploy withheld — nothing was released."
+
+PROPOSE_CONNECTION: Final[str] = "ProposeConnection"  # core.dynamic_connections.PROPOSE_CONNECTION
 
 # Required string fields of each tool's input (Claude Code's canonical names).
 TOOL_INPUT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
@@ -170,8 +174,10 @@ class ReplayDriver:
         root: str = SANDBOX_WORKSPACE,
         delay_s: float = DEFAULT_DELAY_MS / 1000,
         sleep: Callable[[float], None] = time.sleep,
+        local: LocalTools | None = None,
     ) -> None:
         self._gateway = gateway
+        self._local = local or LocalTools()
         self._steps = steps
         self._root = root
         self._delay_s = delay_s
@@ -202,6 +208,32 @@ class ReplayDriver:
         reason = answer.get("message") or answer.get("error") or "no reason given"
         self._say(step.on_deny_say or f"{tool} {'denied' if answer.get('denied') else 'failed'}: {reason}")
 
+    def _propose(self, step: ReplayStep, tool_call_id: str, connection: dict[str, Any]) -> None:
+        """Dynamic connections: the control plane checks, gates (a human approves by default) and saves."""
+        answer = self._gateway.propose_connection(tool_call_id, connection)
+        if answer.get("ok"):
+            self.tally.executed += 1
+            self._say(f"{PROPOSE_CONNECTION} → saved connection {answer.get('connection_id')} ({answer.get('status')})")
+            return
+        self.tally.denied += 1
+        reason = answer.get("message") or answer.get("error") or "no reason given"
+        self._say(step.on_deny_say or f"{PROPOSE_CONNECTION} refused: {reason}")
+
+    def _in_sandbox(self, step: ReplayStep, tool_call_id: str, tool: str, tool_input: dict[str, Any]) -> None:
+        """A sandbox-class server or sandbox CLI tool: the gate decides, then it runs here."""
+        decision = self._gateway.permission(tool_call_id, tool, tool_input)
+        if decision.decision != "allow":
+            self.tally.denied += 1
+            self._say(step.on_deny_say or f"{tool} denied: {decision.message or 'no reason given'}")
+            return
+        effective = decision.updated_input if decision.updated_input is not None else tool_input
+        try:
+            result = self._local.call(tool, effective, self._root)
+        except (ToolRefused, StdioMcpError) as exc:
+            result = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+        self.tally.executed += 1
+        self._say(narrate_brokered(tool, {"result": {**result, "is_error": bool(result.get("isError"))}}))
+
     def _say(self, text: str) -> None:
         self._gateway.emit("agent", AGENT_MESSAGE, {"role": "assistant", "text": text})
 
@@ -211,6 +243,12 @@ class ReplayDriver:
         tool_call_id = f"rp_{self._tool_calls:03d}"
         # The gate judges canonical names and shapes; what runs is exactly what was judged.
         tool, tool_input = canonicalize(step.tool, dict(step.input or {}))
+        if self._local.owns(tool):
+            self._in_sandbox(step, tool_call_id, tool, tool_input)
+            return
+        if tool == PROPOSE_CONNECTION:
+            self._propose(step, tool_call_id, tool_input)
+            return
         if tool.startswith("mcp__"):
             self._brokered(step, tool_call_id, tool, tool_input)
             return
@@ -269,8 +307,11 @@ def run(
     autonomy = environ.get(ENV_AUTONOMY) or "unknown"
     gateway.emit("harness", AGENT_MESSAGE, {"role": "system", "text": STARTING_TEXT.format(autonomy=autonomy)})
 
+    local = LocalTools()
+
     def end_process(code: int) -> None:
         tools.kill_running()
+        local.close()
         sys.stdout.flush()
         sys.stderr.flush()
         exit_process(code)
@@ -290,23 +331,28 @@ def run(
     heartbeat.start()
     try:
         steps = load_script(environ)
+        local = LocalTools.from_capabilities(environ.get(ENV_CAPABILITIES))
         driver = ReplayDriver(
             gateway,
             steps,
             root=environ.get(ENV_WORKSPACE) or SANDBOX_WORKSPACE,
             delay_s=env_number(environ, ENV_REPLAY_DELAY_MS, DEFAULT_DELAY_MS) / 1000,
             sleep=sleep,
+            local=local,
         )
         tally = driver.run()
     except (AudienceMismatch, GatewayGone):
         heartbeat.stop()
+        local.close()
         raise
     except Exception as exc:
         heartbeat.stop()
+        local.close()
         if not isinstance(exc, ScriptError):
             traceback.print_exc(file=sys.stderr)
         return report_failure(gateway, f"replay runner failed: {describe(exc)}")
     heartbeat.stop()
+    local.close()
     try:
         gateway.result("completed", tally.summary())
     except GatewayError as exc:

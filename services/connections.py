@@ -14,13 +14,16 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from core.digests import document_digest
 from core.errors import BadRequest, Unavailable, UpstreamFailed
+from core.sandbox_cli import check_tools
 from db.connections import Connections, credential_context
 from db.store import Row
 from integrations import mcp_client
 from integrations.headers import auth_headers
 from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
+from integrations.transports.relay import RelayConfigError, RelayTransport, check_config
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
 from services.oauth_connect import OAuthConnect
 from services.oauth_tokens import AccessTokens, GrantLost
@@ -107,6 +110,77 @@ class ConnectionService:
         }
         return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
 
+    async def connect_relay(
+        self,
+        tenant_id: str,
+        *,
+        base_url: str,
+        token: str,
+        config: dict[str, Any] | None,
+        display_name: str | None,
+        owner_user_id: str | None = None,
+        created_by_user_id: str | None = None,
+    ) -> tuple[Row, Row]:
+        """A device relay (``transport: relay``): admitted like any URL, photographed through the relay with its
+        credential and bounded timeout, then the credential sealed. Any refusal stores nothing."""
+        sealer = self.custody()
+        try:
+            settings = check_config(base_url, config)
+        except RelayConfigError as err:
+            raise BadRequest(str(err)) from None
+        admitted = await self.admit(base_url)
+        relay = RelayTransport(admitted, token, settings)
+        try:
+            photo = await relay.list_tools()
+        except mcp_client.AuthRejected as err:
+            raise BadRequest(f"the relay rejected this credential (connection rolled back): {err}") from None
+        except mcp_client.McpClientError as err:
+            raise UpstreamFailed(f"could not photograph the tools behind the relay: {err}") from None
+        finally:
+            await relay.close()
+        sealed = sealer.seal(token, context=credential_context(tenant_id))
+        fields = {
+            "provider": "relay",
+            "transport": "relay",
+            "transport_config": settings,
+            "display_name": display_name or admitted.url,
+            "base_url": admitted.url,
+            "header_name": None,
+            "scheme": "Bearer",
+            "owner_user_id": owner_user_id,
+            "created_by_user_id": created_by_user_id,
+        }
+        return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
+
+    async def connect_sandbox_cli(
+        self,
+        tenant_id: str,
+        *,
+        base_url: str,
+        tools: Any,
+        display_name: str | None,
+        created_by_user_id: str | None = None,
+    ) -> tuple[Row, Row]:
+        """Reviewed CLI tools of the sandbox image (``transport: sandbox_cli``): the declarations are the
+        photograph. No credential, ever: these tools run inside the sandbox."""
+        if not base_url.startswith("sandbox-cli://") or not base_url[len("sandbox-cli://") :].strip("/"):
+            raise BadRequest("a sandbox_cli connection is named by a `base_url` of the form sandbox-cli://<name>")
+        declared = check_tools(tools)
+        photo = {"protocol_version": "sandbox_cli", "tools": declared, "digest": document_digest(declared)}
+        fields: dict[str, Any] = {
+            "provider": "sandbox_cli",
+            "transport": "sandbox_cli",
+            "transport_config": {},
+            "auth_kind": "none",
+            "display_name": display_name or base_url,
+            "base_url": base_url.rstrip("/"),
+            "header_name": None,
+            "scheme": "",
+            "owner_user_id": None,
+            "created_by_user_id": created_by_user_id,
+        }
+        return await self.connections.create(tenant_id, fields, None, None, photo)
+
     async def connect_oauth(
         self,
         tenant_id: str,
@@ -158,8 +232,20 @@ class ConnectionService:
         sealer = self.custody()
         if row["status"] != "active":
             raise BadRequest(f"connection is {row['status']}")
+        if row.get("transport") == "sandbox_cli":
+            raise BadRequest(
+                "a sandbox_cli connection's tools are its declarations: create a new connection to change them"
+            )
         admitted = await self.admit(row["base_url"])  # it may resolve elsewhere by now
-        if row["auth_kind"] == "oauth":
+        if row.get("transport") == "relay":
+            blob, _ = await self.connections.credential(str(row["id"]))
+            token = sealer.open(blob, context=credential_context(tenant_id)).decode()
+            relay = RelayTransport(admitted, token, dict(row.get("transport_config") or {}))
+            try:
+                photo = await relay.list_tools()
+            except mcp_client.McpClientError as err:
+                raise UpstreamFailed(f"could not photograph the tools behind the relay: {err}") from None
+        elif row["auth_kind"] == "oauth":
             photo = await self.oauth_photograph(tenant_id, row, admitted)
         else:
             blob, _ = await self.connections.credential(str(row["id"]))

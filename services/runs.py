@@ -166,6 +166,7 @@ class RunFactory:
                     "binding_mode": req.get("binding_mode", "organization"),
                     "snapshot_version": chosen["snapshot_version"],
                     "protocol_version": chosen["protocol_version"],
+                    "transport": chosen.get("transport") or "mcp_http",
                     "tools": tools,
                     "tools_digest": document_digest(tools),
                 }

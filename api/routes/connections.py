@@ -47,6 +47,10 @@ class ConnectionCreate(BaseModel):
         description="Which tools read and which write: `{read: {tools: [globs]} | true | false, write: "
         "{tools: [globs], approval: always|policy} | false}`. Omitted: no tool is classified, so none is callable.",
     )
+    # Transports of issue 17 (relay, sandbox CLI); ``provider`` may name the transport too.
+    transport: Literal["mcp_http", "relay", "sandbox_cli"] | None = None
+    transport_config: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=64)
 
 
 class ConnectionPatch(BaseModel):
@@ -80,9 +84,16 @@ def require_manage(who: Principal, row: dict[str, Any], action: str) -> None:
 async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """A rejected credential or a refused photograph stores nothing. ``owner: personal`` makes a
     connection only its creator can see or use (any signed-in user; never the operator)."""
+    transport = body.transport or body.provider
+    if body.transport is not None and body.provider not in (body.transport, "mcp_http"):
+        raise BadRequest(f"`provider` '{body.provider}' and `transport` '{body.transport}' disagree")
+    if transport not in ("mcp_http", "relay", "sandbox_cli"):
+        raise BadRequest(f"unsupported provider '{body.provider}' (supported: mcp_http, relay, sandbox_cli)")
+    if transport in ("relay", "sandbox_cli"):
+        return await _create_transport(body, transport, who, svc)
+    if body.transport_config is not None or body.tools is not None:
+        raise BadRequest("`transport_config` and `tools` apply to relay and sandbox_cli connections only")
     svc.connection_service.custody()
-    if body.provider != "mcp_http":
-        raise BadRequest(f"unsupported provider '{body.provider}' (supported: mcp_http)")
     if body.owner == "personal" and who.is_operator:
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
     if body.owner == "organization" and not who.mutates_resources:
@@ -130,6 +141,48 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         owner_user_id=who.user_id if body.owner == "personal" else None,
         created_by_user_id=who.user_id,
         access=access,
+    )
+    return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
+
+
+async def _create_transport(body: ConnectionCreate, transport: str, who: Principal, svc: Services) -> dict[str, Any]:
+    """A relay (a sealed credential, admitted https URL, bounded timeout) or a sandbox CLI (declared tools, no
+    credential at all)."""
+    if body.owner == "personal" and who.is_operator:
+        raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
+    if not who.mutates_resources:
+        raise Forbidden("creating an organization connection requires the admin or owner role")
+    if body.auth_kind != "static" or body.client_id is not None or body.client_secret is not None or body.scopes:
+        raise BadRequest(f"a {transport} connection takes no OAuth settings")
+    if body.header_name is not None or body.scheme != "Bearer":
+        raise BadRequest(f"a {transport} connection sends no custom header or scheme")
+    if transport == "sandbox_cli":
+        if body.token is not None:
+            raise BadRequest(
+                "a sandbox_cli connection takes no `token`: its tools run inside the sandbox, which never holds "
+                "a credential"
+            )
+        if body.transport_config:
+            raise BadRequest("a sandbox_cli connection declares its `tools`; it has no `transport_config`")
+        if body.owner == "personal":
+            raise BadRequest("a sandbox_cli connection is an organization connection")
+        row, snapshot = await svc.connection_service.connect_sandbox_cli(
+            who.tenant_id, base_url=body.base_url, tools=body.tools, display_name=body.display_name,
+            created_by_user_id=who.user_id,
+        )  # fmt: skip
+        return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
+    if body.tools is not None:
+        raise BadRequest("a relay connection photographs its tools; it takes no `tools`")
+    if body.token is None or not body.token.get_secret_value():
+        raise BadRequest("a relay connection needs the relay's `token`")
+    row, snapshot = await svc.connection_service.connect_relay(
+        who.tenant_id,
+        base_url=body.base_url,
+        token=body.token.get_secret_value(),
+        config=body.transport_config,
+        display_name=body.display_name,
+        owner_user_id=who.user_id if body.owner == "personal" else None,
+        created_by_user_id=who.user_id,
     )
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 

@@ -10,6 +10,7 @@ from asyncio import FIRST_COMPLETED
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
+from pydantic import BaseModel, ConfigDict, Field
 
 from api import responses as out
 from api.deps import ServicesDep, bearer, run_token
@@ -17,6 +18,7 @@ from api.errors import RunnerErrorBody, errors
 from core import events as ev
 from core.contract import EventPost, HeartbeatResponse, PermissionRequest, PermissionResponse, ResultPost
 from core.digests import input_digest
+from core.dynamic_connections import PROPOSE_CONNECTION, check_proposal
 from core.errors import BadRequest, Unauthorized
 from core.states import RunStatus, accepts_work, is_terminal
 from core.tokens import Audience
@@ -134,6 +136,41 @@ def _envelope(claim: dict[str, Any]) -> dict[str, Any]:
     return {"ok": False, "error": "execution in flight; retry later"}
 
 
+class ConnectionProposal(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tool_call_id: str = Field(min_length=1, max_length=256)
+    connection: dict[str, Any]
+
+
+@router.post(
+    "/sessions/{run_id}/connections/propose",
+    summary="Propose a new URL-backed connection (dynamic connections)",
+    response_model=out.ProposalResult,
+    response_model_exclude_none=True,
+    responses=refusals(400, 403),
+)
+async def propose_connection(
+    run_id: str, req: ConnectionProposal, request: Request, svc: ServicesDep
+) -> dict[str, Any]:
+    """Refused with the reason unless the agent enables dynamic connections, the host is in its ``allowedHosts``
+    and the proposal carries no command, arguments, environment or secret; then gated as ``ProposeConnection``
+    (a human approval by default) and, once allowed, saved as a ``pending`` connection without a credential."""
+    principal = await run_token(request, svc, run_id, Audience.TOOL)
+    if not accepts_work(principal.status):
+        raise BadRequest("session is not active")
+    spec = await svc.store.run_spec(run_id)
+    proposal = check_proposal(spec.harness_config, req.connection)
+    proposal["base_url"] = (await svc.connection_service.admit(proposal["base_url"])).url
+    await svc.connections.record_proposal(run_id, req.tool_call_id, proposal)
+    decision = await gate(
+        svc, run_id, PermissionRequest(tool_call_id=req.tool_call_id, tool=PROPOSE_CONNECTION, input=proposal)
+    )
+    if decision.decision != "allow":
+        return {"ok": False, "denied": True, "message": decision.message}
+    row, _ = await svc.connections.save_proposal(spec.tenant_id, run_id, req.tool_call_id, proposal, spec.agent_name)
+    return {"ok": True, "connection_id": str(row["id"]), "status": row["status"]}
+
+
 @router.post(
     "/sessions/{run_id}/tools/call",
     summary="Execute a brokered MCP tool in the control plane",
@@ -155,6 +192,10 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
         and any(s.get("name") == split[0] for bundle in spec.capabilities for s in bundle.get("servers", []))
     ):
         raise BadRequest(f"tool '{req.tool}' is sandbox-class — it executes inside the sandbox, not through the broker")
+    if surface is not None and surface.get("transport") == "sandbox_cli":
+        raise BadRequest(
+            f"tool '{req.tool}' is a sandbox CLI tool — it executes inside the sandbox, not through the broker"
+        )
     if surface is None:
         # Refused before the gate: nothing is registered and no budget is spent.
         raise BadRequest(

@@ -30,6 +30,10 @@ class IntegrationConnection(SQLModel, table=True):
             name="integration_connections_owner",
         ),
         sa.ForeignKeyConstraint(["owner_user_id"], ["users.id"], name="integration_connections_owner_fk"),
+        sa.CheckConstraint(
+            "transport IN ('mcp_http', 'openapi', 'http', 'stdio', 'relay', 'sandbox_cli')",
+            name="integration_connections_transport_check",
+        ),
     )
 
     id: uuid.UUID = Field(primary_key=True)
@@ -61,6 +65,9 @@ class IntegrationConnection(SQLModel, table=True):
     access_expires_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
     # Which tools read and which write (migration 0014; normalized, see ``core/access.py``).
     access: dict[str, Any] = Field(sa_type=JSONB, sa_column_kwargs={"server_default": sa.text(ACCESS_NONE)})
+    # Transports (migrations 0017/0018): how the connection is reached, and its non-secret settings.
+    transport: str = Field(sa_type=TEXT, sa_column_kwargs=default("'mcp_http'"))
+    transport_config: dict[str, Any] = Field(sa_type=JSONB, sa_column_kwargs=EMPTY_OBJECT)
 
 
 class ConnectionToolSnapshot(SQLModel, table=True):

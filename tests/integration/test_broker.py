@@ -127,7 +127,7 @@ async def test_a_rejected_credential_rolls_everything_back(api: httpx.AsyncClien
         )
         assert r.status_code == 400 and message in r.json()["error"], r.text
     r = await api.post("/v1/connections", json={"provider": "slack", "base_url": "https://x", "token": "t"})
-    assert (r.status_code, r.json()["error"]) == (400, "unsupported provider 'slack' (supported: mcp_http)")
+    assert r.status_code == 400 and r.json()["error"].startswith("unsupported provider 'slack' (supported: mcp_http")
 
 
 async def test_an_unbindable_requirement_refuses_the_run_before_anything_starts(api: httpx.AsyncClient) -> None:

@@ -1,0 +1,212 @@
+"""Tools that run inside the sandbox and still answer to the gate: sandbox-class capability servers (a real
+stdio MCP server launched in a real bubblewrap sandbox with no network) and sandbox CLI tools (``git`` and
+``printf`` of the sandbox image, no shell)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cli.stack import Stack
+from tests.integration.helpers import (
+    ROOT,
+    events,
+    issue_token,
+    make_agent,
+    make_policy,
+    start_run,
+    unique,
+    wait_status,
+)
+
+pytestmark = pytest.mark.stack
+
+SANDBOX_POLICY: dict[str, Any] = {
+    "defaults": {"tool_action": "deny"},
+    "tools": [{"match": ["mcp__*"], "action": "allow"}],
+}
+PROBE_SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string"}, "port": {"type": "integer"}},
+    "required": ["text", "port"],
+    "additionalProperties": False,
+}
+
+
+def said(evs: list[dict[str, Any]]) -> list[str]:
+    return [e["payload"]["data"]["text"] for e in evs if e["type"] == "agent.message"]
+
+
+def decisions(evs: list[dict[str, Any]], tool: str) -> list[dict[str, Any]]:
+    return [e["payload"]["data"] for e in evs if e["type"] == "tool.decision" and e["payload"]["data"]["tool"] == tool]
+
+
+async def test_a_sandbox_class_server_runs_inside_the_sandbox_with_no_network(
+    api: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "ws"
+    (workspace / ".mcp").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "mcp_stdio_server.py", workspace / ".mcp" / "server.py")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # the port is reachable from the host: "unreachable" below is the sandbox's doing
+        name = unique("probe").replace("-", "_")
+        bundle = {
+            "name": name,
+            "servers": [
+                {
+                    "class": "sandbox",
+                    "name": "probe",
+                    "command": sys.executable,
+                    "args": ["/workspace/.mcp/server.py"],
+                    "tools": [{"name": "probe", "description": "what the server sees", "input_schema": PROBE_SCHEMA}],
+                }
+            ],
+        }
+        r = await api.post("/v1/capabilities", json=bundle)
+        assert r.status_code == 200, r.text
+        script = [
+            {"tool": "mcp__probe__probe", "input": {"text": "hello", "port": port}},
+            {"tool": "mcp__probe__probe", "input": {"text": "x", "port": "not a port"}},
+        ]
+        agent = await make_agent(api, script, policy=await make_policy(api, SANDBOX_POLICY), capability_bundles=[name])
+        run_id = await start_run(api, agent, workspace=workspace)
+        row = await wait_status(api, run_id, {"completed", "failed"})
+    evs = await events(api, run_id)
+    assert row["result_summary"] == "Replay complete: 1 executed, 1 denied.", said(evs)
+    assert "mcp__probe__probe → cwd=/workspace network=unreachable tokens=none text=hello" in said(evs)
+    verdicts = [(d["verdict"], d["source"]) for d in decisions(evs, "mcp__probe__probe")]
+    assert verdicts == [("allow", "policy"), ("deny", "schema")], "each call is judged with the frozen schema"
+    assert not [e for e in evs if e["type"] == "tool.brokered"], "nothing went through the broker"
+
+
+def git_repo(path: Path) -> Path:
+    path.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@x", "GIT_CONFIG_GLOBAL": "/dev/null"}  # fmt: skip
+    for args in (["init", "-q"], ["checkout", "-q", "-b", "main"]):
+        subprocess.run(["git", *args], cwd=path, check=True, env=env)
+    for file, message in (("a.txt", "first: add a"), ("b.txt", "second: add b")):
+        (path / file).write_text(message)
+        subprocess.run(["git", "add", file], cwd=path, check=True, env=env)
+        subprocess.run(["git", "commit", "-q", "-m", message], cwd=path, check=True, env=env)
+    return path
+
+
+CLI_TOOLS: list[dict[str, Any]] = [
+    {
+        "name": "git_log",
+        "description": "Commit subjects, newest first",
+        "command": "git",
+        "args": ["-c", "safe.directory=*", "log", "--format=%s", "--max-count", "{count}", "--", "{path}"],
+        "input_schema": {
+            "type": "object",
+            "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 50}, "path": {"type": "string"}},
+            "required": ["count"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "echo_args",
+        "description": "Print each argument in brackets",
+        "command": "printf",
+        "args": ["[%s]\\n", "{text}"],
+        "input_schema": {
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+            "additionalProperties": False,
+        },
+    },
+]
+
+
+async def test_a_sandbox_cli_tool_runs_git_in_the_sandbox_with_each_argument_literal(
+    api: httpx.AsyncClient, stack: Stack, tmp_path: Path
+) -> None:
+    name = unique("git")
+    created = await api.post(
+        "/v1/connections", json={"provider": "sandbox_cli", "base_url": f"sandbox-cli://{name}", "tools": CLI_TOOLS}
+    )
+    assert created.status_code == 200, created.text
+    connection = created.json()["connection"]
+    assert (connection["transport"], connection["status"]) == ("sandbox_cli", "active")
+    assert [t["name"] for t in created.json()["snapshot"]["tools"]] == ["git_log", "echo_args"]
+    script = [
+        {"tool": "mcp__git__git_log", "input": {"count": 5}},
+        {"tool": "mcp__git__echo_args", "input": {"text": "; rm -rf /"}},
+        {"tool": "mcp__git__echo_args", "input": {"text": "--version"}},
+        {"tool": "mcp__git__git_log", "input": {"count": "5; rm -rf /"}},
+        {"sleep_ms": 600000},
+    ]
+    agent = await make_agent(
+        api, script, policy=await make_policy(api, SANDBOX_POLICY),
+        connection_requirements=[
+            {"slot": "git", "connector": {"url": f"sandbox-cli://{name}"}, "required_tools": ["git_log", "echo_args"]}
+        ],
+    )  # fmt: skip
+    run_id = await start_run(api, agent, workspace=git_repo(tmp_path / "repo"))
+
+    async def narrated() -> list[str] | None:
+        texts = said(await events(api, run_id))
+        return texts if len([t for t in texts if t.startswith("mcp__git__")]) >= 4 else None
+
+    from tests.helpers import eventually
+
+    texts = await eventually(narrated, timeout=60, message="the four sandbox CLI calls were not narrated")
+    assert "mcp__git__git_log → second: add b\nfirst: add a" in texts
+    assert "mcp__git__echo_args → [; rm -rf /]" in texts, "one literal argument, no shell"
+    assert (
+        "mcp__git__echo_args → error: argument 'text' may not start with '-' (it would be read as an option)" in texts
+    )
+    assert any(t.startswith("mcp__git__git_log denied: arguments rejected by frozen schema: /count") for t in texts)
+    # The broker never executes a sandbox CLI tool.
+    token = await issue_token(stack.database_url or "", run_id, "tool")
+    async with httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}) as runner:
+        r = await runner.post(
+            f"/internal/sessions/{run_id}/tools/call",
+            json={"tool_call_id": "b1", "tool": "mcp__git__git_log", "input": {"count": 1}},
+        )
+        assert r.status_code == 400 and "is a sandbox CLI tool" in r.json()["error"]
+    evs = await events(api, run_id)
+    assert not [e for e in evs if e["type"] == "tool.brokered"]
+    await api.post(f"/v1/sessions/{run_id}/cancel")
+    await wait_status(api, run_id, {"cancelled"})
+
+
+@pytest.mark.parametrize(
+    ("tools", "message"),
+    [
+        ([{**CLI_TOOLS[0], "command": "git log"}], "one program name or absolute path"),
+        ([{**CLI_TOOLS[1], "args": ["x{text}"]}], "a placeholder is a whole argument"),
+        ([{**CLI_TOOLS[1], "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}}}],
+         "additionalProperties: false"),
+        ([{**CLI_TOOLS[1], "args": []}], "must be exactly the template's placeholders"),
+        ([{**CLI_TOOLS[1], "input_schema": {**CLI_TOOLS[1]["input_schema"], "properties": {"text": {"type": "array"}}}}],  # noqa: E501
+         "must have a scalar type"),
+    ],
+)  # fmt: skip
+async def test_bad_sandbox_cli_declarations_are_refused_and_store_nothing(
+    api: httpx.AsyncClient, tools: list[dict[str, Any]], message: str
+) -> None:
+    url = f"sandbox-cli://{unique('bad')}"
+    r = await api.post("/v1/connections", json={"provider": "sandbox_cli", "base_url": url, "tools": tools})
+    assert r.status_code == 400 and message in r.json()["error"], r.text
+    token = await api.post(
+        "/v1/connections",
+        json={"provider": "sandbox_cli", "base_url": url, "tools": CLI_TOOLS, "token": "never-in-a-sandbox"},
+    )
+    assert token.status_code == 400 and "takes no `token`" in token.json()["error"]
+    listed = (await api.get("/v1/connections")).json()["connections"]
+    assert not [c for c in listed if c["base_url"] == url]
