@@ -75,7 +75,8 @@ def runner_env(spec: RunSpec, settings: RunnerEnvSettings) -> dict[str, str]:
             "input_schema",
             *(("command", "args", "timeout_s") if kind != "brokered" else ()),
         )
-        servers.append({"class": kind, "name": b["slot"], "tools": [{k: t.get(k) for k in keys} for t in b["tools"] if is_classified(t)]})
+        tools = [{k: t.get(k) for k in keys} for t in b["tools"] if is_classified(t)]
+        servers.append({"class": kind, "name": b["slot"], "tools": tools})
     for bundle in spec.capabilities:
         for server in bundle.get("servers", []):
             if server.get("class") == "sandbox":

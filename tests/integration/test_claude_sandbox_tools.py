@@ -44,7 +44,13 @@ async def test_claude_runs_sandbox_class_servers_and_sandbox_cli_tools_behind_th
     assert (await api.post("/v1/capabilities", json={"name": bundle, "servers": [server]})).status_code == 200
     cli = unique("cli")
     r = await api.post(
-        "/v1/connections", json={"provider": "sandbox_cli", "base_url": f"sandbox-cli://{cli}", "tools": CLI_TOOLS}
+        "/v1/connections",
+        json={
+            "provider": "sandbox_cli",
+            "base_url": f"sandbox-cli://{cli}",
+            "tools": CLI_TOOLS,
+            "access": {"read": True},
+        },
     )
     assert r.status_code == 200, r.text
     with socket.socket() as listener:

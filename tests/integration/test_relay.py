@@ -28,7 +28,7 @@ def requirement(url: str, tools: list[str]) -> dict[str, Any]:
 
 
 async def connect_relay(api: httpx.AsyncClient, url: str, token: str, **config: Any) -> httpx.Response:
-    body: dict[str, Any] = {"provider": "relay", "base_url": url, "token": token}
+    body: dict[str, Any] = {"provider": "relay", "base_url": url, "token": token, "access": {"read": True}}
     if config:
         body["transport_config"] = config
     return await api.post("/v1/connections", json=body)

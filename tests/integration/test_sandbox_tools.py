@@ -137,7 +137,13 @@ async def test_a_sandbox_cli_tool_runs_git_in_the_sandbox_with_each_argument_lit
 ) -> None:
     name = unique("git")
     created = await api.post(
-        "/v1/connections", json={"provider": "sandbox_cli", "base_url": f"sandbox-cli://{name}", "tools": CLI_TOOLS}
+        "/v1/connections",
+        json={
+            "provider": "sandbox_cli",
+            "base_url": f"sandbox-cli://{name}",
+            "tools": CLI_TOOLS,
+            "access": {"read": True},
+        },
     )
     assert created.status_code == 200, created.text
     connection = created.json()["connection"]
