@@ -41,5 +41,6 @@ class ConnectorCatalogEntry(SQLModel, table=True):
     scopes: list[Any] = Field(sa_type=JSONB, sa_column_kwargs=EMPTY_ARRAY)
     tool_hints: list[Any] = Field(sa_type=JSONB, sa_column_kwargs=EMPTY_ARRAY)
     sandbox_launch: dict[str, Any] | None = Field(sa_type=JSONB)
+    transport_config: dict[str, Any] | None = Field(sa_type=JSONB)  # migration 0017
     disabled_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
     created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)

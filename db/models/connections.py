@@ -56,6 +56,9 @@ class IntegrationConnection(SQLModel, table=True):
     access_token_sealed: bytes | None = Field(sa_type=BYTEA)
     access_token_key_id: str | None = Field(sa_type=TEXT)
     access_expires_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
+    # Transports (migration 0017): which provider speaks to the server, and its non-secret configuration.
+    transport: str = Field(sa_type=TEXT, sa_column_kwargs=default("'mcp_http'"))
+    transport_config: dict[str, Any] = Field(sa_type=JSONB, sa_column_kwargs=EMPTY_OBJECT)
 
 
 class ConnectionToolSnapshot(SQLModel, table=True):
