@@ -412,11 +412,17 @@ class ConnectionPublic(_Out):
     metadata: Json
     created_at: Timestamp
     updated_at: Timestamp
+    transport: str = "mcp_http"
+    """``mcp_http``, ``openapi``, ``http`` or ``stdio`` (the provider that speaks to the server)."""
+    transport_config: Json | None = None
+    """The transport's non-secret configuration (a stdio environment's values are never shown)."""
 
 
 class ToolRef(_Out):
     name: str
     description: str | None
+    access: str | None = None
+    """``read`` or ``write``: the default access class of an OpenAPI / HTTP operation (from its method)."""
 
 
 class SnapshotPublic(_Out):

@@ -18,7 +18,8 @@ from db.store import Store
 
 CONNECTION_FIELDS = (
     "id, tenant_id, provider, display_name, base_url, auth_kind, header_name, scheme, status, owner_type, "
-    "owner_user_id, created_by_user_id, authorization_generation, metadata, created_at, updated_at"
+    "owner_user_id, created_by_user_id, authorization_generation, metadata, created_at, updated_at, "
+    "transport, transport_config"
 )
 MAX_ATTEMPTS = 3
 CLAIM_TTL_SECS = 600.0
@@ -47,8 +48,8 @@ class Connections(Repository):
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
                     "auth_kind, header_name, scheme, credential_sealed, credential_key_id, status, owner_type, "
-                    "owner_user_id, created_by_user_id) "
-                    "VALUES ($1,$2,$3,$4,$5,'static',$6,$7,$8,$9,'active',$10,$11,$12) "
+                    "owner_user_id, created_by_user_id, transport, transport_config) "
+                    "VALUES ($1,$2,$3,$4,$5,'static',$6,$7,$8,$9,'active',$10,$11,$12,$13,$14) "
                     f"RETURNING {CONNECTION_FIELDS}",
                     uuid.UUID(new_id()),
                     uuid.UUID(tenant_id),
@@ -62,6 +63,8 @@ class Connections(Repository):
                     "user" if owner else "organization",
                     uuid.UUID(owner) if owner else None,
                     uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
+                    fields.get("transport", "mcp_http"),
+                    fields.get("transport_config") or {},
                 )
             )
             assert row is not None
@@ -76,8 +79,8 @@ class Connections(Repository):
             row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
-                    "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id) "
-                    "VALUES ($1,$2,$3,$4,$5,'oauth','Bearer','pending',$6,$7,$8) "
+                    "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id, transport, "
+                    "transport_config) VALUES ($1,$2,$3,$4,$5,'oauth','Bearer','pending',$6,$7,$8,$9,$10) "
                     f"RETURNING {CONNECTION_FIELDS}",
                     uuid.UUID(new_id()),
                     uuid.UUID(tenant_id),
@@ -87,6 +90,8 @@ class Connections(Repository):
                     "user" if owner else "organization",
                     uuid.UUID(owner) if owner else None,
                     uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
+                    fields.get("transport", "mcp_http"),
+                    fields.get("transport_config") or {},
                 )
             )
         assert row is not None
@@ -245,6 +250,7 @@ class Connections(Repository):
             "b.connection_owner_user_id, c.owner_user_id AS live_owner_user_id, "
             "c.status AS connection_status, c.authorization_generation AS live_generation, "
             "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme, c.auth_kind, "
+            "c.transport, c.transport_config, "
             "(m.status = 'active' AND u.status = 'active') AS owner_active, "
             "CASE WHEN c.status = 'active' AND c.authorization_generation = b.authority_generation "
             "AND (b.connection_owner_user_id IS NULL OR (c.owner_user_id = b.connection_owner_user_id "

@@ -21,6 +21,14 @@ from integrations import mcp_client
 from integrations.headers import auth_headers
 from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
+from integrations.transports import (
+    TransportConnection,
+    TransportDeps,
+    TransportError,
+    TransportProvider,
+    Transports,
+    openapi,
+)
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
 from services.oauth_connect import OAuthConnect
 from services.oauth_tokens import AccessTokens, GrantLost
@@ -31,6 +39,28 @@ NO_CUSTODY = (
     "`python -c 'import secrets; print(secrets.token_hex(32))'`) and restart the server"
 )
 NO_OAUTH = "OAuth connections need credential storage: set FLUIDBOX_CREDENTIAL_KEY (64 hex characters) and restart"
+
+
+def _provider(url_policy: UrlPolicy, transport: str) -> TransportProvider:
+    # Photographs need no kept-open state: a fresh provider per use (a stdio photograph's process ends with it).
+    return Transports(TransportDeps(url_policy)).provider_for(transport)
+
+
+async def transport_photograph(
+    url_policy: UrlPolicy, conn: TransportConnection, *, rolled_back: bool
+) -> dict[str, Any]:
+    """Photograph a non-MCP-over-HTTP connection through its provider (400 for a bad description, 502 upstream)."""
+    try:
+        photo = await _provider(url_policy, conn.transport).list_tools(conn)
+    except TransportError as err:
+        suffix = " (nothing was stored)" if rolled_back else ""
+        raise BadRequest(f"{err}{suffix}") from None
+    except mcp_client.AuthRejected as err:
+        suffix = " (connection rolled back)" if rolled_back else ""
+        raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
+    except mcp_client.McpClientError as err:
+        raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
+    return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
 
 
 async def take_photograph(
@@ -84,26 +114,52 @@ class ConnectionService:
         display_name: str | None,
         owner_user_id: str | None = None,
         created_by_user_id: str | None = None,
+        transport: str = "mcp_http",
+        transport_config: dict[str, Any] | None = None,
     ) -> tuple[Row, Row]:
         """Admit the URL, photograph with the credential, then seal and store both in one transaction.
-        Any refusal before the insert stores nothing. Returns the connection and its first snapshot."""
+        Any refusal before the insert stores nothing. Returns the connection and its first snapshot.
+        ``transport`` other than ``mcp_http`` photographs through its provider (:mod:`integrations.transports`);
+        a ``stdio`` connection has no URL to admit (its ``base_url`` is its ``stdio://name``)."""
         sealer = self.custody()
         if scheme == "Basic" and ":" not in token:
             raise BadRequest("a Basic credential must be `email:api_token`")
-        admitted = await self.admit(base_url)
-        headers = auth_headers(token, header_name=header_name, scheme=scheme)
-        photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
+        if transport == "mcp_http":
+            admitted = await self.admit(base_url)
+            url = admitted.url
+            headers = auth_headers(token, header_name=header_name, scheme=scheme)
+            photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
+        else:
+            url = base_url if transport == "stdio" else (await self.admit(base_url)).url
+            conn = TransportConnection(
+                id="new", transport=transport, base_url=url, config=transport_config or {}, credential=token,
+                header_name=header_name, scheme=scheme,
+            )  # fmt: skip
+            photo = await transport_photograph(self.url_policy, conn, rolled_back=True)
         sealed = sealer.seal(token, context=credential_context(tenant_id))
         fields = {
-            "provider": "mcp_http",
-            "display_name": display_name or admitted.url,
-            "base_url": admitted.url,
+            "provider": transport,
+            "transport": transport,
+            "transport_config": transport_config or {},
+            "display_name": display_name or url,
+            "base_url": url,
             "header_name": header_name,
             "scheme": scheme,
             "owner_user_id": owner_user_id,
             "created_by_user_id": created_by_user_id,
         }
         return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
+
+    async def openapi_base_url(self, config: dict[str, Any]) -> str:
+        """The API's base URL from the document's first ``servers`` entry (400 when it names none)."""
+        provider = openapi.OpenApiProvider(TransportDeps(self.url_policy))
+        try:
+            url = openapi.server_url(await provider.document(config))
+        except TransportError as err:
+            raise BadRequest(str(err)) from None
+        if url is None:
+            raise BadRequest("the OpenAPI document names no absolute server URL: give `base_url`")
+        return url
 
     async def connect_oauth(
         self,
@@ -154,6 +210,18 @@ class ConnectionService:
         sealer = self.custody()
         if row["status"] != "active":
             raise BadRequest(f"connection is {row['status']}")
+        transport = row.get("transport") or "mcp_http"
+        if transport != "mcp_http" and row["auth_kind"] != "oauth":
+            blob, _ = await self.connections.credential(str(row["id"]))
+            conn = TransportConnection(
+                id=str(row["id"]), transport=transport, base_url=row["base_url"],
+                config=dict(row.get("transport_config") or {}),
+                credential=sealer.open(blob, context=credential_context(tenant_id)).decode(),
+                header_name=row["header_name"], scheme=row["scheme"],
+                generation=int(row["authorization_generation"]),
+            )  # fmt: skip
+            photo = await transport_photograph(self.url_policy, conn, rolled_back=False)
+            return await self.connections.refresh(str(row["id"]), row["authorization_generation"], photo)
         admitted = await self.admit(row["base_url"])  # it may resolve elsewhere by now
         if row["auth_kind"] == "oauth":
             photo = await self.oauth_photograph(tenant_id, row, admitted)
@@ -192,4 +260,4 @@ class ConnectionService:
             self.access_tokens.evict(connection_id)
 
 
-__all__ = ["GO_CONTEXT", "ConnectionService", "take_photograph"]
+__all__ = ["GO_CONTEXT", "ConnectionService", "take_photograph", "transport_photograph"]

@@ -17,8 +17,10 @@ from api.deps import Principal, PrincipalDep, Services, ServicesDep
 from api.errors import errors
 from api.views import connection_public as public
 from api.views import snapshot_public
-from core.errors import BadRequest, Conflict, Forbidden, NotFound
+from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable
 from integrations.oauth import OAuthClientError
+from integrations.transports._auth import validate_auth as auth_problem
+from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
@@ -29,8 +31,10 @@ _SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
 
 class ConnectionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    provider: str
-    base_url: str = Field(min_length=1, max_length=2048)
+    provider: str | None = None
+    transport: Literal["mcp_http", "openapi", "http", "stdio"] = "mcp_http"
+    transport_config: dict[str, Any] | None = None
+    base_url: str | None = Field(default=None, min_length=1, max_length=2048)
     display_name: str | None = Field(default=None, max_length=200)
     auth_kind: Literal["static", "oauth"] = "static"
     token: SecretStr | None = None
@@ -60,17 +64,21 @@ def require_manage(who: Principal, row: dict[str, Any], action: str) -> None:
 
 @router.post(
     "",
-    summary="Connect an MCP server (the credential is sealed, then the tools photographed)",
+    summary="Connect a server over MCP, OpenAPI, HTTP endpoints or stdio MCP (credential sealed, tools photographed)",
     response_model=out.ConnectionCreated,
     response_model_exclude_unset=True,
-    responses=errors(401, 403, 409, 502, 503),
+    responses=errors(401, 403, 409, 422, 502, 503),
 )
 async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """A rejected credential or a refused photograph stores nothing. ``owner: personal`` makes a
     connection only its creator can see or use (any signed-in user; never the operator)."""
     svc.connection_service.custody()
-    if body.provider != "mcp_http":
+    if body.provider not in (None, "mcp_http", body.transport):
         raise BadRequest(f"unsupported provider '{body.provider}' (supported: mcp_http)")
+    if body.transport != "mcp_http":
+        return await _create_transport_connection(body, who, svc)
+    if body.base_url is None:
+        raise BadRequest("an mcp_http connection needs a `base_url`")
     if body.owner == "personal" and who.is_operator:
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
     if body.owner == "organization" and not who.mutates_resources:
@@ -115,6 +123,63 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         display_name=body.display_name,
         owner_user_id=who.user_id if body.owner == "personal" else None,
         created_by_user_id=who.user_id,
+    )
+    return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
+
+
+async def _create_transport_connection(body: ConnectionCreate, who: Principal, svc: Services) -> dict[str, Any]:
+    """An ``openapi``, ``http`` or ``stdio`` connection: its configuration is checked, its tools photographed
+    through its provider, then it is stored like any static connection (the credential sealed)."""
+    config = dict(body.transport_config or {})
+    if body.transport == "stdio":
+        # A command runs on every worker host: only trusted configuration may name one.
+        if body.owner == "personal" or not who.mutates_resources:
+            raise Forbidden("a stdio connection runs a command on the worker hosts: only an admin can create one")
+        problem = stdio_config_problem(config)
+        if problem is not None:
+            raise Unprocessable(problem)
+    else:
+        problem = auth_problem(config.get("auth"))
+        if problem is not None:
+            raise Unprocessable(problem)
+        if body.owner == "personal" and who.is_operator:
+            raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
+        if body.owner == "organization" and not who.mutates_resources:
+            raise Forbidden("creating an organization connection requires the admin or owner role")
+    if body.auth_kind == "oauth":
+        raise BadRequest(f"`auth_kind: oauth` is not available for {body.transport} connections yet")
+    if body.client_id is not None or body.client_secret is not None or body.scopes is not None:
+        raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
+    base_url = body.base_url
+    if body.transport == "stdio":
+        name = re.sub(r"[^a-z0-9-]+", "-", (body.display_name or str(config.get("command", ""))).lower()).strip("-")
+        base_url = base_url or f"stdio://{name or 'server'}"
+        if not base_url.startswith("stdio://"):
+            raise Unprocessable("a stdio connection's `base_url` (its name for requirements) must start with stdio://")
+    elif body.transport == "openapi":
+        if (config.get("document") is None) == (config.get("document_url") is None):
+            raise Unprocessable("an openapi connection needs exactly one of `document_url` or `document`")
+        base_url = base_url or await svc.connection_service.openapi_base_url(config)
+    elif body.transport == "http" and not isinstance(config.get("endpoints"), list):
+        raise Unprocessable("an http connection needs `endpoints` (method, path, arguments, access)")
+    if base_url is None:
+        raise BadRequest(f"an {body.transport} connection needs a `base_url`")
+    auth = config.get("auth") or {}
+    token = body.token.get_secret_value() if body.token is not None else ""
+    if not token and body.transport != "stdio" and auth.get("type", "bearer") != "none":
+        raise BadRequest(f"this connection's auth ({auth.get('type', 'bearer')}) needs a `token`")
+    scheme = "Basic" if auth.get("type") == "basic" else body.scheme
+    row, snapshot = await svc.connection_service.connect_static(
+        who.tenant_id,
+        base_url=base_url,
+        token=token,
+        header_name=body.header_name,
+        scheme=scheme,
+        display_name=body.display_name,
+        owner_user_id=who.user_id if body.owner == "personal" else None,
+        created_by_user_id=who.user_id,
+        transport=body.transport,
+        transport_config=config,
     )
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 

@@ -83,7 +83,9 @@ class TransportProvider(Protocol):
         """Every tool the connection offers, photographed now; raises :class:`McpClientError`."""
         ...
 
-    async def call_tool(self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]) -> CallOutcome:
+    async def call_tool(
+        self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
+    ) -> CallOutcome:
         """Execute one call of ``tool`` (its frozen snapshot entry); never raises for upstream trouble."""
         ...
 

@@ -73,7 +73,12 @@ def validate_auth(auth: Any) -> str | None:
         if auth.get("in") not in ("header", "query"):
             return "an api_key auth needs `in`: header or query"
         name = auth.get("name")
-        if not isinstance(name, str) or not name or len(name) > 64 or not name.replace("-", "").replace("_", "").isalnum():
+        if (
+            not isinstance(name, str)
+            or not name
+            or len(name) > 64
+            or not name.replace("-", "").replace("_", "").isalnum()
+        ):
             return "an api_key auth needs a `name` (letters, digits, - and _)"
     extra = set(auth) - {"type", "in", "name", "scheme"}
     if extra:

@@ -18,8 +18,7 @@ from typing import Any
 import jsonschema
 
 from integrations.mcp_client import CallOutcome, Photograph
-from integrations.transports import TransportConnection, TransportDeps, TransportError
-from integrations.transports import _http
+from integrations.transports import TransportConnection, TransportDeps, TransportError, _http
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_]+)\}")
@@ -86,7 +85,9 @@ class HttpProvider:
         tools = endpoint_tools(conn.config)
         return Photograph(protocol_version="http", tools=tools)
 
-    async def call_tool(self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]) -> CallOutcome:
+    async def call_tool(
+        self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
+    ) -> CallOutcome:
         return await _http.send(self.deps, conn, tool, arguments)
 
     async def close(self) -> None:

@@ -32,7 +32,9 @@ class McpHttpProvider:
             raise mcp_client.Unreachable(str(err)) from None
         return await mcp_client.photograph(admitted.url, mcp_headers(conn), pin=admitted)
 
-    async def call_tool(self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]) -> CallOutcome:
+    async def call_tool(
+        self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
+    ) -> CallOutcome:
         try:
             # Admitted again right before connecting: a name that now resolves somewhere forbidden is refused
             # with nothing sent, and the call connects only to the addresses vetted here (pinned).

@@ -22,7 +22,7 @@ import asyncio
 import fnmatch
 import json
 import re
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 import yaml
@@ -91,7 +91,7 @@ def resolve_document(doc: dict[str, Any]) -> dict[str, Any]:
     if not version.startswith("3."):
         raise TransportError("only OpenAPI 3.x documents are supported (no `openapi: 3.x` field)")
     try:
-        validate_spec(doc)
+        validate_spec(cast(Any, doc))
     except OpenAPIValidationError as err:
         raise TransportError(f"invalid OpenAPI document: {str(err.message)[:300]}") from None
     except Exception as err:  # the validator's own failures on unreadable input
@@ -239,7 +239,9 @@ class OpenApiProvider:
         tools = operation_tools(resolved, conn.config)
         return Photograph(protocol_version=f"openapi {resolved['openapi']}", tools=tools)
 
-    async def call_tool(self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]) -> CallOutcome:
+    async def call_tool(
+        self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
+    ) -> CallOutcome:
         return await _http.send(self.deps, conn, tool, arguments)
 
     async def close(self) -> None:

@@ -74,7 +74,11 @@ def validate_config(config: dict[str, Any]) -> str | None:
     if not isinstance(command, str) or not command.strip() or "\x00" in command:
         return "a stdio connection needs a `command` (an executable name or absolute path)"
     args = config.get("args", [])
-    if not isinstance(args, list) or len(args) > MAX_ARGS or not all(isinstance(a, str) and "\x00" not in a for a in args):
+    if (
+        not isinstance(args, list)
+        or len(args) > MAX_ARGS
+        or not all(isinstance(a, str) and "\x00" not in a for a in args)
+    ):
         return f"`args` must be a list of at most {MAX_ARGS} strings"
     cwd = config.get("cwd")
     if cwd is not None and (not isinstance(cwd, str) or not os.path.isabs(cwd)):
@@ -126,7 +130,7 @@ class _Process:
 
     async def _hold(self) -> None:
         try:
-            with open(os.devnull, "w") as errlog:
+            with open(os.devnull, "w") as errlog:  # noqa: ASYNC230 (opening /dev/null never blocks)
                 async with stdio_client(self.params, errlog=errlog) as (read, write):
                     async with ClientSession(read, write) as session:
                         with anyio.fail_after(_START_SECS):
@@ -219,11 +223,15 @@ class StdioProvider:
                     await session.send_ping()
                 return proc
             except Exception as exc:  # a dead or wedged process: replaced, and the call goes to the new one
-                logger.info("stdio MCP server of connection %s stopped answering (%s): restarting", conn.id, _describe(exc))
+                logger.info(
+                    "stdio MCP server of connection %s stopped answering (%s): restarting", conn.id, _describe(exc)
+                )
                 await self._discard(conn, proc)
         return _before_send("the stdio MCP server died twice in a row before tools/call")
 
-    async def call_tool(self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]) -> CallOutcome:
+    async def call_tool(
+        self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
+    ) -> CallOutcome:
         name = str(tool["name"])
         usable = await self._usable(conn)
         if isinstance(usable, CallOutcome):
@@ -240,9 +248,13 @@ class StdioProvider:
             except MCPError as err:
                 if _is_sdk_standin(err):
                     await self._discard(conn, proc)
-                    return CallOutcome("ambiguous", None, f"tools/call {name!r} lost its answer ({err.message}) — outcome unknown")
+                    return CallOutcome(
+                        "ambiguous", None, f"tools/call {name!r} lost its answer ({err.message}) — outcome unknown"
+                    )
                 text = _rpc_error_text(err)
-                return CallOutcome("failed_upstream", _synthetic_error_result(text), f"tools/call {name!r} failed: {text}")
+                return CallOutcome(
+                    "failed_upstream", _synthetic_error_result(text), f"tools/call {name!r} failed: {text}"
+                )
             except ValidationError:
                 return _malformed(name)
             except Exception as exc:
