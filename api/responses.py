@@ -477,6 +477,8 @@ class CatalogEntryPublic(_Out):
     scopes: list[Any]
     tool_hints: list[Any]
     sandbox_launch: Json | None
+    transport_config: Json | None = None
+    """openapi / http / stdio: the transport configuration (trusted: a stdio command runs on worker hosts)."""
     created_at: Timestamp
 
 

@@ -161,21 +161,34 @@ async def test_duplicate_calls_execute_exactly_once_on_every_transport(api: http
 
 async def test_stdio_and_openapi_configuration_is_checked_and_nothing_is_stored(api: httpx.AsyncClient) -> None:
     before = (await api.get("/v1/connections")).json()["connections"]
-    r = await api.post("/v1/connections", json={"transport": "stdio", "owner": "personal",
-                                                "transport_config": {"command": "node"}})  # fmt: skip
+    r = await api.post(
+        "/v1/connections", json={"transport": "stdio", "owner": "personal", "transport_config": {"command": "node"}}
+    )
     assert r.status_code == 403 and "only an admin" in r.json()["error"]
     r = await api.post("/v1/connections", json={"transport": "stdio", "transport_config": {"args": ["x"]}})
     assert r.status_code == 422 and "`command`" in r.json()["error"]
-    r = await api.post("/v1/connections", json={"transport": "stdio",
-                                                "transport_config": {"command": "node", "cwd": "relative"}})  # fmt: skip
+    r = await api.post(
+        "/v1/connections", json={"transport": "stdio", "transport_config": {"command": "node", "cwd": "relative"}}
+    )
     assert r.status_code == 422 and "`cwd`" in r.json()["error"]
-    r = await api.post("/v1/connections", json={"transport": "openapi", "token": "t",
-                                                "transport_config": {"document_url": "http://10.1.2.3/o.json"}})  # fmt: skip
+    r = await api.post(
+        "/v1/connections",
+        json={"transport": "openapi", "token": "t", "transport_config": {"document_url": "http://10.1.2.3/o.json"}},
+    )
     assert r.status_code == 400 and "private" in r.json()["error"]
-    r = await api.post("/v1/connections", json={"transport": "openapi", "token": "t", "base_url": "http://127.0.0.1:1",
-                                                "transport_config": {"document": {"openapi": "3.0.3"}}})  # fmt: skip
+    r = await api.post(
+        "/v1/connections",
+        json={
+            "transport": "openapi",
+            "token": "t",
+            "base_url": "http://127.0.0.1:1",
+            "transport_config": {"document": {"openapi": "3.0.3"}},
+        },
+    )
     assert r.status_code == 400 and "invalid OpenAPI document" in r.json()["error"]
-    r = await api.post("/v1/connections", json={"transport": "openapi", "token": "t",
-                                                "transport_config": {"document": {}, "auth": {"type": "magic"}}})  # fmt: skip
+    r = await api.post(
+        "/v1/connections",
+        json={"transport": "openapi", "token": "t", "transport_config": {"document": {}, "auth": {"type": "magic"}}},
+    )
     assert r.status_code == 422 and "auth.type" in r.json()["error"]
     assert (await api.get("/v1/connections")).json()["connections"] == before
