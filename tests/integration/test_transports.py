@@ -192,3 +192,29 @@ async def test_stdio_and_openapi_configuration_is_checked_and_nothing_is_stored(
     )
     assert r.status_code == 422 and "auth.type" in r.json()["error"]
     assert (await api.get("/v1/connections")).json()["connections"] == before
+
+
+async def test_stopping_the_worker_ends_its_stdio_processes() -> None:
+    from tests.helpers import eventually
+    from tests.integration.conftest import FAST
+    from tests.integration.helpers import own_stack
+    from tests.integrations.test_transports import _none_left, server_pids
+
+    marker = "fbx-shutdown-" + secrets.token_hex(4)
+    async with own_stack("fbxs-", dict(FAST)) as (st, api):
+        r = await api.post(
+            "/v1/connections",
+            json={"transport": "stdio", "display_name": marker,
+                  "transport_config": {"command": "node", "args": [str(EVERYTHING), "stdio", marker]}},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        agent = await make_agent(
+            api, [{"tool": "mcp__ev__echo", "input": {"message": "hi"}}], policy=await make_policy(api, POLICY),
+            connection_requirements=[requirement("ev", f"stdio://{marker}", ["echo"])],
+        )  # fmt: skip
+        run_id = await start_run(api, agent)
+        row = await wait_status(api, run_id, {"completed", "failed"})
+        assert row["status"] == "completed", row
+        assert len(server_pids(marker)) == 1, "the worker keeps its stdio process between calls"
+        st.stop_process("worker")
+        assert await eventually(lambda: _none_left(marker), timeout=30)
