@@ -421,8 +421,6 @@ class ConnectionPublic(_Out):
 class ToolRef(_Out):
     name: str
     description: str | None
-    access: str | None = None
-    """``read`` or ``write``: the default access class of an OpenAPI / HTTP operation (from its method)."""
 
 
 class SnapshotPublic(_Out):
@@ -431,7 +429,10 @@ class SnapshotPublic(_Out):
     tools_digest: str
     discovered_at: Timestamp
     authorization_generation: int
-    tools: list[Json] = Field(description="Names and descriptions (with input schemas where asked for).")
+    tools: list[Json] = Field(
+        description="Names and descriptions (with input schemas where asked for); OpenAPI and HTTP tools also carry "
+        "`access` (`read` or `write`)."
+    )
 
 
 class ConnectionOut(_Out):

@@ -26,9 +26,6 @@ from typing import Any, cast
 
 import httpx2
 import yaml
-from openapi_spec_validator import validate as validate_spec
-from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
-from prance.util.resolver import RESOLVE_INTERNAL, RefResolver
 
 from integrations.mcp_client import CallOutcome, Photograph, _describe, _tls_context
 from integrations.pinning import PinnedTransport
@@ -87,6 +84,11 @@ async def fetch_document(deps: TransportDeps, url: str) -> dict[str, Any]:
 
 def resolve_document(doc: dict[str, Any]) -> dict[str, Any]:
     """Validate (openapi-spec-validator), then resolve every local ``$ref`` (prance). Blocking: run in a thread."""
+    # Imported here: they cost most of a second, and only connecting or refreshing an OpenAPI connection needs them.
+    from openapi_spec_validator import validate as validate_spec
+    from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
+    from prance.util.resolver import RESOLVE_INTERNAL, RefResolver
+
     version = str(doc.get("openapi", ""))
     if not version.startswith("3."):
         raise TransportError("only OpenAPI 3.x documents are supported (no `openapi: 3.x` field)")
