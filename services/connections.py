@@ -169,12 +169,17 @@ class ConnectionService:
         display_name: str | None,
         owner_user_id: str | None = None,
         created_by_user_id: str | None = None,
+        transport: str = "mcp_http",
+        transport_config: dict[str, Any] | None = None,
     ) -> Row:
-        """A ``pending`` oauth connection (the row); it becomes usable after its first sign-in."""
+        """A ``pending`` oauth connection (the row); it becomes usable after its first sign-in. An ``openapi`` or
+        ``http`` one is photographed through its provider with the first access token."""
         self.oauth_connect()
         admitted = await self.admit(base_url)
         fields = {
-            "provider": "mcp_http",
+            "provider": transport,
+            "transport": transport,
+            "transport_config": transport_config or {},
             "display_name": display_name or admitted.url,
             "base_url": admitted.url,
             "owner_user_id": owner_user_id,
@@ -211,7 +216,11 @@ class ConnectionService:
         if row["status"] != "active":
             raise BadRequest(f"connection is {row['status']}")
         transport = row.get("transport") or "mcp_http"
-        if transport != "mcp_http" and row["auth_kind"] != "oauth":
+        if transport != "mcp_http" and row["auth_kind"] == "oauth":
+            return await self.connections.refresh(
+                str(row["id"]), row["authorization_generation"], await self.oauth_photograph(tenant_id, row, None)
+            )
+        if transport != "mcp_http":
             blob, _ = await self.connections.credential(str(row["id"]))
             conn = TransportConnection(
                 id=str(row["id"]), transport=transport, base_url=row["base_url"],
@@ -232,8 +241,9 @@ class ConnectionService:
             photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
         return await self.connections.refresh(str(row["id"]), row["authorization_generation"], photo)
 
-    async def oauth_photograph(self, tenant_id: str, row: Row, admitted: AdmittedUrl) -> dict[str, Any]:
-        """Photograph with the connection's access token; after a 401, once more with a refreshed one."""
+    async def oauth_photograph(self, tenant_id: str, row: Row, admitted: AdmittedUrl | None) -> dict[str, Any]:
+        """Photograph with the connection's access token; after a 401, once more with a refreshed one.
+        ``admitted`` is None for a transport other than ``mcp_http`` (its provider admits what it connects to)."""
         tokens = self.access_tokens
         if tokens is None:
             raise Unavailable("OAuth connections need credential storage (FLUIDBOX_CREDENTIAL_KEY)")
@@ -248,6 +258,13 @@ class ConnectionService:
                 raise UpstreamFailed(f"could not obtain an access token: {err}") from None
             headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
             try:
+                if admitted is None:
+                    conn = TransportConnection(
+                        id=str(row["id"]), transport=row["transport"], base_url=row["base_url"],
+                        config=dict(row.get("transport_config") or {}), credential=token.get_secret_value(),
+                        auth_kind="oauth", generation=generation,
+                    )  # fmt: skip
+                    return await transport_photograph(self.url_policy, conn, rolled_back=False)
                 return await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
             except BadRequest:
                 if rejected is not None:

@@ -23,10 +23,11 @@ from typing import Annotated, Any
 import httpx
 import uvicorn
 from fastapi import FastAPI, Header, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from tests.helpers import eventually
+from tests.oauth_servers import RESOURCE_SCOPE, AuthorizationServer, JwksTokenVerifier
 from tests.openapi_docs import PRISM, github_subset
 
 
@@ -48,8 +49,16 @@ class Seen:
         return sum(1 for r in self.requests if r["path"].startswith(path_prefix))
 
 
-def items_app(seen: Seen) -> FastAPI:
+def items_app(seen: Seen, guard: Any = None) -> FastAPI:
+    """``guard(request) -> Response | None`` answers instead of the app when it returns a response (OAuth)."""
     app = FastAPI(title="items", version="1.0", servers=[])
+
+    if guard is not None:
+
+        @app.middleware("http")
+        async def protect(request: Request, call_next: Any) -> Any:
+            refused = await guard(request)
+            return refused if refused is not None else await call_next(request)
 
     @app.middleware("http")
     async def record(request: Request, call_next: Any) -> Any:
@@ -102,14 +111,37 @@ class RunningApp:
     seen: Seen
 
 
+def oauth_guard(url: str, auth: AuthorizationServer) -> Any:
+    """Bearer JWTs that ``auth`` issued for ``url`` only; RFC 9728 metadata and the document stay public."""
+    verifier = JwksTokenVerifier(auth.issuer, auth.jwks_uri, url)
+    metadata = f"{url}/.well-known/oauth-protected-resource"
+
+    async def guard(request: Request) -> Response | None:
+        if request.url.path == "/.well-known/oauth-protected-resource":
+            return JSONResponse(
+                {"resource": url, "authorization_servers": [auth.issuer], "scopes_supported": [RESOURCE_SCOPE]}
+            )
+        if request.url.path == "/openapi.json":
+            return None
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and token and await verifier.verify_token(token) is not None:
+            return None
+        challenge = f'Bearer error="invalid_token", resource_metadata="{metadata}"'
+        return JSONResponse({"error": "invalid_token"}, status_code=401, headers={"WWW-Authenticate": challenge})
+
+    return guard
+
+
 @contextlib.asynccontextmanager
-async def serve_items() -> AsyncIterator[RunningApp]:
+async def serve_items(auth: AuthorizationServer | None = None) -> AsyncIterator[RunningApp]:
+    """Our items API on a free loopback port; with ``auth``, only ``auth``'s access tokens for its URL pass."""
     seen = Seen()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(items_app(seen), log_level="warning", lifespan="off", http="h11"))
+    guard = oauth_guard(f"http://127.0.0.1:{port}", auth) if auth is not None else None
+    server = uvicorn.Server(uvicorn.Config(items_app(seen, guard), log_level="warning", lifespan="off", http="h11"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

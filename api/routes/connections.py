@@ -146,9 +146,9 @@ async def _create_transport_connection(body: ConnectionCreate, who: Principal, s
             raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
         if body.owner == "organization" and not who.mutates_resources:
             raise Forbidden("creating an organization connection requires the admin or owner role")
-    if body.auth_kind == "oauth":
-        raise BadRequest(f"`auth_kind: oauth` is not available for {body.transport} connections yet")
-    if body.client_id is not None or body.client_secret is not None or body.scopes is not None:
+    if body.auth_kind == "oauth" and body.transport == "stdio":
+        raise BadRequest("a stdio connection takes its credential through `credential_env`, not OAuth")
+    if body.auth_kind != "oauth" and (body.client_id is not None or body.client_secret is not None or body.scopes):
         raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
     base_url = body.base_url
     if body.transport == "stdio":
@@ -164,6 +164,8 @@ async def _create_transport_connection(body: ConnectionCreate, who: Principal, s
         raise Unprocessable("an http connection needs `endpoints` (method, path, arguments, access)")
     if base_url is None:
         raise BadRequest(f"an {body.transport} connection needs a `base_url`")
+    if body.auth_kind == "oauth":
+        return await _create_oauth_transport_connection(body, who, svc, base_url, config)
     auth = config.get("auth") or {}
     token = body.token.get_secret_value() if body.token is not None else ""
     if not token and body.transport != "stdio" and auth.get("type", "bearer") != "none":
@@ -182,6 +184,39 @@ async def _create_transport_connection(body: ConnectionCreate, who: Principal, s
         transport_config=config,
     )
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
+
+
+async def _create_oauth_transport_connection(
+    body: ConnectionCreate, who: Principal, svc: Services, base_url: str, config: dict[str, Any]
+) -> dict[str, Any]:
+    """A pending ``openapi`` / ``http`` connection signed in with the OAuth connect of MCP connections: the API's
+    base URL must answer 401 and publish its protected resource metadata (RFC 9728)."""
+    if body.token is not None:
+        raise BadRequest("an oauth connection takes no `token`: it is obtained by signing in")
+    if config.get("auth", {"type": "oauth"}).get("type") != "oauth":
+        raise Unprocessable("an oauth connection's `auth` must be {type: oauth} (or left out)")
+    if body.client_secret is not None and body.client_id is None:
+        raise BadRequest("`client_secret` needs the `client_id` it was issued with")
+    if body.scopes is not None and not all(_SCOPE.fullmatch(scope) for scope in body.scopes):
+        raise BadRequest("`scopes` must be non-empty OAuth scope tokens (no spaces or quotes)")
+    row = await svc.connection_service.connect_oauth(
+        who.tenant_id,
+        base_url=base_url,
+        display_name=body.display_name,
+        owner_user_id=who.user_id if body.owner == "personal" else None,
+        created_by_user_id=who.user_id,
+        transport=body.transport,
+        transport_config={**config, "auth": {"type": "oauth"}},
+    )
+    if body.client_id is not None or body.scopes:
+        try:
+            await svc.connection_service.oauth_connect().preregister(
+                who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
+            )
+        except (OAuthClientError, UrlRefused) as err:
+            await svc.connections.discard_pending_oauth(who.tenant_id, row["id"])
+            raise BadRequest(f"cannot use this client id with this server: {err}") from None
+    return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
 
 
 @router.post(

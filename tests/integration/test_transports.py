@@ -15,10 +15,12 @@ import pytest
 from cli.stack import Stack
 from tests.http_apis import RunningApp, serve_items
 from tests.integration.helpers import events, issue_token, make_agent, make_policy, start_run, wait_status
-from tests.integration.test_oauth_connections import workflow_histories
+from tests.integration.test_oauth_connections import browser, grant, signed_in, workflow_histories
 from tests.integrations.test_transports import EVERYTHING
+from tests.oauth_servers import AuthorizationServer
 
 pytestmark = pytest.mark.stack
+__all__ = ["browser"]  # the fixture, shared with the OAuth connection tests
 
 POLICY: dict[str, Any] = {
     "defaults": {"tool_action": "deny"},
@@ -218,3 +220,34 @@ async def test_stopping_the_worker_ends_its_stdio_processes() -> None:
         assert len(server_pids(marker)) == 1, "the worker keeps its stdio process between calls"
         st.stop_process("worker")
         assert await eventually(lambda: _none_left(marker), timeout=30)
+
+
+async def test_an_openapi_connection_signs_in_with_oauth_and_its_tool_runs_with_the_access_token(
+    api: httpx.AsyncClient, stack: Stack, auth: AuthorizationServer, browser: httpx.AsyncClient
+) -> None:
+    async with serve_items(auth) as app:
+        r = await api.post(
+            "/v1/connections",
+            json={"transport": "openapi", "auth_kind": "oauth", "display_name": "items over oauth",
+                  "base_url": app.url, "transport_config": {"document_url": app.url + "/openapi.json"}},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        connection = r.json()["connection"]
+        assert connection["status"] == "pending" and connection["transport"] == "openapi"
+        page = await browser.get(await signed_in(api, auth, browser, connection["id"]))
+        assert page.status_code == 200 and "Connected" in page.text, page.text
+        tools = (await api.get(f"/v1/connections/{connection['id']}/tools")).json()["snapshot"]["tools"]
+        assert {t["name"] for t in tools} >= {"getItem", "createItem"}
+        agent = await make_agent(
+            api, [{"tool": "mcp__items__getItem", "input": {"store": "o", "item_id": 5}}],
+            policy=await make_policy(api, POLICY),
+            connection_requirements=[requirement("items", app.url, ["getItem"])],
+        )  # fmt: skip
+        run_id = await start_run(api, agent)
+        row = await wait_status(api, run_id, {"completed", "failed"})
+        assert row["result_summary"] == "Replay complete: 1 executed, 0 denied.", row["result_summary"]
+        calls = [q for q in app.seen.requests if q["path"] == "/stores/o/items/5"]
+        assert len(calls) == 1 and calls[0]["headers"]["authorization"].startswith("Bearer ey")
+        _, access, _ = await grant(stack, connection["id"])
+        evs = json.dumps(await events(api, run_id))
+        assert access is not None and access not in evs and access not in json.dumps(row)
