@@ -876,17 +876,6 @@ async def bench(args: argparse.Namespace) -> int:
             await auth.clear_requests()
             rounds = await measure(target, args, check)
             server_calls, server_executions = srv.call_count(TOOL), srv.executions.count(TOOL)
-            direct_http = await exits.enter_async_context(httpx.AsyncClient(base_url=app.url, timeout=60))
-            read, write = await exits.enter_async_context(
-                stdio_client(StdioServerParameters(command="node", args=[str(EVERYTHING), "stdio"]))
-            )
-            stdio = await exits.enter_async_context(ClientSession(read, write))
-            await stdio.initialize()
-            ttarget = TransportTarget(
-                gb.make_client(stack, args.transport, run_id, tokens[run_id]), app, api_credential, direct_http, stdio
-            )
-            trounds = await measure_transports(ttarget, args)
-            await ttarget.client.http.aclose()
             oauth_calls = osrv.call_count(TOOL)
             refreshes = sum(1 for q in await auth.requests() if q["route"] == "token")
             client_new = await client_construction(True)
@@ -898,6 +887,18 @@ async def bench(args: argparse.Namespace) -> int:
             out = Outcome(rounds, check, server_calls, server_executions, split, protocol, client_new, client_shared,
                           oauth_calls, refreshes)  # fmt: skip
 
+            # The other transports after the MCP figures are read (their calls would be counted in its ledger).
+            direct_http = await exits.enter_async_context(httpx.AsyncClient(base_url=app.url, timeout=60))
+            read, write = await exits.enter_async_context(
+                stdio_client(StdioServerParameters(command="node", args=[str(EVERYTHING), "stdio"]))
+            )
+            stdio = await exits.enter_async_context(ClientSession(read, write))
+            await stdio.initialize()
+            ttarget = TransportTarget(
+                gb.make_client(stack, args.transport, run_id, tokens[run_id]), app, api_credential, direct_http, stdio
+            )
+            trounds = await measure_transports(ttarget, args)
+            await ttarget.client.http.aclose()
             calls = check.brokered - check.oauth + check.direct
             problems = []
             if check.mismatches or check.brokered_ok != check.brokered or check.direct_ok != check.direct:
