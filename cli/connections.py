@@ -79,6 +79,7 @@ def connections_create(
     command: str | None = typer.Option(None, help="stdio: the executable (admins only)."),
     arg: list[str] = typer.Option([], "--arg", help="stdio: one argument (repeat; each stays one argument)."),
     header_name: str | None = typer.Option(None, help="mcp_http: send the token in this header."),
+    oauth: bool = typer.Option(False, "--oauth", help="Sign in with OAuth (mcp_http, openapi, http): prints `next`."),
 ) -> None:
     """Create a connection; its tools are photographed at once (nothing is stored if that fails)."""
     cfg = _config(config)
@@ -105,6 +106,8 @@ def connections_create(
         body["display_name"] = name
     if header_name:
         body["header_name"] = header_name
+    if oauth:
+        body["auth_kind"] = "oauth"
     if token_env:
         token = os.environ.get(token_env)
         if not token:

@@ -251,3 +251,48 @@ async def test_an_openapi_connection_signs_in_with_oauth_and_its_tool_runs_with_
         _, access, _ = await grant(stack, connection["id"])
         evs = json.dumps(await events(api, run_id))
         assert access is not None and access not in evs and access not in json.dumps(row)
+
+
+async def test_the_cli_creates_openapi_and_stdio_connections(api: httpx.AsyncClient, stack: Stack, admin: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    fluidbox = str(Path(sys.executable).parent / "fluidbox")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLUIDBOX_")}
+    env |= {
+        "FLUIDBOX_URL": stack.api_url,
+        "FLUIDBOX_ADMIN_TOKEN": admin,
+        "ITEMS_KEY": "cli-secret-" + secrets.token_hex(8),
+    }
+
+    def run(*args: str) -> str:
+        done = subprocess.run([fluidbox, "connections", *args], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done.stdout
+
+    async with serve_items() as app:
+        made = json.loads(
+            await asyncio.to_thread(
+                run, "create", "--transport", "openapi", "--base-url", app.url,
+                "--document-url", app.url + "/openapi.json", "--auth", "header:X-Items-Key", "--token-env", "ITEMS_KEY",
+            )
+        )  # fmt: skip
+        assert made["connection"]["transport"] == "openapi" and env["ITEMS_KEY"] not in json.dumps(made)
+        assert made["connection"]["transport_config"]["auth"] == {
+            "type": "api_key",
+            "in": "header",
+            "name": "X-Items-Key",
+        }
+        name = "cli-ev-" + secrets.token_hex(3)
+        stdio = json.loads(
+            await asyncio.to_thread(
+                run, "create", "--transport", "stdio", "--name", name, "--command", "node",
+                "--arg", str(EVERYTHING), "--arg", "stdio",
+            )
+        )  # fmt: skip
+        assert stdio["connection"]["base_url"] == f"stdio://{name}"
+        listed = await asyncio.to_thread(run, "list")
+        assert f"openapi  active  {app.url}" in listed and f"stdio  active  stdio://{name}" in listed
+        tools = json.loads(await asyncio.to_thread(run, "tools", made["connection"]["id"]))
+        assert any(t["name"] == "getItem" and t["access"] == "read" for t in tools["snapshot"]["tools"])
