@@ -20,6 +20,7 @@ from core.errors import BadRequest, Conflict, NotFound, Unprocessable
 from db.catalog import duplicate_slug
 from integrations import mcp_client
 from integrations.oauth import OAuthClientError
+from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused, same_origin_path
 
@@ -136,6 +137,10 @@ async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) 
         check_catalog_launch(body.slug, body.transport, body.sandbox_launch)
     if body.transport in ("openapi", "http") and body.transport_config is None:
         raise Unprocessable(f"an {body.transport} catalog entry needs `transport_config`")
+    if body.transport == "openapi" and body.transport_config is not None:
+        problem = openapi_config_problem(body.transport_config)
+        if problem is not None:
+            raise Unprocessable(problem)
     # Before the URL is admitted: re-posting an existing entry is a 409 whatever its URL resolves to.
     if await svc.catalog.slug_taken(op.tenant_id, body.slug):
         raise Conflict(duplicate_slug(body.slug))

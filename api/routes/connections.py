@@ -20,6 +20,7 @@ from api.views import snapshot_public
 from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable
 from integrations.oauth import OAuthClientError
 from integrations.transports._auth import validate_auth as auth_problem
+from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused
 
@@ -157,8 +158,9 @@ async def _create_transport_connection(body: ConnectionCreate, who: Principal, s
         if not base_url.startswith("stdio://"):
             raise Unprocessable("a stdio connection's `base_url` (its name for requirements) must start with stdio://")
     elif body.transport == "openapi":
-        if (config.get("document") is None) == (config.get("document_url") is None):
-            raise Unprocessable("an openapi connection needs exactly one of `document_url` or `document`")
+        problem = openapi_config_problem(config)
+        if problem is not None:
+            raise Unprocessable(problem)
         base_url = base_url or await svc.connection_service.openapi_base_url(config)
     elif body.transport == "http" and not isinstance(config.get("endpoints"), list):
         raise Unprocessable("an http connection needs `endpoints` (method, path, arguments, access)")

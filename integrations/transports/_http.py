@@ -46,6 +46,17 @@ NEVER_RESPONSE_HEADERS = frozenset({"set-cookie", "authorization", "www-authenti
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
+def config_problem(config: dict[str, Any]) -> str | None:
+    """Why the response settings shared by ``openapi`` and ``http`` are malformed, or None."""
+    cap = config.get("max_response_bytes")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        return "`max_response_bytes` must be a positive integer"
+    headers = config.get("response_headers")
+    if headers is not None and (not isinstance(headers, list) or not all(isinstance(h, str) for h in headers)):
+        return "`response_headers` must be a list of header names"
+    return None
+
+
 def default_access(method: str) -> str:
     """GET and HEAD read; every other method writes."""
     return "read" if method.upper() in ("GET", "HEAD") else "write"

@@ -27,6 +27,9 @@ MAX_ENDPOINTS = 256
 
 def endpoint_tools(config: dict[str, Any]) -> list[dict[str, Any]]:
     """The tools of a declared endpoint list; :class:`TransportError` names the first problem."""
+    problem = _http.config_problem(config)
+    if problem is not None:
+        raise TransportError(problem)
     endpoints = config.get("endpoints")
     if not isinstance(endpoints, list) or not endpoints or len(endpoints) > MAX_ENDPOINTS:
         raise TransportError(f"`endpoints` must list 1 to {MAX_ENDPOINTS} endpoints")

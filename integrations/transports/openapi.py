@@ -38,6 +38,37 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _JSON_MEDIA = re.compile(r"^application/([a-z0-9.+-]*\+)?json$")
 
 
+_FIELDS = {"document_url", "document", "include", "access", "auth", "max_response_bytes", "response_headers"}
+
+
+def config_problem(config: dict[str, Any]) -> str | None:
+    """Why an ``openapi`` configuration is malformed (shapes only), or None."""
+    extra = set(config) - _FIELDS
+    if extra:
+        return f"unknown openapi field(s): {', '.join(sorted(extra))}"
+    if (config.get("document") is None) == (config.get("document_url") is None):
+        return "an openapi connection needs exactly one of `document_url` or `document`"
+    if config.get("document_url") is not None and not isinstance(config["document_url"], str):
+        return "`document_url` must be a URL"
+    if config.get("document") is not None and not isinstance(config["document"], dict | str):
+        return "`document` must be the OpenAPI document (an object, or JSON / YAML text)"
+    include = config.get("include")
+    if include is not None:
+        if not isinstance(include, dict) or set(include) - {"tags", "operations"}:
+            return "`include` may only hold `tags` and `operations` (lists of patterns)"
+        for key in ("tags", "operations"):
+            value = include.get(key)
+            if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+                return f"`include.{key}` must be a list of strings"
+    access = config.get("access")
+    if access is not None and (
+        not isinstance(access, dict)
+        or not all(isinstance(k, str) and v in ("read", "write") for k, v in access.items())
+    ):
+        return "`access` must map operation patterns to read or write"
+    return _http.config_problem(config)
+
+
 def tool_name(operation_id: str) -> str:
     return _UNSAFE.sub("_", operation_id)[:64]
 

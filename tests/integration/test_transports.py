@@ -193,6 +193,15 @@ async def test_stdio_and_openapi_configuration_is_checked_and_nothing_is_stored(
         json={"transport": "openapi", "token": "t", "transport_config": {"document": {}, "auth": {"type": "magic"}}},
     )
     assert r.status_code == 422 and "auth.type" in r.json()["error"]
+    for config, field in (
+        ({"document": {}, "include": ["x"]}, "`include`"),
+        ({"document": {}, "access": {"op": "admin"}}, "`access`"),
+        ({"document": [1]}, "`document`"),
+        ({"document": {}, "max_response_bytes": "big"}, "`max_response_bytes`"),
+        ({"document": {}, "command": "sh"}, "unknown openapi field(s): command"),
+    ):
+        r = await api.post("/v1/connections", json={"transport": "openapi", "token": "t", "transport_config": config})
+        assert r.status_code == 422 and field in r.json()["error"], (config, r.text)
     assert (await api.get("/v1/connections")).json()["connections"] == before
 
 
