@@ -11,6 +11,11 @@ EVERYTHING_VERSION := 2026.8.31
 EVERYTHING := $(NODE_DIR)/node_modules/@modelcontextprotocol/server-everything
 OIDC_PROVIDER_VERSION := 9.13.3
 OIDC_PROVIDER := $(NODE_DIR)/node_modules/oidc-provider
+# Transport tests: a stdio MCP server, an OpenAPI mock server and GitHub's real OpenAPI document.
+FILESYSTEM_VERSION := 2026.8.31
+PRISM_VERSION := 5.16.0
+OCTOKIT_OPENAPI_VERSION := 23.0.2
+TRANSPORT_NPM := @modelcontextprotocol/server-filesystem@$(FILESYSTEM_VERSION) @stoplight/prism-cli@$(PRISM_VERSION) @octokit/openapi@$(OCTOKIT_OPENAPI_VERSION)
 
 .PHONY: install demo test lint typecheck up bench clean
 
@@ -39,6 +44,16 @@ install:
 	  echo "installing oidc-provider@$(OIDC_PROVIDER_VERSION) into $(NODE_DIR)/…"; \
 	  npm install --prefix $(NODE_DIR) --save-exact --no-audit --no-fund --loglevel=error oidc-provider@$(OIDC_PROVIDER_VERSION) >/dev/null \
 	    || { echo "npm install of oidc-provider failed"; exit 1; }; \
+	fi
+	@if ! command -v npm >/dev/null; then \
+	  echo "npm is missing: skipping the transport test servers (tests/integrations/test_transports.py needs them; install Node.js 20+)"; \
+	elif [ "$$(node -p 'require("./$(NODE_DIR)/node_modules/@modelcontextprotocol/server-filesystem/package.json").version' 2>/dev/null)" = $(FILESYSTEM_VERSION) ] \
+	  && [ "$$(node -p 'require("./$(NODE_DIR)/node_modules/@stoplight/prism-cli/package.json").version' 2>/dev/null)" = $(PRISM_VERSION) ] \
+	  && [ "$$(node -p 'require("./$(NODE_DIR)/node_modules/@octokit/openapi/package.json").version' 2>/dev/null)" = $(OCTOKIT_OPENAPI_VERSION) ]; then :; \
+	else \
+	  echo "installing $(TRANSPORT_NPM) into $(NODE_DIR)/…"; \
+	  npm install --prefix $(NODE_DIR) --save-exact --no-audit --no-fund --loglevel=error $(TRANSPORT_NPM) >/dev/null \
+	    || { echo "npm install of the transport test servers failed"; exit 1; }; \
 	fi
 
 $(STAMP): pyproject.toml

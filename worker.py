@@ -33,6 +33,7 @@ from db.store import Store
 from integrations.mcp_pool import SessionPool
 from integrations.oauth import OAuthClient
 from integrations.sealing import sealer_from_settings
+from integrations.transports import TransportDeps, Transports
 from integrations.urls import UrlPolicy
 from sandbox.registry import make_provider
 from services.oauth_tokens import AccessTokens
@@ -55,7 +56,7 @@ WORKER_WORKFLOWS: list[type] = [*WORKFLOWS, DeliveryWorkflow, ScheduleFireWorkfl
 
 
 def build_activities(
-    settings: Settings, store: Store, client: Client, sessions: SessionPool
+    settings: Settings, store: Store, client: Client, sessions: SessionPool, transports: Transports | None = None
 ) -> list[Callable[..., Any]]:
     """Every activity this worker hosts, with its dependencies injected (no I/O happens here)."""
     provider = make_provider(
@@ -76,6 +77,7 @@ def build_activities(
         connector_policy,
         sessions,
         AccessTokens(store, broker_sealer, OAuthClient(connector_policy)) if broker_sealer is not None else None,
+        transports,
     )
     delivery = DeliveryActivities(
         Deliveries(store),
@@ -106,12 +108,14 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await connect_client(settings)
     store = Store(pool, redactor_for(settings))
     sessions = SessionPool()
+    # Every transport's provider (stdio MCP processes live here, one per connection); closed at shutdown.
+    transports = Transports(TransportDeps(UrlPolicy(allow_loopback=settings.allow_loopback_connectors), sessions))
     await asyncio.to_thread(precompile_code)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKER_WORKFLOWS,
-        activities=build_activities(settings, store, client, sessions),
+        activities=build_activities(settings, store, client, sessions, transports),
         graceful_shutdown_timeout=timedelta(seconds=5),
         max_concurrent_activities=settings.worker_max_activities,
         max_concurrent_local_activities=settings.worker_max_local_activities,
@@ -122,6 +126,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     async with worker:
         await start_liveness_sweep(client, settings)
         await stop.wait()
+    await transports.aclose()
     await sessions.aclose()
     await pool.close()
 

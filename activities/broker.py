@@ -1,8 +1,9 @@
 """Brokered MCP calls, executed in the control plane with the sealed credential.
 
 Order for every call: binding re-check against live state → unseal (static) or an access token from
-:class:`services.oauth_tokens.AccessTokens` (oauth) → claim CAS → one MCP call → settle the claim and write the
-single ``tool.brokered`` event. The agent never sees the credential.
+:class:`services.oauth_tokens.AccessTokens` (oauth) → claim CAS → one call through the connection's transport
+provider (:mod:`integrations.transports`: MCP over HTTP, OpenAPI, HTTP, stdio MCP) → settle the claim and write
+the single ``tool.brokered`` event. The agent never sees the credential.
 
 For an OAuth connection the sealed credential is the refresh token: it never goes upstream. A server that answers
 401 (nothing ran) gets one more call with a token refreshed past the rejected one; a refresh the authorization
@@ -28,12 +29,11 @@ from core.states import accepts_work
 from core.tools import split_mcp
 from db.connections import Connections, credential_context
 from integrations import mcp_client
-from integrations.headers import auth_headers
 from integrations.mcp_pool import SessionPool
 from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
-from integrations.transports.relay import RelayTransport
-from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
+from integrations.transports import TransportConnection, TransportDeps, Transports, UnknownTransport
+from integrations.urls import UrlPolicy
 
 
 class AccessTokenSource(Protocol):
@@ -52,6 +52,7 @@ class BrokerActivities:
         url_policy: UrlPolicy,
         pool: SessionPool | None = None,
         tokens: AccessTokenSource | None = None,
+        transports: Transports | None = None,
     ) -> None:
         self.connections = connections
         self.store = connections.store
@@ -61,6 +62,8 @@ class BrokerActivities:
         self.pool = pool
         # Access tokens of OAuth connections; None: OAuth-backed bindings are refused.
         self.tokens = tokens
+        # The providers that speak each connection transport (mcp_http rides the pool above).
+        self.transports = transports or Transports(TransportDeps(url_policy, pool))
 
     async def _refuse(self, inp: c.BrokerIn, claim: dict[str, Any], reason: str) -> c.BrokerOut:
         """A binding that no longer holds denies the call: no credential is touched, nothing is sent."""
@@ -136,34 +139,19 @@ class BrokerActivities:
         assert split is not None
         tokens = [token]
         started = time.monotonic()
-        admitted: AdmittedUrl | None = None
-        try:
-            # Admitted again right before connecting: a name that now resolves somewhere forbidden
-            # is refused with nothing sent, and the call connects only to the addresses vetted here
-            # (pinned; the name is not resolved again, so a rebinding answer cannot redirect it).
-            admitted = await self.url_policy.admit(binding["base_url"])
-        except UrlRefused as err:
-            outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
-        if admitted is not None and binding.get("transport") == "relay":
-            relay = RelayTransport(admitted, token, dict(binding.get("transport_config") or {}))
-            outcome = await relay.call_tool(split[1], claim["input"], expected_protocol=surface.get("protocol_version"))
-        elif admitted is not None:
-            send = (admitted, split[1], claim["input"], surface.get("protocol_version"))
-            headers = (
-                auth_headers(token, header_name=None, scheme="Bearer")
-                if oauth
-                else auth_headers(token, header_name=binding["header_name"], scheme=binding["scheme"])
-            )
-            outcome = await self._send(headers, *send)
-            if oauth and outcome.auth_rejected:
-                # The server refused the token before running anything: once more with a refreshed one.
-                try:
-                    retry_token = await self._access_token(spec.tenant_id, binding, rejected=token)
-                except _NoAccess as err:
-                    outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
-                else:
-                    tokens.append(retry_token)
-                    outcome = await self._send(auth_headers(retry_token, header_name=None, scheme="Bearer"), *send)
+        transport = str(binding.get("transport") or "mcp_http")
+        tool_entry = next((t for t in surface.get("tools", []) if t["name"] == split[1]), {"name": split[1]})
+        send = (transport, binding, tool_entry, claim["input"], surface.get("protocol_version"))
+        outcome = await self._call(token, *send)
+        if oauth and outcome.auth_rejected:
+            # The server refused the token before running anything: once more with a refreshed one.
+            try:
+                retry_token = await self._access_token(spec.tenant_id, binding, rejected=token)
+            except _NoAccess as err:
+                outcome = mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
+            else:
+                tokens.append(retry_token)
+                outcome = await self._call(retry_token, *send)
         latency_ms = int((time.monotonic() - started) * 1000)
         # An upstream that echoes the credential back must not carry it into the ledger or the sandbox.
         result, error = outcome.result, outcome.error
@@ -216,11 +204,33 @@ class BrokerActivities:
             raise _NoAccess(f"could not obtain an access token for the bound connection: {err}") from None
         return token.get_secret_value()
 
-    async def _send(
-        self, headers: dict[str, str], admitted: AdmittedUrl, name: str, arguments: Any, protocol: str | None
+    async def _call(
+        self,
+        credential: str,
+        transport: str,
+        binding: dict[str, Any],
+        tool: dict[str, Any],
+        arguments: Any,
+        protocol: str | None,
     ) -> mcp_client.CallOutcome:
-        call = self.pool.call_tool if self.pool is not None else mcp_client.call_tool
-        return await call(admitted.url, headers, name, arguments, expected_protocol=protocol, pin=admitted)
+        """One call through the connection's transport provider (admission, pinning and headers are its job)."""
+        try:
+            provider = self.transports.provider_for(transport)
+        except UnknownTransport as err:
+            return mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
+        conn = TransportConnection(
+            id=str(binding["connection_id"]),
+            transport=transport,
+            base_url=binding["base_url"],
+            config=dict(binding.get("transport_config") or {}),
+            credential=credential,
+            header_name=binding["header_name"],
+            scheme=binding["scheme"],
+            auth_kind=binding["auth_kind"],
+            generation=int(binding["authority_generation"]),
+            protocol_version=protocol,
+        )
+        return await provider.call_tool(conn, tool, arguments)
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.broker_call]

@@ -420,7 +420,9 @@ class ConnectionPublic(_Out):
     updated_at: Timestamp
     access: Json = Field(description="Which tools read and which write (normalized; see docs/api.md).")
     transport: str = "mcp_http"
-    transport_config: Json = Field(default_factory=dict)
+    """``mcp_http``, ``openapi``, ``http``, ``stdio``, ``relay`` or ``sandbox_cli`` (the provider that speaks to the server)."""
+    transport_config: Json | None = None
+    """The transport's non-secret configuration (a stdio environment's values are never shown)."""
 
 
 class ProposalResult(_Out):
@@ -444,7 +446,10 @@ class SnapshotPublic(_Out):
     tools_digest: str
     discovered_at: Timestamp
     authorization_generation: int
-    tools: list[Json] = Field(description="Names and descriptions (with input schemas where asked for).")
+    tools: list[Json] = Field(
+        description="Names and descriptions (with input schemas where asked for); OpenAPI and HTTP tools also carry "
+        "`access` (`read` or `write`)."
+    )
 
 
 class ConnectionOut(_Out):
@@ -520,6 +525,8 @@ class CatalogEntryPublic(_Out):
         "and no writes (enabling writes is an explicit PATCH of the connection)."
     )
     sandbox_launch: Json | None
+    transport_config: Json | None = None
+    """openapi / http / stdio: the transport configuration (trusted: a stdio command runs on worker hosts)."""
     created_at: Timestamp
 
 

@@ -73,7 +73,7 @@ class HarnessConfig(_Body):
 
 
 class ConnectorRef(_Body):
-    url: str = Field(min_length=1, max_length=2048, pattern=r"^(https?|sandbox-cli)://")
+    url: str = Field(min_length=1, max_length=2048, pattern=r"^(https?|stdio|sandbox-cli)://")
     slug: str | None = Field(default=None, max_length=64)
 
 

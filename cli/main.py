@@ -16,6 +16,7 @@ from typing import Any
 import typer
 
 from cli.client import Api, CliError, home
+from cli.connections import register as register_connections
 from cli.render import event_line, run_line
 from cli.triggers import register as register_triggers
 from cli.users import users as users_cli
@@ -31,6 +32,7 @@ app.add_typer(agents, name="agents")
 app.add_typer(policies, name="policies")
 app.add_typer(users_cli, name="users")  # local admin: talks to the database, see cli/users.py
 register_triggers(app)  # `fluidbox triggers …` and `fluidbox invoke`
+register_connections(app)  # `fluidbox connections …` (every transport)
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}

@@ -137,8 +137,13 @@ def classify(access_decl: dict[str, Any] | None, tool_name: str) -> tuple[Access
 
 
 def with_access(access_decl: dict[str, Any] | None, tool: dict[str, Any]) -> dict[str, Any]:
-    """A frozen tool definition with its ``access`` and ``approval`` stamped on."""
+    """A frozen tool definition with its ``access`` and ``approval`` stamped on. The connection's declaration
+    decides; a tool it leaves unclassified keeps the class its transport photographed (an OpenAPI or HTTP
+    operation's method: GET/HEAD read, anything else write), and such a default write always needs a human."""
     access, approval = classify(access_decl, str(tool["name"]))
+    if access is None and tool.get("access") in ("read", "write"):
+        access = tool["access"]
+        approval = "always" if access == "write" else None
     return {**tool, "access": access, "approval": approval}
 
 

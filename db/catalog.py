@@ -15,7 +15,7 @@ from db.store import Store
 
 COLUMNS = (
     "slug", "name", "icon", "description", "categories", "url", "transport", "auth_mode", "auth_hints", "scopes",
-    "tool_hints", "sandbox_launch", "access",
+    "tool_hints", "sandbox_launch", "access", "transport_config",
 )  # fmt: skip
 DEFAULTS: dict[str, Any] = {"categories": [], "auth_hints": {}, "scopes": [], "tool_hints": [], "access": READ_ONLY}
 

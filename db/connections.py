@@ -94,8 +94,8 @@ class Connections(Repository):
             row = as_row(
                 await conn.fetchrow(
                     "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
-                    "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id, access) "
-                    "VALUES ($1,$2,$3,$4,$5,'oauth','Bearer','pending',$6,$7,$8,$9) "
+                    "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id, transport, "
+                    "transport_config, access) VALUES ($1,$2,$3,$4,$5,'oauth','Bearer','pending',$6,$7,$8,$9,$10,$11) "
                     f"RETURNING {CONNECTION_FIELDS}",
                     uuid.UUID(new_id()),
                     uuid.UUID(tenant_id),
@@ -105,6 +105,8 @@ class Connections(Repository):
                     "user" if owner else "organization",
                     uuid.UUID(owner) if owner else None,
                     uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
+                    fields.get("transport", "mcp_http"),
+                    fields.get("transport_config") or {},
                     fields.get("access") or NONE,
                 )
             )

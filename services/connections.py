@@ -24,6 +24,14 @@ from integrations.headers import auth_headers
 from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
 from integrations.transports.relay import RelayConfigError, RelayTransport, check_config
+from integrations.transports import (
+    TransportConnection,
+    TransportDeps,
+    TransportError,
+    TransportProvider,
+    Transports,
+    openapi,
+)
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
 from services.oauth_connect import OAuthConnect
 from services.oauth_tokens import AccessTokens, GrantLost
@@ -34,6 +42,28 @@ NO_CUSTODY = (
     "`python -c 'import secrets; print(secrets.token_hex(32))'`) and restart the server"
 )
 NO_OAUTH = "OAuth connections need credential storage: set FLUIDBOX_CREDENTIAL_KEY (64 hex characters) and restart"
+
+
+def _provider(url_policy: UrlPolicy, transport: str) -> TransportProvider:
+    # Photographs need no kept-open state: a fresh provider per use (a stdio photograph's process ends with it).
+    return Transports(TransportDeps(url_policy)).provider_for(transport)
+
+
+async def transport_photograph(
+    url_policy: UrlPolicy, conn: TransportConnection, *, rolled_back: bool
+) -> dict[str, Any]:
+    """Photograph a non-MCP-over-HTTP connection through its provider (400 for a bad description, 502 upstream)."""
+    try:
+        photo = await _provider(url_policy, conn.transport).list_tools(conn)
+    except TransportError as err:
+        suffix = " (nothing was stored)" if rolled_back else ""
+        raise BadRequest(f"{err}{suffix}") from None
+    except mcp_client.AuthRejected as err:
+        suffix = " (connection rolled back)" if rolled_back else ""
+        raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
+    except mcp_client.McpClientError as err:
+        raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
+    return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
 
 
 async def take_photograph(
@@ -88,20 +118,35 @@ class ConnectionService:
         owner_user_id: str | None = None,
         created_by_user_id: str | None = None,
         access: dict[str, Any] | None = None,
+        transport: str = "mcp_http",
+        transport_config: dict[str, Any] | None = None,
     ) -> tuple[Row, Row]:
         """Admit the URL, photograph with the credential, then seal and store both in one transaction.
-        Any refusal before the insert stores nothing. Returns the connection and its first snapshot."""
+        Any refusal before the insert stores nothing. Returns the connection and its first snapshot.
+        ``transport`` other than ``mcp_http`` photographs through its provider (:mod:`integrations.transports`);
+        a ``stdio`` connection has no URL to admit (its ``base_url`` is its ``stdio://name``)."""
         sealer = self.custody()
         if scheme == "Basic" and ":" not in token:
             raise BadRequest("a Basic credential must be `email:api_token`")
-        admitted = await self.admit(base_url)
-        headers = auth_headers(token, header_name=header_name, scheme=scheme)
-        photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
+        if transport == "mcp_http":
+            admitted = await self.admit(base_url)
+            url = admitted.url
+            headers = auth_headers(token, header_name=header_name, scheme=scheme)
+            photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
+        else:
+            url = base_url if transport == "stdio" else (await self.admit(base_url)).url
+            conn = TransportConnection(
+                id="new", transport=transport, base_url=url, config=transport_config or {}, credential=token,
+                header_name=header_name, scheme=scheme,
+            )  # fmt: skip
+            photo = await transport_photograph(self.url_policy, conn, rolled_back=True)
         sealed = sealer.seal(token, context=credential_context(tenant_id))
         fields = {
-            "provider": "mcp_http",
-            "display_name": display_name or admitted.url,
-            "base_url": admitted.url,
+            "provider": transport,
+            "transport": transport,
+            "transport_config": transport_config or {},
+            "display_name": display_name or url,
+            "base_url": url,
             "header_name": header_name,
             "scheme": scheme,
             "owner_user_id": owner_user_id,
@@ -120,6 +165,7 @@ class ConnectionService:
         display_name: str | None,
         owner_user_id: str | None = None,
         created_by_user_id: str | None = None,
+        access: dict[str, Any] | None = None,
     ) -> tuple[Row, Row]:
         """A device relay (``transport: relay``): admitted like any URL, photographed through the relay with its
         credential and bounded timeout, then the credential sealed. Any refusal stores nothing."""
@@ -149,6 +195,7 @@ class ConnectionService:
             "scheme": "Bearer",
             "owner_user_id": owner_user_id,
             "created_by_user_id": created_by_user_id,
+            "access": access,
         }
         return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
 
@@ -160,6 +207,7 @@ class ConnectionService:
         tools: Any,
         display_name: str | None,
         created_by_user_id: str | None = None,
+        access: dict[str, Any] | None = None,
     ) -> tuple[Row, Row]:
         """Reviewed CLI tools of the sandbox image (``transport: sandbox_cli``): the declarations are the
         photograph. No credential, ever: these tools run inside the sandbox."""
@@ -178,8 +226,20 @@ class ConnectionService:
             "scheme": "",
             "owner_user_id": None,
             "created_by_user_id": created_by_user_id,
+            "access": access,
         }
         return await self.connections.create(tenant_id, fields, None, None, photo)
+
+    async def openapi_base_url(self, config: dict[str, Any]) -> str:
+        """The API's base URL from the document's first ``servers`` entry (400 when it names none)."""
+        provider = openapi.OpenApiProvider(TransportDeps(self.url_policy))
+        try:
+            url = openapi.server_url(await provider.document(config))
+        except TransportError as err:
+            raise BadRequest(str(err)) from None
+        if url is None:
+            raise BadRequest("the OpenAPI document names no absolute server URL: give `base_url`")
+        return url
 
     async def connect_oauth(
         self,
@@ -190,12 +250,17 @@ class ConnectionService:
         owner_user_id: str | None = None,
         created_by_user_id: str | None = None,
         access: dict[str, Any] | None = None,
+        transport: str = "mcp_http",
+        transport_config: dict[str, Any] | None = None,
     ) -> Row:
-        """A ``pending`` oauth connection (the row); it becomes usable after its first sign-in."""
+        """A ``pending`` oauth connection (the row); it becomes usable after its first sign-in. An ``openapi`` or
+        ``http`` one is photographed through its provider with the first access token."""
         self.oauth_connect()
         admitted = await self.admit(base_url)
         fields = {
-            "provider": "mcp_http",
+            "provider": transport,
+            "transport": transport,
+            "transport_config": transport_config or {},
             "display_name": display_name or admitted.url,
             "base_url": admitted.url,
             "owner_user_id": owner_user_id,
@@ -236,16 +301,24 @@ class ConnectionService:
             raise BadRequest(
                 "a sandbox_cli connection's tools are its declarations: create a new connection to change them"
             )
-        admitted = await self.admit(row["base_url"])  # it may resolve elsewhere by now
-        if row.get("transport") == "relay":
+        transport = row.get("transport") or "mcp_http"
+        if transport != "mcp_http" and row["auth_kind"] == "oauth":
+            return await self.connections.refresh(
+                str(row["id"]), row["authorization_generation"], await self.oauth_photograph(tenant_id, row, None)
+            )
+        if transport != "mcp_http":
             blob, _ = await self.connections.credential(str(row["id"]))
-            token = sealer.open(blob, context=credential_context(tenant_id)).decode()
-            relay = RelayTransport(admitted, token, dict(row.get("transport_config") or {}))
-            try:
-                photo = await relay.list_tools()
-            except mcp_client.McpClientError as err:
-                raise UpstreamFailed(f"could not photograph the tools behind the relay: {err}") from None
-        elif row["auth_kind"] == "oauth":
+            conn = TransportConnection(
+                id=str(row["id"]), transport=transport, base_url=row["base_url"],
+                config=dict(row.get("transport_config") or {}),
+                credential=sealer.open(blob, context=credential_context(tenant_id)).decode(),
+                header_name=row["header_name"], scheme=row["scheme"],
+                generation=int(row["authorization_generation"]),
+            )  # fmt: skip
+            photo = await transport_photograph(self.url_policy, conn, rolled_back=False)
+            return await self.connections.refresh(str(row["id"]), row["authorization_generation"], photo)
+        admitted = await self.admit(row["base_url"])  # it may resolve elsewhere by now
+        if row["auth_kind"] == "oauth":
             photo = await self.oauth_photograph(tenant_id, row, admitted)
         else:
             blob, _ = await self.connections.credential(str(row["id"]))
@@ -254,8 +327,9 @@ class ConnectionService:
             photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
         return await self.connections.refresh(str(row["id"]), row["authorization_generation"], photo)
 
-    async def oauth_photograph(self, tenant_id: str, row: Row, admitted: AdmittedUrl) -> dict[str, Any]:
-        """Photograph with the connection's access token; after a 401, once more with a refreshed one."""
+    async def oauth_photograph(self, tenant_id: str, row: Row, admitted: AdmittedUrl | None) -> dict[str, Any]:
+        """Photograph with the connection's access token; after a 401, once more with a refreshed one.
+        ``admitted`` is None for a transport other than ``mcp_http`` (its provider admits what it connects to)."""
         tokens = self.access_tokens
         if tokens is None:
             raise Unavailable("OAuth connections need credential storage (FLUIDBOX_CREDENTIAL_KEY)")
@@ -270,6 +344,13 @@ class ConnectionService:
                 raise UpstreamFailed(f"could not obtain an access token: {err}") from None
             headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
             try:
+                if admitted is None:
+                    conn = TransportConnection(
+                        id=str(row["id"]), transport=row["transport"], base_url=row["base_url"],
+                        config=dict(row.get("transport_config") or {}), credential=token.get_secret_value(),
+                        auth_kind="oauth", generation=generation,
+                    )  # fmt: skip
+                    return await transport_photograph(self.url_policy, conn, rolled_back=False)
                 return await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
             except BadRequest:
                 if rejected is not None:
@@ -282,4 +363,4 @@ class ConnectionService:
             self.access_tokens.evict(connection_id)
 
 
-__all__ = ["GO_CONTEXT", "ConnectionService", "take_photograph"]
+__all__ = ["GO_CONTEXT", "ConnectionService", "take_photograph", "transport_photograph"]

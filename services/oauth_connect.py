@@ -40,6 +40,7 @@ from integrations.oauth import (
     parse_callback,
 )
 from integrations.sealing import Sealer
+from integrations.transports import TransportConnection, TransportDeps, Transports
 from integrations.urls import AdmittedUrl, UrlPolicy
 from services.oauth_tokens import access_context
 
@@ -331,12 +332,22 @@ class OAuthConnect:
         flow, connection, tokens = redeemed.flow, redeemed.connection, redeemed.tokens
         tenant_id = flow["tenant_id"]
         assert tokens.refresh_token is not None
-        pin = await self._admit(connection["base_url"])
-        photo = await self.photographer(
-            connection["base_url"],
-            {"Authorization": f"Bearer {tokens.access_token.get_secret_value()}"},
-            pin=pin,
-        )
+        transport = connection.get("transport") or "mcp_http"
+        if transport == "mcp_http":
+            pin = await self._admit(connection["base_url"])
+            photo = await self.photographer(
+                connection["base_url"],
+                {"Authorization": f"Bearer {tokens.access_token.get_secret_value()}"},
+                pin=pin,
+            )
+        else:  # an OpenAPI / HTTP API signed in with OAuth: its provider photographs it (issue 17)
+            photo = await Transports(TransportDeps(self.policy)).provider_for(transport).list_tools(
+                TransportConnection(
+                    id=str(connection["id"]), transport=transport, base_url=connection["base_url"],
+                    config=dict(connection.get("transport_config") or {}),
+                    credential=tokens.access_token.get_secret_value(), auth_kind="oauth",
+                )
+            )  # fmt: skip
         sealed = self.sealer.seal(tokens.refresh_token.get_secret_value(), context=credential_context(tenant_id))
         access = self.sealer.seal(tokens.access_token.get_secret_value(), context=access_context(tenant_id))
         row, snapshot = await self.records.activate(

@@ -17,10 +17,12 @@ from api.views import snapshot_public
 from core.access import READ_ONLY, from_catalog, parse_access
 from core.capabilities import check_catalog_launch, launch_server, parse_bundle
 from core.digests import document_digest
-from core.errors import BadRequest, Conflict, NotFound
+from core.errors import BadRequest, Conflict, NotFound, Unprocessable
 from db.catalog import duplicate_slug
 from integrations import mcp_client
 from integrations.oauth import OAuthClientError
+from integrations.transports.openapi import config_problem as openapi_config_problem
+from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused, same_origin_path
 
 router = APIRouter(tags=["catalog"])
@@ -38,7 +40,10 @@ class CatalogEntryIn(_Body):
     description: str | None = Field(default=None, max_length=4096)
     categories: list[str] = Field(default_factory=list, max_length=16)
     url: str | None = Field(default=None, max_length=2048)
-    transport: Literal["streamable_http", "stdio"] = "streamable_http"
+    transport: Literal["streamable_http", "mcp_http", "openapi", "http", "stdio"] = "streamable_http"
+    transport_config: dict[str, Any] | None = None
+    """openapi / http / stdio: the transport configuration (a stdio entry with it, and no ``sandbox_launch``,
+    launches its command on the worker hosts; catalog entries are trusted configuration)."""
     auth_mode: Literal["none", "api_key", "oauth"] = "api_key"
     auth_hints: dict[str, Any] = Field(default_factory=dict)
     scopes: list[str] = Field(default_factory=list, max_length=64)
@@ -101,7 +106,7 @@ async def catalog(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Each entry with the connection that covers it (if any) and whether it can be connected now."""
     listed = []
     for row in await svc.catalog.visible(op.tenant_id):
-        connectable = row["auth_mode"] == "api_key" or bool(row["sandbox_launch"])
+        connectable = row["auth_mode"] == "api_key" or bool(row["sandbox_launch"]) or bool(row.get("transport_config"))
         listed.append({**entry_public(row), "connection": await _covering(svc, op.tenant_id, row["url"]),
                        "connectable": connectable})  # fmt: skip
     return {"connectors": listed}
@@ -130,7 +135,18 @@ async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[st
 async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Tenant-scoped; a slug already used (globally or by this tenant) is a 409; a stdio entry needs a
     ``sandbox_launch`` with declared tools (400)."""
-    check_catalog_launch(body.slug, body.transport, body.sandbox_launch)
+    if body.transport == "stdio" and body.transport_config is not None and body.sandbox_launch is None:
+        problem = stdio_config_problem(body.transport_config)
+        if problem is not None:
+            raise Unprocessable(problem)
+    else:
+        check_catalog_launch(body.slug, body.transport, body.sandbox_launch)
+    if body.transport in ("openapi", "http") and body.transport_config is None:
+        raise Unprocessable(f"an {body.transport} catalog entry needs `transport_config`")
+    if body.transport == "openapi" and body.transport_config is not None:
+        problem = openapi_config_problem(body.transport_config)
+        if problem is not None:
+            raise Unprocessable(problem)
     # Before the URL is admitted: re-posting an existing entry is a 409 whatever its URL resolves to.
     if await svc.catalog.slug_taken(op.tenant_id, body.slug):
         raise Conflict(duplicate_slug(body.slug))
@@ -169,6 +185,23 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         doc = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
         made = await svc.capabilities.publish(op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc))
         return {"bundle": {"id": made["id"], "name": made["name"], "version": made["version"]}}
+    if row["transport"] in ("openapi", "http", "stdio") and row.get("transport_config") is not None:
+        config = dict(row["transport_config"])
+        auth = config.get("auth") or {}
+        needs_token = row["transport"] != "stdio" and auth.get("type", "bearer") != "none"
+        if needs_token and (body.token is None or not body.token.get_secret_value()):
+            raise BadRequest(f"'{slug}' needs a `token`")
+        made, snapshot = await svc.connection_service.connect_static(
+            op.tenant_id,
+            base_url=row["url"] or f"stdio://{slug}",
+            token=body.token.get_secret_value() if body.token is not None else "",
+            header_name=None,
+            scheme="Basic" if auth.get("type") == "basic" else "Bearer",
+            display_name=body.display_name or row["name"],
+            transport=row["transport"],
+            transport_config=config,
+        )
+        return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
     if not row["url"]:
         raise BadRequest(f"'{slug}' has no URL to connect to")
     if row["auth_mode"] == "oauth":

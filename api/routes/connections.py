@@ -17,13 +17,18 @@ from api.deps import Principal, PrincipalDep, Services, ServicesDep
 from api.errors import errors
 from api.views import connection_public as public
 from api.views import snapshot_public
-from core.access import classify, definition, definition_diff, parse_access
-from core.errors import BadRequest, Conflict, Forbidden, NotFound
+from core.access import definition, definition_diff, parse_access, with_access
+from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable
 from db.models.connections import ConnectionToolChange
 from integrations.oauth import OAuthClientError
+from integrations.transports._auth import validate_auth as auth_problem
+from integrations.transports.openapi import config_problem as openapi_config_problem
+from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
+
+TRANSPORTS = ("mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli")
 
 # RFC 6749 §3.3 scope-token: printable ASCII except space, double quote and backslash.
 _SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
@@ -31,8 +36,11 @@ _SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
 
 class ConnectionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    provider: str
-    base_url: str = Field(min_length=1, max_length=2048)
+    provider: str | None = None
+    # Which provider speaks to the server (docs/api.md "Transports"); ``provider`` may name it too.
+    transport: Literal["mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli"] | None = None
+    transport_config: dict[str, Any] | None = None
+    base_url: str | None = Field(default=None, min_length=1, max_length=2048)
     display_name: str | None = Field(default=None, max_length=200)
     auth_kind: Literal["static", "oauth"] = "static"
     token: SecretStr | None = None
@@ -45,12 +53,10 @@ class ConnectionCreate(BaseModel):
     access: Any = Field(
         default=None,
         description="Which tools read and which write: `{read: {tools: [globs]} | true | false, write: "
-        "{tools: [globs], approval: always|policy} | false}`. Omitted: no tool is classified, so none is callable.",
+        "{tools: [globs], approval: always|policy} | false}`. Omitted: no tool is classified, so none is callable "
+        "(an OpenAPI or HTTP operation keeps its method's class).",
     )
-    # Transports of issue 17 (relay, sandbox CLI); ``provider`` may name the transport too.
-    transport: Literal["mcp_http", "relay", "sandbox_cli"] | None = None
-    transport_config: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = Field(default=None, max_length=64)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=64)  # a sandbox_cli connection's tools
 
 
 class ConnectionPatch(BaseModel):
@@ -76,24 +82,30 @@ def require_manage(who: Principal, row: dict[str, Any], action: str) -> None:
 
 @router.post(
     "",
-    summary="Connect an MCP server (the credential is sealed, then the tools photographed)",
+    summary="Connect a server over MCP, OpenAPI, HTTP endpoints or stdio MCP (credential sealed, tools photographed)",
     response_model=out.ConnectionCreated,
     response_model_exclude_unset=True,
-    responses=errors(401, 403, 409, 502, 503),
+    responses=errors(401, 403, 409, 422, 502, 503),
 )
 async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """A rejected credential or a refused photograph stores nothing. ``owner: personal`` makes a
     connection only its creator can see or use (any signed-in user; never the operator)."""
-    transport = body.transport or body.provider
-    if body.transport is not None and body.provider not in (body.transport, "mcp_http"):
+    transport = body.transport or body.provider or "mcp_http"
+    if body.transport is not None and body.provider not in (None, body.transport, "mcp_http"):
         raise BadRequest(f"`provider` '{body.provider}' and `transport` '{body.transport}' disagree")
-    if transport not in ("mcp_http", "relay", "sandbox_cli"):
-        raise BadRequest(f"unsupported provider '{body.provider}' (supported: mcp_http, relay, sandbox_cli)")
+    if transport not in TRANSPORTS:
+        raise BadRequest(f"unsupported provider '{transport}' (supported: {', '.join(TRANSPORTS)})")
     if transport in ("relay", "sandbox_cli"):
         return await _create_transport(body, transport, who, svc)
-    if body.transport_config is not None or body.tools is not None:
-        raise BadRequest("`transport_config` and `tools` apply to relay and sandbox_cli connections only")
+    if body.tools is not None:
+        raise BadRequest("`tools` apply to sandbox_cli connections only")
     svc.connection_service.custody()
+    if transport != "mcp_http":
+        return await _create_transport_connection(body, transport, who, svc)
+    if body.transport_config is not None:
+        raise BadRequest("`transport_config` applies to openapi, http, stdio and relay connections only")
+    if body.base_url is None:
+        raise BadRequest("an mcp_http connection needs a `base_url`")
     if body.owner == "personal" and who.is_operator:
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
     if body.owner == "organization" and not who.mutates_resources:
@@ -156,6 +168,7 @@ async def _create_transport(body: ConnectionCreate, transport: str, who: Princip
         raise BadRequest(f"a {transport} connection takes no OAuth settings")
     if body.header_name is not None or body.scheme != "Bearer":
         raise BadRequest(f"a {transport} connection sends no custom header or scheme")
+    access = parse_access(body.access) if body.access is not None else None
     if transport == "sandbox_cli":
         if body.token is not None:
             raise BadRequest(
@@ -168,7 +181,7 @@ async def _create_transport(body: ConnectionCreate, transport: str, who: Princip
             raise BadRequest("a sandbox_cli connection is an organization connection")
         row, snapshot = await svc.connection_service.connect_sandbox_cli(
             who.tenant_id, base_url=body.base_url, tools=body.tools, display_name=body.display_name,
-            created_by_user_id=who.user_id,
+            created_by_user_id=who.user_id, access=access,
         )  # fmt: skip
         return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
     if body.tools is not None:
@@ -183,8 +196,106 @@ async def _create_transport(body: ConnectionCreate, transport: str, who: Princip
         display_name=body.display_name,
         owner_user_id=who.user_id if body.owner == "personal" else None,
         created_by_user_id=who.user_id,
+        access=access,
     )
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
+
+
+async def _create_transport_connection(
+    body: ConnectionCreate, transport: str, who: Principal, svc: Services
+) -> dict[str, Any]:
+    """An ``openapi``, ``http`` or ``stdio`` connection: its configuration is checked, its tools photographed
+    through its provider, then it is stored like any static connection (the credential sealed)."""
+    config = dict(body.transport_config or {})
+    if transport == "stdio":
+        # A command runs on every worker host: only trusted configuration may name one.
+        if body.owner == "personal" or not who.mutates_resources:
+            raise Forbidden("a stdio connection runs a command on the worker hosts: only an admin can create one")
+        problem = stdio_config_problem(config)
+        if problem is not None:
+            raise Unprocessable(problem)
+    else:
+        problem = auth_problem(config.get("auth"))
+        if problem is not None:
+            raise Unprocessable(problem)
+        if body.owner == "personal" and who.is_operator:
+            raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
+        if body.owner == "organization" and not who.mutates_resources:
+            raise Forbidden("creating an organization connection requires the admin or owner role")
+    if body.auth_kind == "oauth" and transport == "stdio":
+        raise BadRequest("a stdio connection takes its credential through `credential_env`, not OAuth")
+    if body.auth_kind != "oauth" and (body.client_id is not None or body.client_secret is not None or body.scopes):
+        raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
+    base_url = body.base_url
+    if transport == "stdio":
+        name = re.sub(r"[^a-z0-9-]+", "-", (body.display_name or str(config.get("command", ""))).lower()).strip("-")
+        base_url = base_url or f"stdio://{name or 'server'}"
+        if not base_url.startswith("stdio://"):
+            raise Unprocessable("a stdio connection's `base_url` (its name for requirements) must start with stdio://")
+    elif transport == "openapi":
+        problem = openapi_config_problem(config)
+        if problem is not None:
+            raise Unprocessable(problem)
+        base_url = base_url or await svc.connection_service.openapi_base_url(config)
+    elif transport == "http" and not isinstance(config.get("endpoints"), list):
+        raise Unprocessable("an http connection needs `endpoints` (method, path, arguments, access)")
+    if base_url is None:
+        raise BadRequest(f"an {transport} connection needs a `base_url`")
+    if body.auth_kind == "oauth":
+        return await _create_oauth_transport_connection(body, transport, who, svc, base_url, config)
+    auth = config.get("auth") or {}
+    token = body.token.get_secret_value() if body.token is not None else ""
+    if not token and transport != "stdio" and auth.get("type", "bearer") != "none":
+        raise BadRequest(f"this connection's auth ({auth.get('type', 'bearer')}) needs a `token`")
+    scheme = "Basic" if auth.get("type") == "basic" else body.scheme
+    row, snapshot = await svc.connection_service.connect_static(
+        who.tenant_id,
+        base_url=base_url,
+        token=token,
+        header_name=body.header_name,
+        scheme=scheme,
+        display_name=body.display_name,
+        owner_user_id=who.user_id if body.owner == "personal" else None,
+        created_by_user_id=who.user_id,
+        transport=transport,
+        transport_config=config,
+        access=parse_access(body.access) if body.access is not None else None,
+    )
+    return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
+
+
+async def _create_oauth_transport_connection(
+    body: ConnectionCreate, transport: str, who: Principal, svc: Services, base_url: str, config: dict[str, Any]
+) -> dict[str, Any]:
+    """A pending ``openapi`` / ``http`` connection signed in with the OAuth connect of MCP connections: the API's
+    base URL must answer 401 and publish its protected resource metadata (RFC 9728)."""
+    if body.token is not None:
+        raise BadRequest("an oauth connection takes no `token`: it is obtained by signing in")
+    if config.get("auth", {"type": "oauth"}).get("type") != "oauth":
+        raise Unprocessable("an oauth connection's `auth` must be {type: oauth} (or left out)")
+    if body.client_secret is not None and body.client_id is None:
+        raise BadRequest("`client_secret` needs the `client_id` it was issued with")
+    if body.scopes is not None and not all(_SCOPE.fullmatch(scope) for scope in body.scopes):
+        raise BadRequest("`scopes` must be non-empty OAuth scope tokens (no spaces or quotes)")
+    row = await svc.connection_service.connect_oauth(
+        who.tenant_id,
+        base_url=base_url,
+        display_name=body.display_name,
+        owner_user_id=who.user_id if body.owner == "personal" else None,
+        created_by_user_id=who.user_id,
+        transport=transport,
+        transport_config={**config, "auth": {"type": "oauth"}},
+        access=parse_access(body.access) if body.access is not None else None,
+    )
+    if body.client_id is not None or body.scopes:
+        try:
+            await svc.connection_service.oauth_connect().preregister(
+                who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
+            )
+        except (OAuthClientError, UrlRefused) as err:
+            await svc.connections.discard_pending_oauth(who.tenant_id, row["id"])
+            raise BadRequest(f"cannot use this client id with this server: {err}") from None
+    return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
 
 
 @router.post(
@@ -274,7 +385,8 @@ async def _classified(svc: Services, row: dict[str, Any], snapshot: dict[str, An
     view = snapshot_public(snapshot)
     by_name = {t["name"]: t for t in snapshot["tools_json"]}
     for tool in view["tools"]:
-        access, approval = classify(row["access"], tool["name"])
+        classed = with_access(row["access"], by_name[tool["name"]])
+        access, approval = classed["access"], classed["approval"]
         review = "approved" if approved.get(tool["name"]) == definition(by_name[tool["name"]]) else "pending"
         tool.update(access=access, approval=approval, review=review)
     return view

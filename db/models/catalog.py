@@ -51,5 +51,6 @@ class ConnectorCatalogEntry(SQLModel, table=True):
             )
         },
     )
+    transport_config: dict[str, Any] | None = Field(sa_type=JSONB)  # migration 0017
     disabled_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
     created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)

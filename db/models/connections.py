@@ -65,7 +65,7 @@ class IntegrationConnection(SQLModel, table=True):
     access_expires_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
     # Which tools read and which write (migration 0014; normalized, see ``core/access.py``).
     access: dict[str, Any] = Field(sa_type=JSONB, sa_column_kwargs={"server_default": sa.text(ACCESS_NONE)})
-    # Transports (migrations 0017/0018): how the connection is reached, and its non-secret settings.
+    # Transports (migrations 0017/0018): which provider speaks to the server, and its non-secret configuration.
     transport: str = Field(sa_type=TEXT, sa_column_kwargs=default("'mcp_http'"))
     transport_config: dict[str, Any] = Field(sa_type=JSONB, sa_column_kwargs=EMPTY_OBJECT)
 

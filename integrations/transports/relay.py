@@ -18,7 +18,7 @@ from typing import Any
 
 from integrations import mcp_client
 from integrations.headers import auth_headers
-from integrations.urls import AdmittedUrl
+from integrations.urls import AdmittedUrl, UrlRefused
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 120.0
@@ -111,6 +111,42 @@ class RelayTransport:
             pin=self.admitted,
             tls=tls_context(self.config.get("ca_pem")),
         )
+
+    async def close(self) -> None:
+        """Nothing is kept open between calls."""
+
+
+class RelayProvider:
+    """``transport: relay`` behind the common provider interface: admitted and pinned per call, never pooled."""
+
+    def __init__(self, deps: Any) -> None:
+        self.deps = deps
+
+    async def _relay(self, conn: Any) -> RelayTransport:
+        admitted = await self.deps.url_policy.admit(conn.base_url)
+        return RelayTransport(admitted, conn.credential or "", dict(conn.config or {}))
+
+    async def list_tools(self, conn: Any) -> mcp_client.Photograph:
+        try:
+            relay = await self._relay(conn)
+        except UrlRefused as err:
+            raise mcp_client.Unreachable(str(err)) from None
+        return await mcp_client.photograph(
+            relay.admitted.url,
+            relay._headers(),
+            timeout=relay.timeout,
+            pin=relay.admitted,
+            tls=tls_context(relay.config.get("ca_pem")),
+        )
+
+    async def call_tool(
+        self, conn: Any, tool: dict[str, Any], arguments: dict[str, Any]
+    ) -> mcp_client.CallOutcome:
+        try:
+            relay = await self._relay(conn)
+        except UrlRefused as err:
+            return mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
+        return await relay.call_tool(str(tool["name"]), arguments, expected_protocol=conn.protocol_version)
 
     async def close(self) -> None:
         """Nothing is kept open between calls."""

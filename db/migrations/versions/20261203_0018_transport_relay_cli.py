@@ -1,12 +1,10 @@
 """Connection transports ``relay`` and ``sandbox_cli``
 
 Revision ID: 0018
-Revises: 0014
+Revises: 0017
 
-Every connection names its ``transport`` (how the control plane, or the sandbox, reaches it) and keeps its
-non-secret settings in ``transport_config``. Migration 0017 (the OpenAPI/HTTP/stdio transports, built in
-parallel) adds the same two columns: both are added here with ``IF NOT EXISTS`` so either order works, and the
-check constraint is replaced by one that admits every transport of both migrations.
+Migration 0017 gave every connection its ``transport`` and ``transport_config``; this one admits two more
+transports in the column's check constraint (the ``IF NOT EXISTS`` guards are harmless after 0017).
 
 - ``relay``: an HTTPS device relay in front of an MCP server (``base_url`` is the relay; its credential is the
   sealed ``credential_sealed``; ``transport_config`` holds the bounded ``timeout_s`` and, optionally, the PEM of
@@ -18,7 +16,7 @@ check constraint is replaced by one that admits every transport of both migratio
 from alembic import op
 
 revision = "0018"
-down_revision = "0014"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
@@ -42,5 +40,3 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DELETE FROM integration_connections WHERE transport IN ('relay', 'sandbox_cli')")
     op.execute("ALTER TABLE integration_connections DROP CONSTRAINT IF EXISTS integration_connections_transport_check")
-    op.execute("ALTER TABLE integration_connections DROP COLUMN IF EXISTS transport_config")
-    op.execute("ALTER TABLE integration_connections DROP COLUMN IF EXISTS transport")
