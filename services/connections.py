@@ -23,7 +23,6 @@ from integrations import mcp_client
 from integrations.headers import auth_headers
 from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
-from integrations.transports.relay import RelayConfigError, RelayTransport, check_config
 from integrations.transports import (
     TransportConnection,
     TransportDeps,
@@ -32,6 +31,7 @@ from integrations.transports import (
     Transports,
     openapi,
 )
+from integrations.transports.relay import RelayConfigError, RelayTransport, check_config
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
 from services.oauth_connect import OAuthConnect
 from services.oauth_tokens import AccessTokens, GrantLost

@@ -169,6 +169,8 @@ async def _create_transport(body: ConnectionCreate, transport: str, who: Princip
     if body.header_name is not None or body.scheme != "Bearer":
         raise BadRequest(f"a {transport} connection sends no custom header or scheme")
     access = parse_access(body.access) if body.access is not None else None
+    if body.base_url is None:
+        raise BadRequest(f"a {transport} connection needs a `base_url`")
     if transport == "sandbox_cli":
         if body.token is not None:
             raise BadRequest(

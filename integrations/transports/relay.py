@@ -139,9 +139,7 @@ class RelayProvider:
             tls=tls_context(relay.config.get("ca_pem")),
         )
 
-    async def call_tool(
-        self, conn: Any, tool: dict[str, Any], arguments: dict[str, Any]
-    ) -> mcp_client.CallOutcome:
+    async def call_tool(self, conn: Any, tool: dict[str, Any], arguments: dict[str, Any]) -> mcp_client.CallOutcome:
         try:
             relay = await self._relay(conn)
         except UrlRefused as err:
