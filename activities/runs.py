@@ -35,6 +35,7 @@ from core.states import RunStatus, is_terminal, outcome_status
 from core.tokens import RUN_AUDIENCES
 from db.approvals import ApprovalRecord
 from db.models.runs import Run
+from db.parks import end_all
 from db.runs import LiveRun
 from db.store import Store
 
@@ -342,6 +343,8 @@ class RunActivities:
         outcome = intent.outcome if intent else "failed"
         await self.store.deny_open_approvals(run_id, "session is not active")
         await self.store.settle_inflight_claims(run_id)
+        async with self.store.pool.acquire() as conn:
+            await end_all(conn, run_id)  # a run parked for a connection waits no more
         handle = self._handle(row)
         if handle is not None:
             await self.provider.destroy(handle)

@@ -197,6 +197,7 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         scheme=hints.get("scheme", "Bearer"),
         display_name=body.display_name or row["name"],
     )
+    await svc.run_control.wake_parked(op.tenant_id, made)
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
 
 

@@ -56,6 +56,8 @@ class IntegrationConnection(SQLModel, table=True):
     access_token_sealed: bytes | None = Field(sa_type=BYTEA)
     access_token_key_id: str | None = Field(sa_type=TEXT)
     access_expires_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
+    # Migration 0014: the environment variable the static credential comes from (``<PROVIDER>_MCP_TOKEN``).
+    credential_env: str | None = Field(default=None, sa_type=TEXT)
 
 
 class ConnectionToolSnapshot(SQLModel, table=True):
