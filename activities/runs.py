@@ -352,6 +352,9 @@ class RunActivities:
         new: list[ev.NewEvent] = []
         diff_failure: str | None = None
         try:
+            if row.run_spec.get("pending_requirements"):
+                # Parked up front and never bound: nothing was provisioned, so there is no workspace to diff.
+                raise _NothingRan()
             patch, truncated = await workspace.diff(self._run_dir(run_id))
             content = patch or "(no changes)"
             if patch and not await self.store.has_gate_calls(run_id):
@@ -372,6 +375,8 @@ class RunActivities:
                     },
                 )
             )
+        except _NothingRan:
+            pass
         except workspace.WorkspaceError as err:
             # No diff is never a quiet "completed": the reason says so and review gets a git-free listing.
             diff_failure = f"diff unavailable: {err}"
@@ -445,6 +450,10 @@ class RunActivities:
             self.expire_approval,
             self.resume_after_approval,
         ]
+
+
+class _NothingRan(Exception):
+    """The run ended before anything was provisioned."""
 
 
 def _approval(row: ApprovalRecord) -> c.ApprovalRow:

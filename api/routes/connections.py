@@ -11,7 +11,7 @@ import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from api import responses as out
 from api.deps import Principal, PrincipalDep, Services, ServicesDep
@@ -30,7 +30,13 @@ router = APIRouter(prefix="/v1/connections", tags=["connections"])
 _SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
 # Only ``…_MCP_TOKEN`` variables, never the control plane's own (FLUIDBOX_*): a connection must not be able to
 # send the credential key or the LLM key to a server.
-ENV_VAR = r"^(?!FLUIDBOX_)[A-Z][A-Z0-9_]{0,100}_MCP_TOKEN$"
+ENV_VAR = r"^[A-Z][A-Z0-9_]{0,100}_MCP_TOKEN$"
+
+
+def _not_ours(var: str | None) -> str | None:
+    if var is not None and var.startswith("FLUIDBOX_"):
+        raise ValueError("`credential_env` cannot name a FLUIDBOX_ variable")
+    return var
 
 
 class ConnectionCreate(BaseModel):
@@ -52,12 +58,14 @@ class ConnectionCreate(BaseModel):
         description="Take the static credential from this environment variable of the control plane "
         "(`<PROVIDER>_MCP_TOKEN`) instead of `token`: configuration, never stored; unset → `Missing <VAR>`.",
     )
+    _env = field_validator("credential_env")(classmethod(lambda cls, v: _not_ours(v)))
 
 
 class CredentialReplace(BaseModel):
     model_config = ConfigDict(extra="forbid")
     token: SecretStr | None = None
     credential_env: str | None = Field(default=None, pattern=ENV_VAR)
+    _env = field_validator("credential_env")(classmethod(lambda cls, v: _not_ours(v)))
 
 
 async def visible(svc: Services, who: Principal, connection_id: str) -> dict[str, Any]:
