@@ -117,10 +117,15 @@ class RunFactory:
             parks = (req.get("when_unavailable") or when_unavailable) == "park"
             if slot in explicit:
                 candidates = [c for c in candidates if str(c["id"]) == explicit[slot]]
-                if not candidates and not parks:
-                    raise BadRequest(
-                        f"binding for slot '{slot}': connection {explicit[slot]} is not an active {kind} to {url}"
-                    )
+                if not candidates:
+                    # Waiting makes sense only on an existing connection of the right owner and URL.
+                    named = await self._unusable(tenant_id, owner, url, explicit[slot]) if parks else None
+                    if named is None or named["connection_id"] is None:
+                        raise BadRequest(
+                            f"binding for slot '{slot}': connection {explicit[slot]} is not an active {kind} to {url}"
+                        )
+                    pending.append({**req, "owner_user_id": owner, **named})
+                    continue
             chosen = covering(candidates, url, needed)
             if chosen is None:
                 where = "personal connection of the invoking user" if personal else "connection"
@@ -145,7 +150,7 @@ class RunFactory:
             and (connection_id is None or str(r["id"]) == connection_id)
         ]
         if not rows:
-            return {"connection_id": connection_id, "reason": f"no connection to {url} exists yet"}
+            return {"connection_id": None, "reason": f"no connection to {url} exists yet"}
         row = rows[0]
         reason = {
             "pending": "the connection is not authorized yet",
