@@ -598,6 +598,7 @@ class SubscriptionPublic(_Out):
     pinned_revision_id: str | None
     capabilities: list[str] | None
     concurrency_policy: str
+    when_unavailable: str = Field(default="fail", description="park | fail: what its runs do without a connection")
     callback_url: str | None
     has_callback_secret: bool
     token_generation: int

@@ -303,3 +303,34 @@ async def test_authorize_answers_unavailable_with_the_reason(api: httpx.AsyncCli
     assert personal.json()["reason"] == "a personal connection needs a signed-in user; the operator token has none"
     unknown = await api.get("/v1/connections/authorize", params={"connection": "no-such-entry"})
     assert unknown.status_code == 404
+
+
+async def test_a_subscription_chooses_whether_its_runs_park_and_fail_is_the_default(api: httpx.AsyncClient) -> None:
+    async with serve(basic()) as srv, httpx.AsyncClient(base_url=str(api.base_url), timeout=60) as anon:
+        agent = await make_agent(
+            api,
+            ADD,
+            policy=await make_policy(api, BROKER_POLICY),
+            connection_requirements=[requirement(srv.url, ["add"])],
+        )
+        outcomes: dict[str, Any] = {}
+        for choice in ("fail", "park", None):
+            body: dict[str, Any] = {"agent": agent, "name": f"sub-{secrets.token_hex(4)}", "task_template": "go"}
+            if choice is not None:
+                body["when_unavailable"] = choice
+            made = (await api.post("/v1/triggers", json=body)).json()
+            assert made["subscription"]["when_unavailable"] == (choice or "fail")
+            r = await anon.post(
+                f"/v1/triggers/{made['subscription']['id']}/invoke",
+                json={},
+                headers={"authorization": f"Bearer {made['token']}"},
+            )
+            outcomes[str(choice)] = r
+        assert outcomes["fail"].status_code == 400 and "cannot be bound" in outcomes["fail"].json()["error"]
+        assert outcomes["None"].status_code == 400, "a subscription's runs fail by default, as before"
+        assert outcomes["park"].status_code == 200, outcomes["park"].text
+        run_id = outcomes["park"].json()["session_id"]
+        row = await wait_status(api, run_id, {"waiting_for_connection"})
+        assert row["pending_action"]["slot"] == "calc"
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})

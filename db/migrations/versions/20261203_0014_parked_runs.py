@@ -10,7 +10,8 @@ here, never in memory. ``sessions.pending_action`` is what the API shows while t
 
 ``integration_connections.credential_env`` names the environment variable a connection takes its static
 credential from (``<PROVIDER>_MCP_TOKEN``); ``connector_oauth_flows.challenge_url`` keeps a pending flow's sign-in
-link so asking to authorize again reuses it instead of minting another flow.
+link so asking to authorize again reuses it instead of minting another flow. ``trigger_subscriptions.when_unavailable``
+is what a subscription's runs do when a requirement cannot be bound: ``fail`` (as before) or ``park``.
 """
 
 from alembic import op
@@ -24,6 +25,8 @@ STATEMENTS = [
     "ALTER TABLE sessions ADD COLUMN pending_action jsonb",
     "ALTER TABLE integration_connections ADD COLUMN credential_env text",
     "ALTER TABLE connector_oauth_flows ADD COLUMN challenge_url text",
+    "ALTER TABLE trigger_subscriptions ADD COLUMN when_unavailable text NOT NULL DEFAULT 'fail' "
+    "CONSTRAINT trigger_subscriptions_when_unavailable_check CHECK (when_unavailable IN ('park', 'fail'))",
     """
     CREATE TABLE run_parks (
         id uuid PRIMARY KEY,
@@ -54,6 +57,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP TABLE run_parks")
+    op.execute("ALTER TABLE trigger_subscriptions DROP COLUMN when_unavailable")
     op.execute("ALTER TABLE connector_oauth_flows DROP COLUMN challenge_url")
     op.execute("ALTER TABLE integration_connections DROP COLUMN credential_env")
     op.execute("ALTER TABLE sessions DROP COLUMN pending_action")
