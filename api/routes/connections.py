@@ -208,6 +208,8 @@ async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: s
     if rows:
         return rows[0]
     owner_user_id = who.user_id if personal else None
+    if not personal and not who.mutates_resources:  # checked before anything is created
+        raise Forbidden("authorizing an organization connection requires the admin or owner role")
     if entry["auth_mode"] == "oauth":
         return await svc.connection_service.connect_oauth(
             who.tenant_id, base_url=entry["url"], display_name=entry["name"], owner_user_id=owner_user_id,
