@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 
 from activities.broker import BrokerActivities
 from activities.delivery import DeliveryActivities
+from activities.parks import ParkActivities
 from activities.runs import RunActivities, precompile_code
 from activities.schedules import ScheduleActivities
 from config.settings import Settings, get_settings
@@ -98,7 +99,8 @@ def build_activities(
             sealer_from_settings(*settings.credential_keys()),
         )
     )
-    return [*acts.all(), *broker.all(), *delivery.all(), *schedules.all()]
+    parks = ParkActivities(store)
+    return [*acts.all(), *broker.all(), *parks.all(), *delivery.all(), *schedules.all()]
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:

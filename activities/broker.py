@@ -12,6 +12,7 @@ server refuses leaves the connection in ``error`` and fails the call closed with
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -87,6 +88,23 @@ class BrokerActivities:
         )
         return c.BrokerOut(state=row["state"])
 
+    async def _unavailable(self, inp: c.BrokerIn, claim: dict[str, Any], reason: str) -> c.BrokerOut:
+        """The bound connection is not usable (missing, revoked, in error, reauthorized, a credential gone): the
+        call parks when its requirement says ``when_unavailable: park`` (nothing is taken, nothing is sent; the
+        workflow waits and calls again), else it is refused as before."""
+        spec = await self.store.run_spec(inp.run_id)
+        surface = next((b for b in spec.brokered if str(b["binding_id"]) == str(claim["binding_id"])), None)
+        if surface is not None and surface.get("when_unavailable") == "park" and accepts_work(claim["run_status"]):
+            return c.BrokerOut(state="parked", reason=reason)
+        return await self._refuse(inp, claim, reason)
+
+    async def _credential_env(self, claim: dict[str, Any]) -> str | None:
+        async with self.store.pool.acquire() as conn:
+            value = await conn.fetchval(
+                "SELECT credential_env FROM integration_connections WHERE id = $1", claim["connection_id"]
+            )
+        return str(value) if value else None
+
     @activity.defn(name=c.BROKER_CALL)
     async def broker_call(self, inp: c.BrokerIn) -> c.BrokerOut:
         # One read for every check; the claim CAS below is the only other statement before the call.
@@ -95,9 +113,9 @@ class BrokerActivities:
             return c.BrokerOut(state="missing")
         binding = claim
         if binding["connection_status"] != "active":
-            return await self._refuse(inp, claim, f"the bound connection is {binding['connection_status']}")
+            return await self._unavailable(inp, claim, f"the bound connection is {binding['connection_status']}")
         if binding["live_generation"] != binding["authority_generation"]:
-            return await self._refuse(inp, claim, "the bound connection was reauthorized since this run started")
+            return await self._unavailable(inp, claim, "the bound connection was reauthorized since this run started")
         if binding["live_owner_type"] != binding["connection_owner_type"]:
             return await self._refuse(inp, claim, "the bound connection changed owner since this run started")
         if binding["connection_owner_user_id"] is not None:
@@ -119,16 +137,23 @@ class BrokerActivities:
         oauth = binding["auth_kind"] == "oauth"
         try:
             # Read in the same statement as the checks, and only while the binding still holds.
-            if claim["credential_sealed"] is None:
+            env = None if oauth or claim["credential_sealed"] is not None else await self._credential_env(claim)
+            if env is not None:
+                token = os.environ.get(env, "")
+                if not token:
+                    return await self._unavailable(inp, claim, f"Missing {env}")
+            elif claim["credential_sealed"] is None:
                 raise NotFound()
-            if oauth:
+            elif oauth:
                 token = await self._access_token(spec.tenant_id, binding)
             else:
                 blob = bytes(claim["credential_sealed"])
                 token = self.sealer.open(blob, context=credential_context(spec.tenant_id)).decode()
         except (NotFound, SealingError):
-            return await self._refuse(inp, claim, "the bound connection's credential is no longer usable")
+            return await self._unavailable(inp, claim, "the bound connection's credential is no longer usable")
         except _NoAccess as err:
+            if err.parks:
+                return await self._unavailable(inp, claim, str(err))
             return await self._refuse(inp, claim, str(err))
         taken = await self.connections.take(inp.run_id, inp.tool_call_id, inp.input_digest)
         if taken is None:  # someone else holds it, or its outcome is final
@@ -195,11 +220,11 @@ class BrokerActivities:
                 rejected=SecretStr(rejected) if rejected is not None else None,
             )
         except GrantLost as lost:
-            raise _NoAccess(f"the bound connection is in error: {lost.reason} (reconnect it)") from None
+            raise _NoAccess(f"the bound connection is in error: {lost.reason} (reconnect it)", parks=True) from None
         except Conflict:
-            raise _NoAccess("the bound connection was reauthorized since this run started") from None
+            raise _NoAccess("the bound connection was reauthorized since this run started", parks=True) from None
         except NotFound:
-            raise _NoAccess("the bound connection is no longer active") from None
+            raise _NoAccess("the bound connection is no longer active", parks=True) from None
         except OAuthClientError as err:
             raise _NoAccess(f"could not obtain an access token for the bound connection: {err}") from None
         return token.get_secret_value()
@@ -237,7 +262,12 @@ class BrokerActivities:
 
 
 class _NoAccess(Exception):
-    """No usable access token for an OAuth binding; the message is the call's refusal reason."""
+    """No usable access token for an OAuth binding; the message is the call's refusal reason. ``parks``: a
+    person can fix it by connecting again (the call may wait for that instead of failing)."""
+
+    def __init__(self, message: str, *, parks: bool = False) -> None:
+        super().__init__(message)
+        self.parks = parks
 
 
 def _without(value: Any, secret: str) -> Any:

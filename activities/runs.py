@@ -35,6 +35,7 @@ from core.states import RunStatus, is_terminal, outcome_status
 from core.tokens import RUN_AUDIENCES
 from db.approvals import ApprovalRecord
 from db.models.runs import Run
+from db.parks import end_all
 from db.runs import LiveRun
 from db.store import Store
 
@@ -342,6 +343,8 @@ class RunActivities:
         outcome = intent.outcome if intent else "failed"
         await self.store.deny_open_approvals(run_id, "session is not active")
         await self.store.settle_inflight_claims(run_id)
+        async with self.store.pool.acquire() as conn:
+            await end_all(conn, run_id)  # a run parked for a connection waits no more
         handle = self._handle(row)
         if handle is not None:
             await self.provider.destroy(handle)
@@ -349,6 +352,9 @@ class RunActivities:
         new: list[ev.NewEvent] = []
         diff_failure: str | None = None
         try:
+            if row.run_spec.get("pending_requirements"):
+                # Parked up front and never bound: nothing was provisioned, so there is no workspace to diff.
+                raise _NothingRan()
             patch, truncated = await workspace.diff(self._run_dir(run_id))
             content = patch or "(no changes)"
             if patch and not await self.store.has_gate_calls(run_id):
@@ -369,6 +375,8 @@ class RunActivities:
                     },
                 )
             )
+        except _NothingRan:
+            pass
         except workspace.WorkspaceError as err:
             # No diff is never a quiet "completed": the reason says so and review gets a git-free listing.
             diff_failure = f"diff unavailable: {err}"
@@ -442,6 +450,10 @@ class RunActivities:
             self.expire_approval,
             self.resume_after_approval,
         ]
+
+
+class _NothingRan(Exception):
+    """The run ended before anything was provisioned."""
 
 
 def _approval(row: ApprovalRecord) -> c.ApprovalRow:

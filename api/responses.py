@@ -120,6 +120,11 @@ class SessionPublic(_Out):
     finished_at: Timestamp | None
     invoked_by_kind: str
     invoked_by_user_id: str | None
+    pending_action: Json | None = Field(
+        default=None,
+        description="While `waiting_for_connection`: {type: mcp_connect, slot, connection_id, url, reason, "
+        "authorization_url, how, tool_call_id, expires_at}.",
+    )
     created_at: Timestamp
     updated_at: Timestamp
 
@@ -502,6 +507,14 @@ class GoUrl(_Out):
     go_url: str
 
 
+class ConnectionAuthorize(_Out):
+    """``GET /v1/connections/authorize``: connected, or the sign-in link to open (reused while pending)."""
+
+    status: Literal["authorize", "connected"]
+    url: str | None = Field(default=None, description="The sign-in link (status authorize).")
+    connection_id: str | None = None
+
+
 # ---- catalog -------------------------------------------------------------------------------------
 
 
@@ -641,6 +654,7 @@ class SubscriptionPublic(_Out):
     pinned_revision_id: str | None
     capabilities: list[str] | None
     concurrency_policy: str
+    when_unavailable: str = Field(default="fail", description="park | fail: what its runs do without a connection")
     callback_url: str | None
     has_callback_secret: bool
     token_generation: int

@@ -84,6 +84,12 @@ class ConnectionRequirement(_Body):
     connector: ConnectorRef
     required_tools: list[str] = Field(min_length=1, max_length=256)
     binding_mode: Literal["invoking_user", "organization"] = "organization"
+    when_unavailable: Literal["park", "fail"] | None = Field(
+        default=None,
+        description="When no usable connection can be bound (missing, revoked, not yet authorized): `park` the run "
+        "until one is (`waiting_for_connection`), or `fail`. Unset: park for runs started through the API, the "
+        "subscription's choice (default fail) for trigger and schedule runs.",
+    )
 
 
 def _unique_slots(reqs: list[ConnectionRequirement] | None) -> list[ConnectionRequirement] | None:

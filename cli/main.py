@@ -276,9 +276,13 @@ def runs_start(
 
 
 @runs.command("list")
-def runs_list(limit: int = 20) -> None:
-    """Newest runs first."""
-    for run in Api().get(f"/v1/sessions?limit={limit}")["sessions"]:
+def runs_list(
+    limit: int = 20,
+    status: str | None = typer.Option(None, help="Only runs in this status, e.g. waiting_for_connection."),
+) -> None:
+    """Newest runs first (a run waiting for a connection says what to connect)."""
+    query = f"/v1/sessions?limit={limit}" + (f"&status={status}" if status else "")
+    for run in Api().get(query)["sessions"]:
         typer.echo(run_line(run))
 
 

@@ -51,4 +51,8 @@ def event_line(event: dict[str, Any]) -> str:
 
 def run_line(run: dict[str, Any]) -> str:
     agent = run.get("run_spec", {}).get("agent_name", "?")
-    return f"{run['id']}  {run['status']:<18} {agent:<16} {run['task'][:60]}"
+    line = f"{run['id']}  {run['status']:<22} {agent:<16} {run['task'][:60]}"
+    action = run.get("pending_action")
+    if action:  # waiting_for_connection: say what a person must do
+        line += f"\n    ↳ waits for slot '{action['slot']}': {action['reason']} — {action['how']}"
+    return line

@@ -38,6 +38,10 @@ READ_APPROVAL = "read_approval"
 EXPIRE_APPROVAL = "expire_approval"
 RESUME_AFTER_APPROVAL = "resume_after_approval"
 BROKER_CALL = "broker_call"
+# Parked runs: a brokered call parked mid-run, a look at whether the wait is over, and its end (expiry or close).
+PARK_CALL = "park_call"
+TRY_UNPARK = "try_unpark"
+END_PARK = "end_park"
 
 RUN_ACTIVITIES = (
     CLAIM_SANDBOX,
@@ -53,8 +57,15 @@ RUN_ACTIVITIES = (
     EXPIRE_APPROVAL,
     RESUME_AFTER_APPROVAL,
     BROKER_CALL,
+    PARK_CALL,
+    TRY_UNPARK,
+    END_PARK,
 )
 
+
+# RunWorkflow's signal "a connection a parked run waits for may be usable now" (sent by name; the run checks
+# the database, so a signal that arrives early, twice or never changes only latency).
+CONNECTION_READY_SIGNAL = "connection_ready"
 
 # The workflow rejects new updates with this error type while it moves to a fresh history (continue-as-new);
 # callers retry the same update, which then lands on the new run.
@@ -86,6 +97,8 @@ class RunInput(BaseModel):
     deadline: str | None = None  # ISO 8601, UTC
     status: str | None = None
     decisions: dict[str, str] = Field(default_factory=dict)  # approval decisions signalled, not yet consumed
+    # Parked before provisioning (a requirement could not be bound): wait for the connection first.
+    parked: bool = False
 
 
 class RunRef(BaseModel):
@@ -194,7 +207,31 @@ class BrokerIn(BaseModel):
 
 
 class BrokerOut(BaseModel):
-    state: str  # the claim's state after this attempt
+    state: str  # the claim's state after this attempt; "parked": nothing was sent, the connection is not usable
+    reason: str | None = None  # why the call parked
+
+
+class ParkIn(BaseModel):
+    """One wait of a run: ``tool_call_id`` '' for a run parked before provisioning."""
+
+    run_id: str
+    tool_call_id: str = ""
+    input_digest: str = ""
+    reason: str = ""
+
+
+class ParkOut(BaseModel):
+    state: str  # waiting | resumed | expired | ended
+    expires_at: str  # ISO 8601, UTC
+    status: str  # the run's status after the step
+    reason: str | None = None
+
+
+class EndParkIn(BaseModel):
+    run_id: str
+    tool_call_id: str = ""
+    input_digest: str = ""
+    outcome: str  # expired (the run ends with the reason) | ended (the run is closing anyway)
 
 
 # Result deliveries (signed webhooks): one DeliveryWorkflow per (run, webhook destination).

@@ -24,6 +24,12 @@ RUN_RESULT = "run.result"
 ARTIFACT_COLLECTED = "artifact.collected"
 ARTIFACT_MISSING = "artifact.missing"
 QUIESCE_REQUESTED = "run.quiesce_requested"
+# Parked runs: a requirement not bindable at creation, a brokered call meeting an unusable connection,
+# the wait ending (bound / resumed / expired / ended).
+CONNECTION_REQUIRED = "connection.required"
+AUTHORIZATION_REQUIRED = "authorization.required"
+CONNECTION_RESUMED = "connection.resumed"
+CONNECTION_WAIT_ENDED = "connection.wait_ended"
 
 ACTORS = frozenset({"agent", "system", "human", "harness"})
 

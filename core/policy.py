@@ -112,6 +112,8 @@ class Budgets(_Strict):
     max_tokens: int | None = Field(default=None, ge=0)
     max_cost_usd: float | None = Field(default=None, ge=0)
     max_tool_calls: int | None = Field(default=None, ge=0)
+    # How long a run may wait for a connection (parked runs); unset: 1800 s. Never above one day.
+    max_park_secs: int | None = Field(default=None, ge=1, le=24 * 3600)
 
 
 DEFAULT_BUDGETS = Budgets(max_wall_clock_secs=1800, max_tokens=1_000_000, max_cost_usd=2.5, max_tool_calls=100)

@@ -80,6 +80,9 @@ class RunSpec(_Frozen):
     result_destinations: list[dict[str, Any]] = Field(default_factory=list)
     capabilities: list[dict[str, Any]] = Field(default_factory=list)
     brokered: list[dict[str, Any]] = Field(default_factory=list)
+    # Requirements not bindable at creation (the run parked up front): bound, then moved into ``brokered``,
+    # when the run leaves ``waiting_for_connection``; nothing runs before that, so nothing saw them unbound.
+    pending_requirements: list[dict[str, Any]] = Field(default_factory=list)
 
     @property
     def autonomous(self) -> bool:

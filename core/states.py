@@ -17,6 +17,9 @@ class RunStatus(StrEnum):
     INITIALIZING = "initializing"
     RUNNING = "running"
     AWAITING_APPROVAL = "awaiting_approval"
+    # A connection the run needs is not usable: before provisioning (nothing started, nothing spent) or on
+    # one brokered call mid-run (the sandbox stays, the wall clock is paused). See ``pending_action``.
+    WAITING_FOR_CONNECTION = "waiting_for_connection"
     CANCELLING = "cancelling"
     FINALIZING = "finalizing"
     COMPLETED = "completed"
@@ -30,16 +33,26 @@ S = RunStatus
 TERMINAL: frozenset[RunStatus] = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED, S.BUDGET_EXCEEDED})
 
 _ACTIVE: frozenset[RunStatus] = frozenset(
-    {S.CREATED, S.AWAITING_AUTHORIZATION, S.PROVISIONING, S.INITIALIZING, S.RUNNING, S.AWAITING_APPROVAL}
+    {
+        S.CREATED,
+        S.AWAITING_AUTHORIZATION,
+        S.PROVISIONING,
+        S.INITIALIZING,
+        S.RUNNING,
+        S.AWAITING_APPROVAL,
+        S.WAITING_FOR_CONNECTION,
+    }
 )
 
 _EDGES: dict[RunStatus, frozenset[RunStatus]] = {
-    S.CREATED: frozenset({S.PROVISIONING, S.AWAITING_AUTHORIZATION}),
+    S.CREATED: frozenset({S.PROVISIONING, S.AWAITING_AUTHORIZATION, S.WAITING_FOR_CONNECTION}),
     S.AWAITING_AUTHORIZATION: frozenset({S.PROVISIONING}),
     S.PROVISIONING: frozenset({S.INITIALIZING}),
     S.INITIALIZING: frozenset({S.RUNNING}),
-    S.RUNNING: frozenset({S.AWAITING_APPROVAL}),
-    S.AWAITING_APPROVAL: frozenset({S.RUNNING}),
+    S.RUNNING: frozenset({S.AWAITING_APPROVAL, S.WAITING_FOR_CONNECTION}),
+    S.AWAITING_APPROVAL: frozenset({S.RUNNING, S.WAITING_FOR_CONNECTION}),
+    # Parked up front it goes back to ``created`` (then provisions as any run); parked mid-run, back to work.
+    S.WAITING_FOR_CONNECTION: frozenset({S.CREATED, S.RUNNING, S.AWAITING_APPROVAL}),
     S.CANCELLING: frozenset({S.FINALIZING, S.FAILED}),
     S.FINALIZING: frozenset({S.COMPLETED, S.FAILED, S.CANCELLED, S.BUDGET_EXCEEDED}),
 }
@@ -47,8 +60,9 @@ for _s in _ACTIVE:
     _EDGES[_s] = _EDGES.get(_s, frozenset()) | {S.CANCELLING, S.FINALIZING}
 
 # Statuses in which the gate, the facade and token renewal still serve the run.
+# A run parked mid-run keeps its runner (heartbeats, token renewal); one parked up front has no runner yet.
 ACCEPTS_WORK: frozenset[RunStatus] = frozenset(
-    {S.CREATED, S.PROVISIONING, S.INITIALIZING, S.RUNNING, S.AWAITING_APPROVAL}
+    {S.CREATED, S.PROVISIONING, S.INITIALIZING, S.RUNNING, S.AWAITING_APPROVAL, S.WAITING_FOR_CONNECTION}
 )
 
 

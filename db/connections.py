@@ -252,6 +252,69 @@ class Connections(Repository):
             raise Conflict("connection is already revoked")
         return row
 
+    async def create_env_backed(self, tenant_id: str, fields: Row, credential_env: str, photo: dict[str, Any]) -> Row:
+        """A static connection whose credential is configuration (the variable ``credential_env`` of the
+        processes using it), not stored: no sealed blob. Its first snapshot is inserted with it."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = as_row(
+                await conn.fetchrow(
+                    "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
+                    "auth_kind, header_name, scheme, status, owner_type, owner_user_id, created_by_user_id, "
+                    "credential_env, access) VALUES ($1,$2,$3,$4,$5,'static',$6,$7,'active',$8,$9,$10,$11,$12) "
+                    f"RETURNING {CONNECTION_FIELDS}",
+                    uuid.UUID(new_id()),
+                    uuid.UUID(tenant_id),
+                    fields["provider"],
+                    fields["display_name"],
+                    fields["base_url"],
+                    fields.get("header_name"),
+                    fields["scheme"],
+                    "user" if fields.get("owner_user_id") else "organization",
+                    uuid.UUID(fields["owner_user_id"]) if fields.get("owner_user_id") else None,
+                    uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
+                    credential_env,
+                    fields.get("access") or NONE,
+                )
+            )
+            assert row is not None
+            await self._append_snapshot(conn, row["id"], 1, photo)
+            return row
+
+    async def replace_credential(
+        self,
+        tenant_id: str,
+        connection_id: str,
+        credential: tuple[bytes, str] | None,
+        credential_env: str | None,
+        photo: dict[str, Any],
+    ) -> Row:
+        """Give a static connection a new credential (sealed, or from ``credential_env``): it becomes active
+        again (a revocation undone) at the next authorization generation, with the new photograph. Runs bound
+        under the old generation fail closed, or wait and move to the new one if they parked."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = as_row(
+                await conn.fetchrow(
+                    "UPDATE integration_connections SET status = 'active', credential_sealed = $3, "
+                    "credential_key_id = $4, credential_env = $5, authorization_generation = "
+                    "authorization_generation + 1, updated_at = now() "
+                    "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'static' "
+                    f"RETURNING {CONNECTION_FIELDS}",
+                    uuid.UUID(tenant_id),
+                    uuid.UUID(connection_id),
+                    credential[0] if credential else None,
+                    credential[1] if credential else None,
+                    credential_env,
+                )
+            )
+            if row is None:
+                raise NotFound()
+            version = await conn.fetchval(
+                "SELECT coalesce(max(snapshot_version), 0) + 1 FROM connection_tool_snapshots WHERE connection_id = $1",
+                row["id"],
+            )
+            await self._append_snapshot(conn, row["id"], version, photo)
+            return row
+
     # ---- snapshots -----------------------------------------------------------------------------
 
     async def _append_snapshot(self, conn: Conn, connection_id: str, version: int, photo: dict[str, Any]) -> Row:

@@ -292,13 +292,14 @@ class Identity(Repository):
 
     # ---- run visibility ------------------------------------------------------------------------
 
-    async def runs_invoked_by(self, tenant_id: str, user_id: str, limit: int) -> list[Run]:
+    async def runs_invoked_by(self, tenant_id: str, user_id: str, limit: int, status: str | None = None) -> list[Run]:
         """What a plain member may list: only the runs they invoked (filtered in SQL)."""
         return await self.many(
             Run,
             "SELECT * FROM sessions WHERE tenant_id = $1 AND invoked_by_user_id = $2 "
-            "ORDER BY created_at DESC, id DESC LIMIT $3",
+            "AND ($4::text IS NULL OR status = $4) ORDER BY created_at DESC, id DESC LIMIT $3",
             uuid.UUID(tenant_id),
             uuid.UUID(user_id),
             limit,
+            status,
         )

@@ -25,7 +25,7 @@ WAITING_FOR_CAPACITY = "waiting for sandbox capacity"
 # Runs that hold a sandbox or are about to (sessions_live_sandbox_idx covers these statuses).
 _LIVE_SANDBOXES = (
     "SELECT count(*) FROM sessions WHERE status IN ('provisioning', 'initializing', 'running', 'awaiting_approval')"
-    " OR (status IN ('cancelling', 'finalizing') AND sandbox_handle IS NOT NULL)"
+    " OR (status IN ('cancelling', 'finalizing', 'waiting_for_connection') AND sandbox_handle IS NOT NULL)"
 )
 
 
@@ -111,12 +111,14 @@ class Runs(Repository):
             return await self.one(Run, "SELECT * FROM sessions WHERE id = $1", rid)
         return await self.one(Run, "SELECT * FROM sessions WHERE id = $1 AND tenant_id = $2", rid, uuid.UUID(tenant_id))
 
-    async def list_runs(self, tenant_id: str, limit: int) -> list[Run]:
+    async def list_runs(self, tenant_id: str, limit: int, status: str | None = None) -> list[Run]:
         return await self.many(
             Run,
-            "SELECT * FROM sessions WHERE tenant_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
+            "SELECT * FROM sessions WHERE tenant_id = $1 AND ($3::text IS NULL OR status = $3) "
+            "ORDER BY created_at DESC, id DESC LIMIT $2",
             uuid.UUID(tenant_id),
             limit,
+            status,
         )
 
     async def run_spec(self, run_id: str) -> RunSpec:
@@ -129,7 +131,8 @@ class Runs(Repository):
             spec = RunSpec.model_validate(raw)
             if len(self._specs) > 4096:
                 self._specs.clear()
-            self._specs[run_id] = spec  # frozen forever, so caching cannot go stale
+            if not spec.pending_requirements:  # a parked run's spec gains its bindings once, when it resumes
+                self._specs[run_id] = spec  # frozen forever, so caching cannot go stale
         return spec
 
     async def usage_totals(self, run_id: str) -> UsageTotals:
@@ -274,7 +277,8 @@ class Runs(Repository):
             " f.outcome IS NOT NULL AS has_intent FROM sessions s"
             " LEFT JOIN session_finalizations f ON f.session_id = s.id"
             " WHERE s.status IN ('running', 'awaiting_approval')"
-            " OR (f.outcome IS NOT NULL AND s.status IN ('created', 'provisioning', 'initializing'))",
+            " OR (f.outcome IS NOT NULL AND s.status IN ('created', 'provisioning', 'initializing',"
+            " 'waiting_for_connection'))",
         )
 
     async def liveness(self, run_id: str) -> Liveness:

@@ -43,6 +43,7 @@ SUBSCRIPTION_COLUMNS = (
     "pinned_revision_id",
     "capabilities",
     "concurrency_policy",
+    "when_unavailable",
     "callback_url",
     "callback_secret_sealed",
     "callback_key_id",

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import SecretStr
 
 from core.digests import document_digest
-from core.errors import BadRequest, Unavailable, UpstreamFailed
+from core.errors import BadRequest, Conflict, Unavailable, UpstreamFailed
 from core.sandbox_cli import check_tools
 from db.connections import Connections, credential_context
+from db.parks import Challenges, Parks
 from db.store import Row
 from integrations import mcp_client
 from integrations.headers import auth_headers
@@ -280,7 +282,88 @@ class ConnectionService:
         sealed = self.sealer.seal(
             json.dumps({"f": started.flow_id, "u": started.authorization_url}), context=GO_CONTEXT
         )
-        return f"{self.public_base}/v1/oauth/go?f={base64.urlsafe_b64encode(sealed).decode().rstrip('=')}"
+        go_url = f"{self.public_base}/v1/oauth/go?f={base64.urlsafe_b64encode(sealed).decode().rstrip('=')}"
+        await Challenges(self.connections.pool).save(str(started.flow_id), go_url)
+        return go_url
+
+    async def connect_env(
+        self,
+        tenant_id: str,
+        *,
+        base_url: str,
+        credential_env: str,
+        header_name: str | None,
+        scheme: str,
+        display_name: str | None,
+        owner_user_id: str | None = None,
+        created_by_user_id: str | None = None,
+        access: dict[str, Any] | None = None,
+    ) -> tuple[Row, Row]:
+        """A static connection whose credential is the environment variable ``credential_env`` (configuration,
+        read by each process when it uses it); ``Missing <VAR>`` (409) when this process does not have it."""
+        token = env_credential(credential_env)
+        admitted = await self.admit(base_url)
+        headers = auth_headers(token, header_name=header_name, scheme=scheme)
+        photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
+        fields = {
+            "provider": "mcp_http",
+            "display_name": display_name or admitted.url,
+            "base_url": admitted.url,
+            "header_name": header_name,
+            "scheme": scheme,
+            "owner_user_id": owner_user_id,
+            "created_by_user_id": created_by_user_id,
+            "access": access,
+        }
+        row = await self.connections.create_env_backed(tenant_id, fields, credential_env, photo)
+        snapshot = await self.connections.latest_snapshot(str(row["id"]))
+        assert snapshot is not None
+        return row, snapshot
+
+    async def replace_credential(
+        self, tenant_id: str, row: Row, *, token: str | None, credential_env: str | None
+    ) -> tuple[Row, Row]:
+        """A static connection's new credential: photographed first (a rejected one changes nothing), then
+        sealed (or taken from ``credential_env``) and made active at the next generation."""
+        sealer = self.custody()
+        if row["auth_kind"] != "static":
+            raise BadRequest("an oauth connection's credential is obtained by signing in (oauth/start)")
+        secret = env_credential(credential_env) if credential_env else token
+        assert secret is not None
+        if row["scheme"] == "Basic" and ":" not in secret:
+            raise BadRequest("a Basic credential must be `email:api_token`")
+        admitted = await self.admit(row["base_url"])
+        headers = auth_headers(secret, header_name=row["header_name"], scheme=row["scheme"])
+        photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
+        sealed = None if credential_env else (sealer.seal(secret, context=credential_context(tenant_id)), sealer.key_id)
+        updated = await self.connections.replace_credential(tenant_id, str(row["id"]), sealed, credential_env, photo)
+        snapshot = await self.connections.latest_snapshot(str(row["id"]))
+        assert snapshot is not None
+        return updated, snapshot
+
+    async def authorize(self, tenant_id: str, row: Row, actor_user_id: str | None) -> dict[str, Any]:
+        """Start or poll authorization of one connection: ``connected``; ``authorize`` with the sign-in link
+        (a pending flow's link is reused, so asking again mints nothing); or :class:`Conflict` with
+        ``status: unavailable`` and the reason (a missing environment credential named exactly)."""
+        env = await Parks(self.connections.store).connection_env(str(row["id"]))
+        missing = f"Missing {env}" if env and not os.environ.get(env) else None
+        if row["status"] == "active":
+            if missing:
+                raise unavailable(missing)
+            return {"status": "connected", "connection_id": str(row["id"])}
+        if row["auth_kind"] != "oauth":
+            if missing:
+                raise unavailable(missing)
+            raise unavailable(
+                f"the connection is {row['status']} and has no sign-in to start: give it a new credential "
+                f"(PUT /v1/connections/{row['id']}/credential)"
+            )
+        if row["status"] == "revoked":
+            raise unavailable("the connection is revoked: create a new one")
+        url = await Challenges(self.connections.pool).pending(str(row["id"]), int(row["authorization_generation"]))
+        if url is None:
+            url = await self.start_sign_in(tenant_id, row, actor_user_id)
+        return {"status": "authorize", "url": url, "connection_id": str(row["id"])}
 
     def open_sign_in_link(self, f: str) -> tuple[str, str]:
         """The flow id and the authorization URL sealed into a ``go_url``; 400 when it was tampered with."""
@@ -320,6 +403,10 @@ class ConnectionService:
         admitted = await self.admit(row["base_url"])  # it may resolve elsewhere by now
         if row["auth_kind"] == "oauth":
             photo = await self.oauth_photograph(tenant_id, row, admitted)
+        elif env := await Parks(self.connections.store).connection_env(str(row["id"])):
+            token = env_credential(env)
+            headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
+            photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
         else:
             blob, _ = await self.connections.credential(str(row["id"]))
             token = sealer.open(blob, context=credential_context(tenant_id)).decode()
@@ -363,4 +450,24 @@ class ConnectionService:
             self.access_tokens.evict(connection_id)
 
 
-__all__ = ["GO_CONTEXT", "ConnectionService", "take_photograph", "transport_photograph"]
+def env_credential(var: str) -> str:
+    """The credential configured as the environment variable ``var``; ``Missing <VAR>`` (409) when unset."""
+    value = os.environ.get(var, "")
+    if not value:
+        raise unavailable(f"Missing {var}")
+    return value
+
+
+def unavailable(reason: str) -> Conflict:
+    """409 ``{status: "unavailable", reason}`` (and the usual ``error``/``code``)."""
+    return Conflict(reason, status="unavailable", reason=reason)
+
+
+__all__ = [
+    "GO_CONTEXT",
+    "ConnectionService",
+    "env_credential",
+    "take_photograph",
+    "transport_photograph",
+    "unavailable",
+]

@@ -36,6 +36,7 @@ from core.redaction import scrub_text
 from core.runspec import RunSpec
 from core.states import is_terminal
 from db.approvals import ApprovalRecord, ApprovalWithAuthority
+from db.parks import Parks
 from db.store import Store
 from workflows.run import RunWorkflow
 
@@ -99,8 +100,10 @@ class RunControl:
         return handle
 
     async def start(self, spec: RunSpec) -> None:
-        """Start the run's workflow (id = ``run-<run id>``; a second start raises WorkflowAlreadyStartedError)."""
+        """Start the run's workflow (id = ``run-<run id>``; a second start raises WorkflowAlreadyStartedError).
+        A spec with pending requirements starts parked (``waiting_for_connection``)."""
         client = await self.temporal()
+        parked = bool(spec.pending_requirements)
         await client.start_workflow(
             RunWorkflow.run,
             c.RunInput(
@@ -108,6 +111,7 @@ class RunControl:
                 agent_name=spec.agent_name,
                 max_wall_clock_secs=spec.budgets.max_wall_clock_secs,
                 timing=timing(self.settings),
+                parked=parked,
             ),
             id=c.workflow_id(spec.run_id),
             task_queue=self.settings.task_queue,
@@ -115,7 +119,7 @@ class RunControl:
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=TypedSearchAttributes(
                 [
-                    SearchAttributePair(c.RUN_STATUS, "created"),
+                    SearchAttributePair(c.RUN_STATUS, "waiting_for_connection" if parked else "created"),
                     SearchAttributePair(c.AGENT_NAME, spec.agent_name),
                 ]
             ),
@@ -166,6 +170,25 @@ class RunControl:
             # Settled in PostgreSQL already; the workflow's slow re-read picks it up.
             log.warning("approval signal for run %s not delivered", row.session_id, exc_info=True)
         return row
+
+    async def wake_parked(self, tenant_id: str, connection: dict[str, Any]) -> int:
+        """``connection`` may be usable now (signed in, a new credential, reactivated): signal every run
+        waiting on it, found in PostgreSQL (``run_parks``). Each run checks the live row itself, so a signal
+        that is early, doubled or lost costs latency only (a parked run re-checks on a slow timer)."""
+        run_ids = await Parks(self.store).waiting_on(tenant_id, connection)
+        if not run_ids:
+            return 0
+        try:
+            client = await self.temporal()
+        except Exception:
+            log.warning("no Temporal client to wake %d parked run(s)", len(run_ids), exc_info=True)
+            return 0
+        for run_id in run_ids:
+            try:
+                await client.get_workflow_handle(c.workflow_id(run_id)).signal(c.CONNECTION_READY_SIGNAL)
+            except Exception:
+                log.warning("connection-ready signal for run %s not delivered", run_id, exc_info=True)
+        return len(run_ids)
 
     async def wake_for_budget(self, run_id: str) -> None:
         """Wake the run whose budget-exceeded intent is already recorded (its supervisor would also find it)."""

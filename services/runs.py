@@ -12,15 +12,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from config.settings import Settings
-from core.access import definition, with_access
+from core.bindings import covering, freeze_binding, quarantined, same_url
 from core.capabilities import frozen_entry, narrow_pins
-from core.digests import document_digest
 from core.errors import BadRequest, Forbidden, Unavailable, Unprocessable
 from core.harnesses import RUNNABLE
 from core.policy import Budgets
@@ -31,6 +29,7 @@ from db.capabilities import Capabilities
 from db.connections import Connections
 from db.ids import new_id
 from db.models.runs import Run
+from db.parks import Parks
 from db.store import Conn, Store
 from services.run_control import RunControl
 
@@ -53,22 +52,8 @@ class RunRequest:
     bindings: dict[str, str] | None = None
     capabilities: list[str] | None = None
     result_destinations: list[dict[str, Any]] = field(default_factory=list)
-
-
-def bindable_tools(candidate: dict[str, Any]) -> list[dict[str, Any]]:
-    """The candidate's latest-snapshot tools whose definition an admin approved: a new tool, or one whose
-    description or input schema changed since its approval, is quarantined (not bound into new runs)."""
-    approved = candidate["approved"] or {}
-    return [t for t in candidate["tools_json"] if approved.get(t["name"]) == definition(t)]
-
-
-def same_url(a: str, b: str) -> bool:
-    pa, pb = urlsplit(a), urlsplit(b)
-    return (pa.scheme.lower(), pa.netloc.lower(), pa.path.rstrip("/")) == (
-        pb.scheme.lower(),
-        pb.netloc.lower(),
-        pb.path.rstrip("/"),
-    )
+    # What an unbindable requirement does when it does not say: park (API runs) or fail (subscriptions' default).
+    when_unavailable: str = "fail"
 
 
 @dataclass
@@ -98,17 +83,23 @@ class RunFactory:
         requirements: list[dict[str, Any]],
         explicit: dict[str, str] | None,
         invoker_user_id: str | None = None,
-    ) -> list[dict[str, Any]]:
+        when_unavailable: str = "fail",
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Bind every requirement to one active connection whose latest snapshot covers the required
-        tools, fail closed: an unresolvable requirement refuses the run before anything provisions or
-        spends. ``organization`` slots take an organization connection; ``invoking_user`` slots take the
-        invoker's own personal connection (``invoker_user_id``; None for operator and trigger runs).
-        The effective surface is exactly the required tools."""
+        tools (``core.bindings``). ``organization`` slots take an organization connection; ``invoking_user``
+        slots take the invoker's own personal connection (``invoker_user_id``; None for operator and trigger
+        runs). Returns the frozen surfaces and the requirements left to wait for.
+
+        A requirement with no usable connection to its URL (none, or only revoked, in error or not yet
+        authorized ones) is returned as pending when it parks (its ``when_unavailable``, else the caller's
+        default); otherwise it refuses the run before anything provisions or spends. A usable connection that
+        lacks a required tool, or a personal slot without a user, always refuses: no sign-in would fix it."""
         explicit = explicit or {}
         unknown = sorted(set(explicit) - {r["slot"] for r in requirements})
         if unknown:
             raise BadRequest(f"unknown requirement slot(s) in bindings: {', '.join(unknown)}")
-        frozen = []
+        frozen: list[dict[str, Any]] = []
+        pending: list[dict[str, Any]] = []
         for req in requirements:
             slot, url, needed = req["slot"], req["connector"]["url"], list(req["required_tools"])
             personal = req.get("binding_mode") == "invoking_user"
@@ -123,55 +114,56 @@ class RunFactory:
                 c for c in await self.connections.candidates(tenant_id, owner) if same_url(c["base_url"], url)
             ]
             kind = "personal connection of yours" if personal else "organization connection"
+            parks = (req.get("when_unavailable") or when_unavailable) == "park"
             if slot in explicit:
                 candidates = [c for c in candidates if str(c["id"]) == explicit[slot]]
                 if not candidates:
-                    raise BadRequest(
-                        f"binding for slot '{slot}': connection {explicit[slot]} is not an active {kind} to {url}"
-                    )
-            chosen = None
-            quarantined: list[str] = []
-            for cand in candidates:
-                usable = bindable_tools(cand)
-                if set(needed) <= {t["name"] for t in usable}:
-                    chosen = cand
-                    break
-                listed = {t["name"] for t in cand["tools_json"]}
-                if set(needed) <= listed:
-                    held = sorted(set(needed) - {t["name"] for t in usable})
-                    quarantined.append(f"{', '.join(held)} on connection {cand['id']}")
+                    # Waiting makes sense only on an existing connection of the right owner and URL.
+                    named = await self._unusable(tenant_id, owner, url, explicit[slot]) if parks else None
+                    if named is None or named["connection_id"] is None:
+                        raise BadRequest(
+                            f"binding for slot '{slot}': connection {explicit[slot]} is not an active {kind} to {url}"
+                        )
+                    pending.append({**req, "owner_user_id": owner, **named})
+                    continue
+            chosen = covering(candidates, url, needed)
             if chosen is None:
-                if quarantined:
+                held = quarantined(candidates, needed)
+                if held:
                     raise BadRequest(
                         f"requirement slot '{slot}' cannot be bound: tool definitions changed and await an admin's "
-                        f"review ({'; '.join(quarantined)}): see GET /v1/connections/{{id}}/tools/changes"
+                        f"review ({'; '.join(held)}): see GET /v1/connections/{{id}}/tools/changes"
                     )
                 where = "personal connection of the invoking user" if personal else "connection"
-                raise BadRequest(
+                message = (
                     f"requirement slot '{slot}' cannot be bound: no active {where} covers {', '.join(needed)} on {url}"
                 )
-            tools = sorted(
-                (with_access(chosen["access"], t) for t in bindable_tools(chosen) if t["name"] in needed),
-                key=lambda t: t["name"],
-            )
-            frozen.append(
-                {
-                    "slot": slot,
-                    "url": url,
-                    "binding_id": new_id(),
-                    "connection_id": str(chosen["id"]),
-                    "authorization_generation": chosen["authorization_generation"],
-                    "owner_type": chosen["owner_type"],
-                    "owner_user_id": str(chosen["owner_user_id"]) if chosen["owner_user_id"] else None,
-                    "binding_mode": req.get("binding_mode", "organization"),
-                    "snapshot_version": chosen["snapshot_version"],
-                    "protocol_version": chosen["protocol_version"],
-                    "transport": chosen.get("transport") or "mcp_http",
-                    "tools": tools,
-                    "tools_digest": document_digest(tools),
-                }
-            )
-        return frozen
+                if candidates or not parks:
+                    raise BadRequest(message)
+                waiting = await self._unusable(tenant_id, owner, url, explicit.get(slot))
+                pending.append({**req, "owner_user_id": owner, **waiting})
+                continue
+            frozen.append(freeze_binding(req, chosen, new_id(), when_unavailable))
+        return frozen, pending
+
+    async def _unusable(self, tenant_id: str, owner: str | None, url: str, connection_id: str | None) -> dict[str, Any]:
+        """Why no connection to ``url`` is usable, and the one to wait for when there is one (newest first)."""
+        rows = [
+            r
+            for r in await self.connections.all(tenant_id, owner)
+            if same_url(r["base_url"], url)
+            and (r["owner_user_id"] is None) == (owner is None)
+            and (connection_id is None or str(r["id"]) == connection_id)
+        ]
+        if not rows:
+            return {"connection_id": None, "reason": f"no connection to {url} exists yet"}
+        row = rows[0]
+        reason = {
+            "pending": "the connection is not authorized yet",
+            "revoked": "the connection was revoked",
+            "error": "the connection's authorization failed (reconnect it)",
+        }.get(str(row["status"]), f"the connection is {row['status']}")
+        return {"connection_id": str(row["id"]), "reason": reason}
 
     async def prepare(
         self, tenant_id: str, req: RunRequest, invocation: InvocationContext, invoker_user_id: str | None = None
@@ -188,8 +180,8 @@ class RunFactory:
                 raise BadRequest("agent has no revisions")
             policy_row = await store.policy_head_by_id(conn, str(revision.policy_id))
         capabilities = await self.freeze_capabilities(revision.capability_bundles or [], req.capabilities)
-        brokered = await self.resolve_bindings(
-            tenant_id, revision.connection_requirements or [], req.bindings, invoker_user_id
+        brokered, pending = await self.resolve_bindings(
+            tenant_id, revision.connection_requirements or [], req.bindings, invoker_user_id, req.when_unavailable
         )
         sandbox_aliases = {s["name"] for b in capabilities for s in b["servers"]}
         for surface in brokered:
@@ -218,6 +210,8 @@ class RunFactory:
         )
         if req.result_destinations:
             spec = spec.model_copy(update={"result_destinations": list(req.result_destinations)})
+        if pending:
+            spec = spec.model_copy(update={"pending_requirements": pending})
         if invoker_user_id is not None and spec.workspace.kind == "local_copy":
             # Asked for, or the revision's default: either way it would copy a control-plane host path.
             raise Forbidden(
@@ -252,10 +246,16 @@ class RunFactory:
                     uuid.UUID(invoked_by_user_id),
                 )
             await self.connections.insert_bindings(conn, spec.tenant_id, spec.run_id, brokered)
+            if spec.pending_requirements:
+                # Parked before anything provisions or spends: the workflow starts waiting.
+                parked["action"] = await Parks(store).park_up_front(conn, spec)
             if also is not None:
                 await also(conn)
 
+        parked: dict[str, Any] = {}
         row = await store.create_run(spec, invoked_by_kind=invoked_by_kind, also=_also)
+        if parked:  # the row as committed: waiting_for_connection with its pending action
+            row = await store.get_run(None, spec.run_id) or row
         if invoked_by_user_id is not None:
             row.invoked_by_user_id = uuid.UUID(invoked_by_user_id)  # ``_also`` set it after the RETURNING
         try:
@@ -285,7 +285,9 @@ class RunFactory:
         twice is harmless (the workflow id is the run's), so every API replica may run this."""
         async with self.store.pool.acquire() as conn:
             ids = await conn.fetch(
-                "SELECT s.id FROM sessions s WHERE s.status = 'created' "
+                # A run parked up front (no sandbox yet) also has no workflow if its starter died.
+                "SELECT s.id FROM sessions s WHERE (s.status = 'created' OR "
+                "(s.status = 'waiting_for_connection' AND s.sandbox_handle IS NULL)) "
                 "AND s.created_at < now() - make_interval(secs => $1) "
                 # A run waiting for sandbox capacity has its workflow (the workflow wrote that reason).
                 "AND coalesce(s.status_reason, '') NOT LIKE 'waiting for sandbox capacity%' "

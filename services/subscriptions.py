@@ -47,7 +47,7 @@ NO_CUSTODY = (
     "credential storage is disabled: set FLUIDBOX_CREDENTIAL_KEY (64 hex characters, e.g. from "
     "`python -c 'import secrets; print(secrets.token_hex(32))'`) and restart the server"
 )
-MUTABLE_AS_IS = ("name", "task_template", "allow_task_override", "allow_workspace_override")
+MUTABLE_AS_IS = ("name", "task_template", "allow_task_override", "allow_workspace_override", "when_unavailable")
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,7 @@ class SubscriptionDraft:
     workspace: WorkspaceInput | None = None
     callback_url: str | None = None
     concurrency_policy: str = "allow"
+    when_unavailable: str = "fail"
     schedule: ScheduleDraft | None = None
     connection: str | None = None
     repositories: list[str] | None = None
@@ -151,6 +152,7 @@ class SubscriptionService:
             "workspace": workspace_doc(draft.workspace),
             "capabilities": draft.capabilities,
             "concurrency_policy": draft.concurrency_policy,
+            "when_unavailable": draft.when_unavailable,
         }
         if draft.schedule is not None:
             cron = draft.schedule.cron or ""

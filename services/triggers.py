@@ -222,6 +222,7 @@ class TriggerService:
             budgets=Budgets.model_validate(sub["budgets"]) if sub["budgets"] else None,
             capabilities=sub["capabilities"],
             result_destinations=destinations,
+            when_unavailable=sub.get("when_unavailable") or "fail",
         )
         return await self.runs.prepare(str(sub["tenant_id"]), request, invocation(sub, kind, key, variables, catch_up))
 

@@ -32,6 +32,8 @@ LIVENESS_BY_SWEEP = "liveness-by-sweep"
 SANDBOX_CAPACITY = "sandbox-capacity"
 # workflow.patched id: the short approval steps (open, re-read, resume) are local activities.
 LOCAL_APPROVAL_STEPS = "local-approval-steps"
+# workflow.patched id: a run waits for a connection (up front, or on one brokered call) instead of failing.
+PARKED_RUNS = "parked-runs"
 ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 
@@ -50,6 +52,12 @@ class RunWorkflow:
         # run with more waits in flight than the threshold from moving again before anything was decided.
         self._updates = 0
         self._moving = False  # continuing as new: new updates are refused, approval waits answer "moved"
+        # Parked runs: connection_ready signals seen, calls parked now, and the wall clock paused so far.
+        self._ready = 0
+        self._parked = 0
+        self._parked_since: datetime | None = None
+        self._paused = timedelta(0)
+        self._clock_changed = False
 
     # ---- messages ------------------------------------------------------------------------------
 
@@ -67,6 +75,11 @@ class RunWorkflow:
     def cancel(self) -> None:
         """A user asked to cancel (the intent is already in PostgreSQL)."""
         self._wake = True
+
+    @workflow.signal(name=c.CONNECTION_READY_SIGNAL)
+    def connection_ready(self) -> None:
+        """A connection this run may be parked on became usable (the run re-checks the database)."""
+        self._ready += 1
 
     @workflow.signal
     def approval_decided(self, decided: c.ApprovalDecided) -> None:
@@ -88,7 +101,10 @@ class RunWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=1),
                 summary=f"brokered call {call.tool_call_id}",
             )
-            return cast(c.BrokerOut, result)
+            out = cast(c.BrokerOut, result)
+            if out.state == "parked" and workflow.patched(PARKED_RUNS):
+                out = await self._park_call(call, out)
+            return out
         finally:
             self._brokering -= 1
             self._updates += 1
@@ -167,6 +183,8 @@ class RunWorkflow:
             # Continued as new: the sandbox runs, the ledger has everything; pick up where the last run was.
             await self._supervise()
             return await self._finalize()
+        if inp.parked and workflow.patched(PARKED_RUNS) and not await self._wait_for_connection():
+            return await self._finalize()  # expired or cancelled while it waited; nothing was provisioned
         if workflow.patched(SANDBOX_CAPACITY) and not await self._wait_for_capacity():
             return await self._finalize()  # cancelled while it waited
         try:
@@ -219,22 +237,118 @@ class RunWorkflow:
         A waiting run adds nothing to its history and holds no worker slot.
         """
         budget = self._inp.max_wall_clock_secs
-        deadline = self._deadline(budget)
+        base = self._deadline(budget)
         while True:
-            remaining = (deadline - workflow.now()).total_seconds() if deadline else None
+            # The wall clock is paused while a brokered call is parked: the time waited is added back.
+            deadline = base + self._paused if base else None
+            parked = self._parked > 0
+            remaining = (deadline - workflow.now()).total_seconds() if deadline and not parked else None
             if remaining is not None and remaining <= 0:
                 await self._exceed_wall_clock(budget)
                 return
+            self._clock_changed = False
             try:
                 await workflow.wait_condition(
-                    lambda: self._wake or self._should_move(),
+                    lambda: self._wake or self._should_move() or self._clock_changed,
                     timeout=timedelta(seconds=remaining) if remaining is not None else None,
                 )
             except TimeoutError:
                 continue  # the top of the loop ends the run on its budget; it never moves on the way out
             if self._wake:
                 return
-            await self._move(None, deadline)
+            if self._clock_changed and not self._should_move():
+                continue  # a call parked or resumed: the deadline moved
+            await self._move(None, base)
+
+    # ---- parked runs -----------------------------------------------------------------------------
+
+    async def _wait_for_connection(self) -> bool:
+        """Parked before provisioning: wait (signal + timer, never an activity) until every requirement binds.
+
+        False when the park expired (the run ends failed with the reason) or the run was cancelled meanwhile.
+        """
+        self._set_status("waiting_for_connection")
+        park = c.ParkIn(run_id=self._inp.run_id)
+        out = await self._quick(c.TRY_UNPARK, park, c.ParkOut)
+        ended = await self._wait_unparked(park, out)
+        if ended is None:
+            self._set_status("created")
+            return True
+        return False
+
+    async def _park_call(self, call: c.BrokerCall, out: c.BrokerOut) -> c.BrokerOut:
+        """Park one brokered call: nothing was sent and its claim is still ``registered``. When the connection
+        is usable again the same claim is executed (the claim CAS makes that at most once); on expiry or
+        close the claim is refused. The run's wall clock is paused for as long as any call is parked."""
+        park = c.ParkIn(
+            run_id=self._inp.run_id,
+            tool_call_id=call.tool_call_id,
+            input_digest=call.input_digest,
+            reason=out.reason or "",
+        )
+        parked = await self._quick(c.PARK_CALL, park, c.ParkOut)
+        self._set_status(parked.status)
+        self._pause_clock(+1)
+        try:
+            ended = await self._wait_unparked(park, parked)
+        finally:
+            self._pause_clock(-1)
+        if ended is not None:
+            return c.BrokerOut(state="refused", reason=ended)
+        result = await workflow.execute_local_activity(
+            c.BROKER_CALL,
+            c.BrokerIn(run_id=self._inp.run_id, tool_call_id=call.tool_call_id, input_digest=call.input_digest),
+            result_type=c.BrokerOut,
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+            summary=f"brokered call {call.tool_call_id} (resumed)",
+        )
+        resumed = cast(c.BrokerOut, result)
+        if resumed.state == "parked":  # unusable again at once: park again (a new wait with a new TTL)
+            return await self._park_call(call, resumed)
+        return resumed
+
+    async def _wait_unparked(self, park: c.ParkIn, out: c.ParkOut) -> str | None:
+        """None once the wait is over (the run was moved back to work); else why it ended."""
+        recheck = self._inp.timing.approval_recheck_secs
+        while out.state == "waiting":
+            expires = datetime.fromisoformat(out.expires_at)
+            remaining = (expires - workflow.now()).total_seconds()
+            seen = self._ready
+            if remaining > 0:
+                try:
+                    await workflow.wait_condition(
+                        lambda seen=seen: self._ready != seen or self._wake or self._closing,  # type: ignore[misc]
+                        timeout=min(recheck, remaining),
+                    )
+                except TimeoutError:
+                    pass
+            if self._wake or self._closing or (expires - workflow.now()).total_seconds() <= 0:
+                outcome = "ended" if (self._wake or self._closing) else "expired"
+                end = c.EndParkIn(
+                    run_id=park.run_id, tool_call_id=park.tool_call_id, input_digest=park.input_digest, outcome=outcome
+                )
+                done = await self._quick(c.END_PARK, end, c.ParkOut)
+                if outcome == "expired" and park.tool_call_id:
+                    self._wake = True  # the run ends: its intent is recorded
+                return done.reason or "the wait for the connection ended"
+            # A signal or the slow re-check (a lost signal still reaches the run): is it usable now?
+            out = await self._quick(c.TRY_UNPARK, park, c.ParkOut)
+        if out.state != "resumed":
+            return out.reason or "the wait for the connection ended"
+        if park.tool_call_id and not self._closing:
+            self._set_status(out.status)
+        return None
+
+    def _pause_clock(self, step: int) -> None:
+        self._parked += step
+        if step > 0 and self._parked == 1:
+            self._parked_since = workflow.now()
+            self._clock_changed = True
+        elif step < 0 and self._parked == 0 and self._parked_since is not None:
+            self._paused += workflow.now() - self._parked_since
+            self._parked_since = None
+            self._clock_changed = True
 
     async def _exceed_wall_clock(self, budget: int | None) -> None:
         await self._act(
@@ -309,7 +423,7 @@ class RunWorkflow:
                 max_wall_clock_secs=self._inp.max_wall_clock_secs,
                 timing=self._inp.timing,
                 resumed=True,
-                deadline=deadline.isoformat() if deadline else None,
+                deadline=(deadline + self._paused).isoformat() if deadline else None,
                 status=self._status,
                 decisions=self._decisions,
             )

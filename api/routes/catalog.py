@@ -242,6 +242,7 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         display_name=body.display_name or row["name"],
         access=from_catalog(row["access"]),
     )
+    await svc.run_control.wake_parked(op.tenant_id, made)
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
 
 

@@ -7,17 +7,19 @@ the moment it photographs the server or executes a brokered call.
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from api import responses as out
 from api.deps import Principal, PrincipalDep, Services, ServicesDep
 from api.errors import errors
 from api.views import connection_public as public
 from api.views import snapshot_public
-from core.access import definition, definition_diff, parse_access, with_access
+from core.access import definition, definition_diff, from_catalog, parse_access, with_access
+from core.bindings import same_url
 from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable
 from db.models.connections import ConnectionToolChange
 from integrations.oauth import OAuthClientError
@@ -25,6 +27,7 @@ from integrations.transports._auth import validate_auth as auth_problem
 from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused
+from services.connections import unavailable
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
 
@@ -32,6 +35,15 @@ TRANSPORTS = ("mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli")
 
 # RFC 6749 §3.3 scope-token: printable ASCII except space, double quote and backslash.
 _SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
+# Only ``…_MCP_TOKEN`` variables, never the control plane's own (FLUIDBOX_*): a connection must not be able to
+# send the credential key or the LLM key to a server.
+ENV_VAR = r"^[A-Z][A-Z0-9_]{0,100}_MCP_TOKEN$"
+
+
+def _not_ours(var: str | None) -> str | None:
+    if var is not None and var.startswith("FLUIDBOX_"):
+        raise ValueError("`credential_env` cannot name a FLUIDBOX_ variable")
+    return var
 
 
 class ConnectionCreate(BaseModel):
@@ -57,11 +69,25 @@ class ConnectionCreate(BaseModel):
         "(an OpenAPI or HTTP operation keeps its method's class).",
     )
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=64)  # a sandbox_cli connection's tools
+    credential_env: str | None = Field(
+        default=None,
+        pattern=ENV_VAR,
+        description="Take the static credential from this environment variable of the control plane "
+        "(`<PROVIDER>_MCP_TOKEN`) instead of `token`: configuration, never stored; unset → `Missing <VAR>`.",
+    )
+    _env = field_validator("credential_env")(classmethod(lambda cls, v: _not_ours(v)))
 
 
 class ConnectionPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     access: Any = Field(description="The new access declaration (replaces the old one; future runs only).")
+
+
+class CredentialReplace(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token: SecretStr | None = None
+    credential_env: str | None = Field(default=None, pattern=ENV_VAR)
+    _env = field_validator("credential_env")(classmethod(lambda cls, v: _not_ours(v)))
 
 
 async def visible(svc: Services, who: Principal, connection_id: str) -> dict[str, Any]:
@@ -141,8 +167,24 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
     if body.client_id is not None or body.client_secret is not None or body.scopes is not None:
         raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
+    if body.credential_env is not None:
+        if body.token is not None:
+            raise BadRequest("give either `token` or `credential_env`, not both")
+        row, snapshot = await svc.connection_service.connect_env(
+            who.tenant_id,
+            base_url=body.base_url,
+            credential_env=body.credential_env,
+            header_name=body.header_name,
+            scheme=body.scheme,
+            display_name=body.display_name,
+            owner_user_id=who.user_id if body.owner == "personal" else None,
+            created_by_user_id=who.user_id,
+            access=access,
+        )
+        await svc.run_control.wake_parked(who.tenant_id, row)
+        return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
     if body.token is None or not body.token.get_secret_value():
-        raise BadRequest("a static connection needs a `token`")
+        raise BadRequest("a static connection needs a `token` (or `credential_env`)")
     row, snapshot = await svc.connection_service.connect_static(
         who.tenant_id,
         base_url=body.base_url,
@@ -154,6 +196,7 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         created_by_user_id=who.user_id,
         access=access,
     )
+    await svc.run_control.wake_parked(who.tenant_id, row)  # runs parked for a connection to this URL
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
 
@@ -298,6 +341,101 @@ async def _create_oauth_transport_connection(
             await svc.connections.discard_pending_oauth(who.tenant_id, row["id"])
             raise BadRequest(f"cannot use this client id with this server: {err}") from None
     return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
+
+
+@router.get(
+    "/authorize",
+    summary="Start or poll a connection's authorization",
+    response_model=out.ConnectionAuthorize,
+    response_model_exclude_none=True,
+    responses=errors(401, 403, 404, 409, 502, 503),
+)
+async def authorize(
+    who: PrincipalDep,
+    svc: ServicesDep,
+    connection: str = Query(min_length=1, max_length=128, description="A connection id or a catalog slug."),
+    owner: Literal["organization", "personal"] = "organization",
+) -> dict[str, Any]:
+    """``connected``; ``authorize`` with the sign-in ``url`` (a pending flow's link is reused, so calling
+    again mints no new flow and doubles as a poll); or 409 ``{status: "unavailable", reason}``."""
+    if owner == "personal" and who.user_id is None:
+        raise unavailable("a personal connection needs a signed-in user; the operator token has none")
+    try:
+        uuid.UUID(connection)
+    except ValueError:
+        row = await _catalog_connection(svc, who, connection, owner)
+    else:
+        row = await visible(svc, who, connection)
+    require_manage(who, row, "authorizing")
+    return await svc.connection_service.authorize(who.tenant_id, row, who.user_id)
+
+
+async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: str) -> dict[str, Any]:
+    """The connection serving catalog entry ``slug`` for this caller: the newest to its URL (active first), or
+    one made now (a pending oauth connection; a static one from its ``credential_env``)."""
+    entry = await svc.catalog.get(who.tenant_id, slug)
+    if entry is None:
+        raise NotFound()
+    if not entry["url"]:
+        raise unavailable(f"'{slug}' has no URL to connect to (no auth definition)")
+    personal = owner == "personal"
+    rows = [
+        r
+        for r in await svc.connections.all(who.tenant_id, who.user_id)
+        if same_url(r["base_url"], entry["url"])
+        and (r["owner_type"] == "user") == personal
+        and r["status"] != "revoked"
+    ]
+    rows.sort(key=lambda r: r["status"] != "active")
+    if rows:
+        return rows[0]
+    owner_user_id = who.user_id if personal else None
+    if not personal and not who.mutates_resources:  # checked before anything is created
+        raise Forbidden("authorizing an organization connection requires the admin or owner role")
+    if entry["auth_mode"] == "oauth":
+        return await svc.connection_service.connect_oauth(
+            who.tenant_id, base_url=entry["url"], display_name=entry["name"], owner_user_id=owner_user_id,
+            created_by_user_id=who.user_id, access=from_catalog(entry.get("access")),
+        )  # fmt: skip
+    hints = entry["auth_hints"] or {}
+    env = hints.get("credential_env")
+    if not env:
+        raise unavailable(
+            f"'{slug}' has no auth definition to start: connect it with a token (POST /v1/catalog/{slug}/connect)"
+        )
+    row, _ = await svc.connection_service.connect_env(
+        who.tenant_id, base_url=entry["url"], credential_env=env, header_name=hints.get("header_name"),
+        scheme=hints.get("scheme", "Bearer"), display_name=entry["name"], owner_user_id=owner_user_id,
+        created_by_user_id=who.user_id, access=from_catalog(entry.get("access")),
+    )  # fmt: skip
+    return row
+
+
+@router.put(
+    "/{connection_id}/credential",
+    summary="Give a static connection a new credential",
+    response_model=out.ConnectionCreated,
+    response_model_exclude_unset=True,
+    responses=errors(401, 403, 404, 409, 502, 503),
+)
+async def replace_credential(
+    connection_id: str, body: CredentialReplace, who: PrincipalDep, svc: ServicesDep
+) -> dict[str, Any]:
+    """Photographed with the new credential first (a rejected one changes nothing), then sealed: the connection
+    is active again (also after a revocation) at the next authorization generation, and every run parked on it
+    resumes. Runs bound under the old generation that do not park fail closed."""
+    if (body.token is None or not body.token.get_secret_value()) == (body.credential_env is None):
+        raise BadRequest("give exactly one of `token` or `credential_env`")
+    row = await visible(svc, who, connection_id)
+    require_manage(who, row, "changing the credential of")
+    updated, snapshot = await svc.connection_service.replace_credential(
+        who.tenant_id,
+        row,
+        token=body.token.get_secret_value() if body.token else None,
+        credential_env=body.credential_env,
+    )
+    await svc.run_control.wake_parked(who.tenant_id, updated)
+    return {"connection": public(updated), "snapshot": snapshot_public(snapshot)}
 
 
 @router.post(

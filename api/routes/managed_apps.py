@@ -165,7 +165,7 @@ async def callback(request: Request) -> Response:
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404, 409, 502, 503),
 )
-async def complete(body: CompleteIn, request: Request, who: PrincipalDep) -> dict[str, Any]:
+async def complete(body: CompleteIn, request: Request, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The proof is single use, bound to the account that started the sign-in and valid for five minutes;
     ``expected_server_id`` must name the connection it completes. A refusal changes nothing."""
     managed = managed_of(request)
@@ -174,6 +174,10 @@ async def complete(body: CompleteIn, request: Request, who: PrincipalDep) -> dic
         outcome = await managed.complete(who.tenant_id, user_id, body.completion_proof, body.expected_server_id)
     except (OAuthClientError, mcp_client.McpClientError) as err:
         raise UpstreamFailed(f"the connection could not be completed: {err}") from None
+    if (
+        outcome.status == "connected" and outcome.connection is not None
+    ):  # runs parked on this account's connection resume
+        await svc.run_control.wake_parked(who.tenant_id, outcome.connection)
     return outcome_public(outcome)
 
 
@@ -184,10 +188,14 @@ async def complete(body: CompleteIn, request: Request, who: PrincipalDep) -> dic
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404, 409, 502, 503),
 )
-async def connect(app_id: str, request: Request, who: PrincipalDep, body: ConnectIn | None = None) -> dict[str, Any]:
+async def connect(
+    app_id: str, request: Request, who: PrincipalDep, svc: ServicesDep, body: ConnectIn | None = None
+) -> dict[str, Any]:
     """``connected`` with the usable connection; ``redirect`` with the provider's ``authorization_url``; or
     ``PROVISIONING`` while a finished sign-in's setup cannot complete yet (a later call completes it)."""
     managed = managed_of(request)
     user_id = writer(who)
     outcome = await managed.connect(who.tenant_id, user_id, app_id, body.redirect_url if body else None)
+    if outcome.status == "connected" and outcome.connection is not None:  # a held grant completed by this call
+        await svc.run_control.wake_parked(who.tenant_id, outcome.connection)
     return outcome_public(outcome)

@@ -103,6 +103,8 @@ async def callback(request: Request, svc: ServicesDep) -> HTMLResponse:
         raise UpstreamFailed(f"the connection could not be completed: {err}") from None
     if svc.access_tokens is not None:
         svc.access_tokens.evict(done.connection["id"])
+    # Runs parked on this connection (or on its URL) resume: each re-checks the live row itself.
+    await svc.run_control.wake_parked(str(done.connection["tenant_id"]), done.connection)
     name = html.escape(str(done.connection.get("display_name") or "the server"))
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>Connected</title></head><body>"

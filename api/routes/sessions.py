@@ -17,6 +17,7 @@ from api.errors import errors
 from api.schemas import SessionCreate, approval_public
 from core.errors import BadRequest, Forbidden, NotFound
 from core.runspec import InvocationContext, workspace_doc
+from core.states import RunStatus
 from db.identity import Identity
 from db.ledger import LedgerEvent
 from db.models.runs import Run
@@ -58,6 +59,7 @@ async def create_session(body: SessionCreate, who: PrincipalDep, svc: ServicesDe
         budgets=body.budgets,
         bindings=body.bindings,
         capabilities=body.capabilities,
+        when_unavailable="park",  # an interactive run waits for a connection unless its requirement says fail
     )
     if who.is_operator:
         row = await svc.runs.create(
@@ -74,15 +76,20 @@ async def create_session(body: SessionCreate, who: PrincipalDep, svc: ServicesDe
     return {"session": row}
 
 
-@router.get("", summary="List runs", response_model=out.SessionList, responses=errors(401))
+@router.get("", summary="List runs", response_model=out.SessionList, responses=errors(400, 401))
 async def list_sessions(
-    who: PrincipalDep, svc: ServicesDep, limit: int = Query(default=50, ge=1, le=500)
+    who: PrincipalDep,
+    svc: ServicesDep,
+    limit: int = Query(default=50, ge=1, le=500),
+    status: str | None = Query(default=None, description="Only runs in this status, e.g. waiting_for_connection."),
 ) -> dict[str, Any]:
     """Newest first; a plain member sees only the runs it invoked."""
+    if status is not None and status not in {s.value for s in RunStatus}:
+        raise BadRequest(f"unknown status '{status}' (known: {', '.join(s.value for s in RunStatus)})")
     if who.reads_all_runs:
-        rows = await svc.store.list_runs(who.tenant_id, limit)
+        rows = await svc.store.list_runs(who.tenant_id, limit, status)
     else:
-        rows = await Identity(svc.store).runs_invoked_by(who.tenant_id, who.user_id or "", limit)
+        rows = await Identity(svc.store).runs_invoked_by(who.tenant_id, who.user_id or "", limit, status)
     return {"sessions": rows}
 
 

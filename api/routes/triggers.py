@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,6 +36,7 @@ PATCHABLE = (
     "allow_task_override",
     "allow_workspace_override",
     "concurrency_policy",
+    "when_unavailable",
     "callback_url",
     "schedule",
 )
@@ -65,6 +66,7 @@ class TriggerCreate(_Body):
     workspace: WorkspaceIn | None = None
     callback_url: str | None = Field(default=None, max_length=2048)
     concurrency_policy: str = "allow"
+    when_unavailable: Literal["park", "fail"] = "fail"
     schedule: ScheduleIn | None = None
     connection: str | None = None
     repositories: list[str] | None = Field(default=None, max_length=100)
@@ -85,6 +87,7 @@ class TriggerPatch(_Body):
     allow_task_override: bool | None = None
     allow_workspace_override: bool | None = None
     concurrency_policy: str | None = None
+    when_unavailable: Literal["park", "fail"] | None = None
     callback_url: str | None = Field(default=None, max_length=2048)
     schedule: ScheduleChange | None = None
 

@@ -26,6 +26,7 @@ from db.models.identity import AuthAuditLog, OrgMembership, Tenant, User
 from db.models.ledger import Event
 from db.models.managed_apps import ManagedAppConnection, ManagedAppFlow
 from db.models.oauth import ConnectorOAuthFlow, OAuthClientRegistration
+from db.models.parks import RunPark
 from db.models.policies import Policy, PolicyVersion
 from db.models.runs import Artifact, Run, RunFinalization
 from db.models.tokens import ApiToken
@@ -74,6 +75,7 @@ __all__ = [
     "PolicyVersion",
     "Run",
     "RunFinalization",
+    "RunPark",
     "RunResourceBinding",
     "RunSpend",
     "Tenant",

@@ -68,6 +68,8 @@ class IntegrationConnection(SQLModel, table=True):
     # Transports (migrations 0017/0018): which provider speaks to the server, and its non-secret configuration.
     transport: str = Field(sa_type=TEXT, sa_column_kwargs=default("'mcp_http'"))
     transport_config: dict[str, Any] = Field(sa_type=JSONB, sa_column_kwargs=EMPTY_OBJECT)
+    # Migration 0015: the environment variable the static credential comes from (``<PROVIDER>_MCP_TOKEN``).
+    credential_env: str | None = Field(default=None, sa_type=TEXT)
 
 
 class ConnectionToolSnapshot(SQLModel, table=True):

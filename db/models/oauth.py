@@ -75,3 +75,5 @@ class ConnectorOAuthFlow(SQLModel, table=True):
     consumed_at: datetime | None = Field(sa_type=TIMESTAMPTZ)
     # Which callback may claim the flow (migration 0013): the connector one, or the managed-app one.
     purpose: FlowPurpose = Field(sa_type=TEXT, sa_column_kwargs=default("'connection'"))
+    # The flow's sign-in link (migration 0015), reused while the flow is pending (``/v1/connections/authorize``).
+    challenge_url: str | None = Field(default=None, sa_type=TEXT)

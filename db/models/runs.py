@@ -61,6 +61,8 @@ class Run(SQLModel, table=True):
     invoked_by_kind: str = Field(sa_type=TEXT, sa_column_kwargs=default("'operator'"))
     # No foreign key: the invoker is recorded as it was, whatever happens to the user later.
     invoked_by_user_id: uuid.UUID | None
+    # Migration 0015: what a person must do while the run is ``waiting_for_connection`` (None otherwise).
+    pending_action: dict[str, Any] | None = Field(default=None, sa_type=JSONB)
     created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
     updated_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
 

@@ -18,6 +18,7 @@ SubscriptionKind = Literal["api", "schedule", "event"]
 InvocationKind = Literal["api", "schedule", "event", "manual"]
 ConcurrencyPolicy = Literal["allow", "skip_if_running", "replace"]
 MissedRunPolicy = Literal["skip", "catch_up"]
+WhenUnavailable = Literal["park", "fail"]
 
 
 class TriggerSubscription(SQLModel, table=True):
@@ -32,6 +33,9 @@ class TriggerSubscription(SQLModel, table=True):
         ),
         sa.CheckConstraint(
             one_of("missed_run_policy", MissedRunPolicy), name="trigger_subscriptions_missed_run_policy_check"
+        ),
+        sa.CheckConstraint(
+            one_of("when_unavailable", WhenUnavailable), name="trigger_subscriptions_when_unavailable_check"
         ),
         # PostgreSQL named these unnamed table checks by position; the names are kept as they are.
         sa.CheckConstraint(
@@ -68,6 +72,8 @@ class TriggerSubscription(SQLModel, table=True):
     missed_run_policy: MissedRunPolicy | None = Field(sa_type=TEXT)
     connection_id: uuid.UUID | None = Field(foreign_key="integration_connections.id")
     event_filter: dict[str, Any] | None = Field(sa_type=JSONB)
+    # Migration 0015: a requirement its runs cannot bind parks the run (``park``) or refuses it (``fail``).
+    when_unavailable: WhenUnavailable = Field(default="fail", sa_type=TEXT, sa_column_kwargs=default("'fail'"))
     created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
     updated_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
 

@@ -27,6 +27,7 @@ ACTIVE = (
     S.INITIALIZING,
     S.RUNNING,
     S.AWAITING_APPROVAL,
+    S.WAITING_FOR_CONNECTION,
 )
 TERMINALS = (S.COMPLETED, S.FAILED, S.CANCELLED, S.BUDGET_EXCEEDED)
 
@@ -40,6 +41,12 @@ SPEC_EDGES: frozenset[tuple[RunStatus, RunStatus]] = frozenset(
         (S.INITIALIZING, S.RUNNING),
         (S.RUNNING, S.AWAITING_APPROVAL),
         (S.AWAITING_APPROVAL, S.RUNNING),
+        (S.CREATED, S.WAITING_FOR_CONNECTION),
+        (S.RUNNING, S.WAITING_FOR_CONNECTION),
+        (S.AWAITING_APPROVAL, S.WAITING_FOR_CONNECTION),
+        (S.WAITING_FOR_CONNECTION, S.CREATED),
+        (S.WAITING_FOR_CONNECTION, S.RUNNING),
+        (S.WAITING_FOR_CONNECTION, S.AWAITING_APPROVAL),
         *((src, S.CANCELLING) for src in ACTIVE),
         *((src, S.FINALIZING) for src in ACTIVE),
         (S.CANCELLING, S.FINALIZING),
@@ -56,7 +63,7 @@ def _id(pair: tuple[RunStatus, RunStatus]) -> str:
     return f"{pair[0].value}->{pair[1].value}"
 
 
-def test_the_status_vocabulary_is_exactly_the_twelve_spec_statuses() -> None:
+def test_the_status_vocabulary_is_the_twelve_spec_statuses_plus_waiting_for_connection() -> None:
     assert {s.value for s in RunStatus} == {
         "created",
         "awaiting_authorization",
@@ -64,6 +71,7 @@ def test_the_status_vocabulary_is_exactly_the_twelve_spec_statuses() -> None:
         "initializing",
         "running",
         "awaiting_approval",
+        "waiting_for_connection",
         "cancelling",
         "finalizing",
         "completed",
@@ -117,6 +125,12 @@ def test_awaiting_authorization_never_jumps_to_running() -> None:
         check_transition(S.AWAITING_AUTHORIZATION, S.RUNNING)
 
 
+def test_a_parked_run_never_skips_provisioning_or_jumps_to_a_terminal_status() -> None:
+    for dst in (S.PROVISIONING, S.INITIALIZING, *TERMINALS):
+        with pytest.raises(InvalidTransition):
+            check_transition(S.WAITING_FOR_CONNECTION, dst)
+
+
 def test_finalizing_cannot_go_back_to_cancelling_or_running() -> None:
     for dst in (S.CANCELLING, S.RUNNING, S.CREATED):
         with pytest.raises(InvalidTransition):
@@ -144,8 +158,9 @@ def test_terminal_set_is_exactly_the_four_terminal_statuses() -> None:
         assert is_terminal(status.value) == (status in TERMINALS)
 
 
-def test_accepts_work_is_exactly_created_provisioning_initializing_running_awaiting_approval() -> None:
-    expected = {S.CREATED, S.PROVISIONING, S.INITIALIZING, S.RUNNING, S.AWAITING_APPROVAL}
+def test_accepts_work_is_exactly_the_launch_and_working_statuses_and_a_parked_run() -> None:
+    # A run parked mid-run keeps its runner alive (heartbeats, token renewal) while one call waits.
+    expected = {S.CREATED, S.PROVISIONING, S.INITIALIZING, S.RUNNING, S.AWAITING_APPROVAL, S.WAITING_FOR_CONNECTION}
     assert set(ACCEPTS_WORK) == expected
     for status in RunStatus:
         assert accepts_work(status) == (status in expected)

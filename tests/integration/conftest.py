@@ -36,6 +36,8 @@ FAST = {
     # Finished runs' directories stay for the session (tests read workspaces and sandbox logs afterwards);
     # production removes them at finalization (tests/activities/test_rundirs.py).
     "FLUIDBOX_RUN_DIR_RETENTION_SECS": "3600",
+    # A connection's credential configured from the environment (``credential_env``), present in API and worker.
+    "PARKTEST_MCP_TOKEN": "env-" + secrets.token_hex(16),
 }
 
 

@@ -266,7 +266,13 @@ async def test_a_local_copy_workspace_must_exist(api: httpx.AsyncClient) -> None
 
 
 async def test_revisions_carry_connection_requirements_that_fail_closed_until_bound(api: httpx.AsyncClient) -> None:
-    req = {"slot": "tracker", "connector": {"url": "https://mcp.example.com/mcp"}, "required_tools": ["create_issue"]}
+    # ``fail``: refused at creation (without it an API run parks until a connection exists: test_parked.py).
+    req = {
+        "slot": "tracker",
+        "connector": {"url": "https://mcp.example.com/mcp"},
+        "required_tools": ["create_issue"],
+        "when_unavailable": "fail",
+    }
     name = await make_agent(api, [{"say": "hi"}], connection_requirements=[req])
     detail = (await api.get(f"/v1/agents/{name}")).json()
     assert detail["revisions"][0]["connection_requirements"] == [{**req, "binding_mode": "organization"}]

@@ -202,9 +202,10 @@ async def test_revoking_a_connection_mid_run_fails_the_next_call_closed(api: htt
             {"tool": "Bash", "input": {"command": "./deploy.sh"}},
             {"tool": "mcp__calc__echo", "input": {"text": "two"}},
         ]
+        # ``fail``: the call is refused at once (the default for API runs parks it: tests/integration/test_parked.py).
         agent = await make_agent(
             api, script, policy=await make_policy(api, BROKER_POLICY),
-            connection_requirements=[requirement(srv.url, ["echo"])],
+            connection_requirements=[{**requirement(srv.url, ["echo"]), "when_unavailable": "fail"}],
         )  # fmt: skip
         run_id = await start_run(api, agent)
         pending = await wait_pending(api, run_id)

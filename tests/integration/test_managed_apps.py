@@ -278,8 +278,9 @@ async def test_a_run_calls_through_a_managed_connection_and_a_new_sign_in_keeps_
         r = await erin.post("/v1/mcp-oauth/catalog/connect/complete", json={"completion_proof": proof})
         assert r.status_code == 200 and r.json()["status"] == "connected", r.text
         cid = r.json()["connection"]["id"]
+        # ``fail``: this test is about the call failing closed (API runs park by default: test_parked.py).
         requirement = {"slot": "calc", "connector": {"url": mcp.url}, "required_tools": ["add"],
-                       "binding_mode": "invoking_user"}  # fmt: skip
+                       "binding_mode": "invoking_user", "when_unavailable": "fail"}  # fmt: skip
         agent = await make_agent(
             operator, [{"tool": "mcp__calc__add", "input": {"a": 2, "b": 3}}],
             policy=await make_policy(operator, BROKER_POLICY), connection_requirements=[requirement],

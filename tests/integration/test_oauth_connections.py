@@ -261,7 +261,7 @@ async def test_a_reconnect_makes_an_in_flight_runs_next_brokered_call_fail_close
     ]
     agent = await make_agent(
         api, script, policy=await make_policy(api, BROKER_POLICY),
-        connection_requirements=[requirement(mcp.url, ["echo"])],
+        connection_requirements=[{**requirement(mcp.url, ["echo"]), "when_unavailable": "fail"}],
     )  # fmt: skip
     run_id = await start_run(api, agent)
     pending = await wait_pending(api, run_id)
@@ -291,7 +291,7 @@ async def test_a_revoked_grant_puts_the_connection_in_error_and_fails_the_call_w
     before = mcp.call_count("add")
     agent = await make_agent(
         api, adding_agent_script(), policy=await make_policy(api, BROKER_POLICY),
-        connection_requirements=[requirement(mcp.url, ["add"])],
+        connection_requirements=[{**requirement(mcp.url, ["add"]), "when_unavailable": "fail"}],
     )  # fmt: skip
     run_id = await start_run(api, agent)
     await wait_status(api, run_id, {"completed", "failed"})

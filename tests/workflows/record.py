@@ -1,5 +1,6 @@
 """Record RunWorkflow histories for the replay test: ``python -m tests.workflows.record [moved] [--suffix S]``.
 
+``parked`` records only the two parked-run histories (``run_parked_up_front``, ``run_parked_mid_run``).
 ``moved`` records only the histories of a run that continued as new (its first run, which ends in
 ``ContinuedAsNew``, and the resumed run that completes it). ``--suffix`` writes ``run_<name><S>.json``
 beside the existing files instead of over them: histories recorded before a ``workflow.patched``
@@ -119,6 +120,56 @@ async def record_moved() -> None:
         shutil.rmtree(home, ignore_errors=True)
 
 
+async def record_parked() -> None:
+    """``parked``: a run parked up front (no connection yet), and one whose brokered call parked mid-run on a
+    revoked connection; both resume when a credential arrives (``parked-runs`` patch)."""
+    stack = Stack.ephemeral("fbxr-", {**FAST, "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": "1500"})  # one history each
+    home = stack.home
+    try:
+        token = await stack.start()
+        client = await connect_client(Settings(temporal_address=stack.temporal_address))
+        async with (
+            httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60) as api,
+            serve(basic()) as srv,
+        ):
+            policy = await make_policy(
+                api, {"tools": [{"match": ["mcp__*"], "action": "allow"}, {"match": ["Bash"], "action": "approve"}]}
+            )
+            requirement = {"slot": "calc", "connector": {"url": srv.url}, "required_tools": ["echo"]}
+            body = {"agent": "", "task": "t"}
+            up_front = await make_agent(
+                api, [{"tool": "mcp__calc__echo", "input": {"text": "x"}}], policy=policy,
+                connection_requirements=[requirement],
+            )  # fmt: skip
+            r = await api.post("/v1/sessions", json={**body, "agent": up_front})
+            parked = r.json()["session"]["id"]
+            await wait_status(api, parked, {"waiting_for_connection"})
+            made = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "t"})
+            connection_id = made.json()["connection"]["id"]
+            await wait_status(api, parked, {"completed"})
+            script = [
+                {"tool": "mcp__calc__echo", "input": {"text": "one"}},
+                {"tool": "Bash", "input": {"command": "x"}},
+                {"tool": "mcp__calc__echo", "input": {"text": "two"}},
+            ]
+            mid = await make_agent(api, script, policy=policy, connection_requirements=[requirement])
+            r = await api.post("/v1/sessions", json={**body, "agent": mid})
+            mid_run = r.json()["session"]["id"]
+            pending = await wait_pending(api, mid_run)
+            await api.post(f"/v1/connections/{connection_id}/revoke")
+            await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
+            await wait_status(api, mid_run, {"waiting_for_connection"})
+            await api.put(f"/v1/connections/{connection_id}/credential", json={"token": "t2"})
+            await wait_status(api, mid_run, {"completed"})
+        for name, run_id in (("parked_up_front", parked), ("parked_mid_run", mid_run)):
+            history = await client.get_workflow_handle(c.workflow_id(run_id)).fetch_history()
+            (OUT / f"run_{name}{SUFFIX}.json").write_text(history.to_json())
+            print(f"recorded {name}: {len(history.events)} events")
+    finally:
+        stack.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
 if __name__ == "__main__":
     import sys
 
@@ -127,5 +178,5 @@ if __name__ == "__main__":
         at = argv.index("--suffix")
         SUFFIX = argv[at + 1]
         del argv[at : at + 2]
-    asyncio.run(record_moved() if argv == ["moved"] else record())
+    asyncio.run(record_moved() if argv == ["moved"] else record_parked() if argv == ["parked"] else record())
     os._exit(0)

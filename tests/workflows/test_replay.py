@@ -15,7 +15,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from workflows.liveness import LivenessSweepWorkflow
-from workflows.run import LIVENESS_BY_SWEEP, LOCAL_APPROVAL_STEPS, SANDBOX_CAPACITY, WORKFLOWS
+from workflows.run import LIVENESS_BY_SWEEP, LOCAL_APPROVAL_STEPS, PARKED_RUNS, SANDBOX_CAPACITY, WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"))
 SWEEPS = sorted((Path(__file__).resolve().parent / "histories" / "liveness").glob("*.json"))
@@ -45,6 +45,14 @@ def patches(text: str) -> set[str]:
             for payload in marker["details"]["patch-data"]["payloads"]:
                 out.add(json.loads(base64.b64decode(payload["data"]))["id"])
     return out
+
+
+@pytest.mark.parametrize("name", ["run_parked_up_front", "run_parked_mid_run"])
+def test_parked_run_histories_take_the_parked_runs_branch(name: str) -> None:
+    """A run parked before provisioning and one parked on a brokered call (tests/workflows/record.py parked)."""
+    text = (HISTORIES[0].parent / f"{name}.json").read_text()
+    assert PARKED_RUNS in patches(text)
+    assert '"signalName": "connection_ready"' in text
 
 
 @pytest.mark.parametrize("path", [p for p in HISTORIES if p.stem.endswith("_v2")], ids=lambda p: p.stem)
