@@ -61,7 +61,11 @@ def runner_env(spec: RunSpec, settings: RunnerEnvSettings) -> dict[str, str]:
     }
     if spec.system_prompt:
         env[wire.ENV_SYSTEM_PROMPT] = spec.system_prompt
-    if spec.brokered:
+    if spec.brokered and spec.tool_discovery == "deferred":
+        # The agent finds its brokered tools through tool_search / tool_describe, answered by the control
+        # plane from the frozen RunSpec: the sandbox never holds the full tool set.
+        env[wire.ENV_TOOL_DISCOVERY] = "deferred"
+    elif spec.brokered:
         # What the agent may call through the broker: names and schemas, never URLs or credentials.
         servers = [
             {"class": "brokered", "name": b["slot"], "tools": [
