@@ -22,6 +22,7 @@ from tests.integration.helpers import (
     wait_sandbox_env,
     wait_status,
 )
+from tests.llm_upstream import Upstream, text, tool_use
 from tests.mcp_servers import MANY_NOUNS, MANY_VERBS, many_tool, many_tools, serve
 
 pytestmark = pytest.mark.stack
@@ -217,3 +218,63 @@ async def test_auto_defers_above_the_threshold_and_eager_runs_are_unchanged(api:
             )
         # tool_call reaches the same gated broker in every mode.
         assert messages[1] == 'mcp__big__get_invoice → get_invoice:{"invoice_id": "i-1"}'
+
+
+async def test_the_claude_harness_discovers_and_calls_through_its_three_mcp_tools(
+    api: httpx.AsyncClient, llm_upstream: Upstream
+) -> None:
+    discovery = "mcp__fluidbox_tools__"
+    llm_upstream.push(
+        tool_use(discovery + "tool_search", {"query": "fetch one invoice"}, id="toolu_search"),
+        tool_use(discovery + "tool_describe", {"name": "mcp__big__get_invoice"}, id="toolu_describe"),
+        tool_use(discovery + "tool_call", {"name": "mcp__big__delete_invoice", "arguments": {"invoice_id": "i-9"}},
+                 id="toolu_delete"),
+        tool_use(discovery + "tool_call", {"name": "mcp__big__get_invoice", "arguments": {"invoice_id": "i-9"}},
+                 id="toolu_get"),
+        text("Invoice i-9 fetched."),
+    )  # fmt: skip
+    async with serve(many_tools()) as srv:
+        await connect(api, srv.url)
+        agent = await make_agent(
+            api,
+            policy=await make_policy(api, POLICY),
+            harness="claude-agent-sdk",
+            model="claude-haiku-4-5",
+            tool_discovery="deferred",
+            connection_requirements=[{"slot": "big", "connector": {"url": srv.url}, "required_tools": FROZEN}],
+        )
+        run_id = await start_run(api, agent)
+        row = await wait_status(api, run_id, {"completed", "failed"}, timeout=120)
+        evs = await events(api, run_id)
+        assert row["status"] == "completed", [e["payload"] for e in evs if e["type"] == "run.error"]
+        assert srv.calls == [("get_invoice", {"invoice_id": "i-9"})], "the policy deny on the target sent nothing"
+
+    bodies = [r.body for r in llm_upstream.requests if r.path == "/v1/messages" and isinstance(r.body, dict)]
+    offered = {t["name"] for t in bodies[0].get("tools", [])}
+    assert {discovery + n for n in ("tool_search", "tool_describe", "tool_call")} <= offered
+    assert not any(name.startswith("mcp__big__") for name in offered), "no brokered schema is in the prompt"
+    results = {
+        block["tool_use_id"]: block
+        for message in bodies[-1]["messages"] if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"] if block.get("type") == "tool_result"
+    }  # fmt: skip
+
+    def text_of(tool_use_id: str) -> str:
+        content = results[tool_use_id]["content"]  # the tool's own text first; the CLI may append reminders
+        return content if isinstance(content, str) else str(content[0].get("text", ""))
+
+    assert json.loads(text_of("toolu_search"))["tools"][0]["name"] == "mcp__big__get_invoice"
+    assert json.loads(text_of("toolu_describe"))["input_schema"] == many_tool("get", "invoice").input_schema
+    assert results["toolu_delete"].get("is_error") is True and "fluidbox denied this call" in text_of("toolu_delete")
+    assert text_of("toolu_get").startswith("get_invoice:")
+    # The gate judged the targets, under the model's own tool_use ids; the ledger names them.
+    requested = by_call(evs, "tool.requested")
+    assert {k: (v["tool"], v.get("via")) for k, v in requested.items()} == {
+        "toolu_delete": ("mcp__big__delete_invoice", "tool_call"),
+        "toolu_get": ("mcp__big__get_invoice", "tool_call"),
+    }
+    decided = by_call(evs, "tool.decision")
+    assert {k: v["verdict"] for k, v in decided.items()} == {"toolu_delete": "deny", "toolu_get": "allow"}
+    completed = by_call(evs, "tool.completed")
+    assert (completed["toolu_get"]["tool"], completed["toolu_get"]["via"]) == ("mcp__big__get_invoice", "tool_call")
+    assert completed["toolu_search"]["tool"] == discovery + "tool_search"
