@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core import discovery
+from core import discovery, wire
 from core.policy import Budgets
+from core.runner_env import runner_env
 from core.runspec import AUTO_DEFERRED_ABOVE, RunSpec, WorkspaceSpec, resolve_tool_discovery
 from tests.mcp_servers import MANY_NOUNS, MANY_VERBS, many_tool
 
@@ -133,3 +136,22 @@ def test_auto_is_deferred_only_above_the_threshold_and_explicit_modes_win() -> N
 def test_the_index_is_built_once_per_spec() -> None:
     spec = make_spec([surface("big", [frozen("get", "invoice")])])
     assert discovery.index_for(spec) is discovery.index_for(spec)
+
+
+class _EnvSettings:
+    socket_path = Path("/tmp/fluidbox/api.sock")
+    heartbeat_secs = 10.0
+    token_ttl_secs = 3600
+    gateway_staleness_secs = 600.0
+    replay_delay_ms = 0
+
+
+def test_an_eager_sandbox_gets_every_schema_and_a_deferred_one_none() -> None:
+    tools = [frozen("get", "invoice"), frozen("list", "invoice")]
+    eager = make_spec([surface("big", tools)]).model_copy(update={"tool_discovery": "eager"})
+    env = runner_env(eager, _EnvSettings())
+    assert wire.ENV_TOOL_DISCOVERY not in env
+    assert json.loads(env[wire.ENV_CAPABILITIES]) == {"servers": [{"class": "brokered", "name": "big", "tools": tools}]}
+    deferred = runner_env(make_spec([surface("big", tools)]), _EnvSettings())
+    assert deferred[wire.ENV_TOOL_DISCOVERY] == "deferred" and wire.ENV_CAPABILITIES not in deferred
+    assert "get_invoice" not in json.dumps(deferred), "no tool name or schema reaches a deferred sandbox"

@@ -278,3 +278,15 @@ async def test_the_claude_harness_discovers_and_calls_through_its_three_mcp_tool
     completed = by_call(evs, "tool.completed")
     assert (completed["toolu_get"]["tool"], completed["toolu_get"]["via"]) == ("mcp__big__get_invoice", "tool_call")
     assert completed["toolu_search"]["tool"] == discovery + "tool_search"
+
+
+async def test_tool_discovery_is_validated_and_inherited_by_later_revisions(api: httpx.AsyncClient) -> None:
+    r = await api.post("/v1/agents", json={"name": "disc-bad", "harness": "replay", "tool_discovery": "lazy"})
+    assert r.status_code == 400 and "tool_discovery" in r.text
+    assert (await api.get("/v1/agents/disc-bad")).status_code == 404, "a refused request changes nothing"
+    agent = await make_agent(api, [{"say": "hi"}], tool_discovery="auto")
+    r = await api.post(f"/v1/agents/{agent}/revisions", json={"system_prompt": "be brief"})
+    assert r.status_code == 200 and r.json()["revision"]["tool_discovery"] == "auto"
+    r = await api.post(f"/v1/agents/{agent}/revisions", json={"tool_discovery": "eager"})
+    revisions = (await api.get(f"/v1/agents/{agent}")).json()["revisions"]
+    assert [rev["tool_discovery"] for rev in revisions] == ["auto", "auto", "eager"]
