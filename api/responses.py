@@ -291,6 +291,9 @@ class RevisionPublic(_Out):
     default_workspace: Json | None
     connection_requirements: list[Json]
     network: Json | None
+    tool_discovery: Literal["eager", "deferred", "auto"] = Field(
+        description="How runs see brokered tools (frozen per run as eager or deferred)."
+    )
     created_at: Timestamp
 
 
@@ -893,6 +896,22 @@ class BrokeredResult(_Out):
     denied: bool | None = None
     message: str | None = None
     error: str | None = None
+
+
+class DiscoveredTool(_Out):
+    name: str = Field(description="The canonical mcp__<slot>__<tool> name tool_call and tool_describe take.")
+    description: str = Field(description="One line (tool_search) or the whole frozen description (tool_describe).")
+    connection: str = Field(description="The requirement slot the tool is bound through.")
+    access: Literal["read", "write"] | None = Field(description="The tool's access class; null when undeclared.")
+    needsAuthorization: bool = Field(description="The slot's connection cannot be used until someone authorizes it.")
+
+
+class ToolSearchResult(_Out):
+    tools: list[DiscoveredTool]
+
+
+class ToolDescription(DiscoveredTool):
+    input_schema: Json | None = Field(description="The frozen input schema (null when the snapshot had none).")
 
 
 class Renewed(_Out):

@@ -10,6 +10,7 @@ from core.contract import ReplayStep
 from core.dynamic_connections import check_allowed_hosts
 from core.policy import Budgets
 from core.redaction import scrub_text
+from core.wire import DISCOVERY_INPUT_FIELDS
 
 
 class _Body(BaseModel):
@@ -26,6 +27,7 @@ TOOL_INPUTS: dict[str, tuple[str, ...]] = {
     "Write": ("file_path", "content"),
     "Edit": ("file_path", "old_string", "new_string"),
     "Read": ("file_path",),
+    **DISCOVERY_INPUT_FIELDS,
 }
 
 
@@ -82,7 +84,7 @@ class ConnectionRequirement(_Body):
 
     slot: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")
     connector: ConnectorRef
-    required_tools: list[str] = Field(min_length=1, max_length=256)
+    required_tools: list[str] = Field(min_length=1, max_length=1024)  # deferred discovery serves big servers
     binding_mode: Literal["invoking_user", "organization"] = "organization"
     when_unavailable: Literal["park", "fail"] | None = Field(
         default=None,
@@ -113,6 +115,11 @@ class AgentCreate(_Body):
     harness_config: HarnessConfig | None = None
     capability_bundles: list[str] | None = Field(default=None, max_length=64)
     connection_requirements: list[ConnectionRequirement] | None = Field(default=None, max_length=64)
+    tool_discovery: Literal["eager", "deferred", "auto"] | None = Field(
+        default=None,
+        description="How runs see brokered tools: every schema (eager, the default), tool_search/tool_describe/"
+        "tool_call (deferred), or deferred above core.runspec.AUTO_DEFERRED_ABOVE frozen tools (auto).",
+    )
 
     _slots = field_validator("connection_requirements")(classmethod(lambda cls, v: _unique_slots(v)))
 
@@ -128,6 +135,11 @@ class RevisionCreate(_Body):
     harness_config: HarnessConfig | None = None
     capability_bundles: list[str] | None = Field(default=None, max_length=64)
     connection_requirements: list[ConnectionRequirement] | None = Field(default=None, max_length=64)
+    tool_discovery: Literal["eager", "deferred", "auto"] | None = Field(
+        default=None,
+        description="How runs see brokered tools: every schema (eager, the default), tool_search/tool_describe/"
+        "tool_call (deferred), or deferred above core.runspec.AUTO_DEFERRED_ABOVE frozen tools (auto).",
+    )
 
     _slots = field_validator("connection_requirements")(classmethod(lambda cls, v: _unique_slots(v)))
 

@@ -65,6 +65,9 @@ from core.wire import (
     ENV_TOKEN_TTL_SECS as ENV_TOKEN_TTL_SECS,
 )
 from core.wire import (
+    ENV_TOOL_DISCOVERY as ENV_TOOL_DISCOVERY,
+)
+from core.wire import (
     ENV_TOOL_TOKEN as ENV_TOOL_TOKEN,
 )
 from core.wire import (
@@ -120,6 +123,18 @@ class PermissionRequest(_Strict):
     tool_call_id: str = Field(min_length=1, max_length=200)
     tool: str = Field(min_length=1, max_length=200)
     input: dict[str, Any] = Field(default_factory=dict)
+    # "tool_call": the agent reached ``tool`` through deferred discovery's tool_call. A label for the ledger
+    # only: the gate judges ``tool`` exactly as a direct call either way.
+    via: Literal["tool_call"] | None = None
+
+
+class ToolSearchRequest(_Strict):
+    query: str = Field(min_length=1, max_length=500)
+    limit: int = Field(default=10, ge=1, le=50)
+
+
+class ToolDescribeRequest(_Strict):
+    name: str = Field(min_length=1, max_length=200)
 
 
 class PermissionResponse(BaseModel):

@@ -64,11 +64,18 @@ def runner_env(spec: RunSpec, settings: RunnerEnvSettings) -> dict[str, str]:
     if spec.system_prompt:
         env[wire.ENV_SYSTEM_PROMPT] = spec.system_prompt
     servers = []
+    deferred = bool(spec.brokered) and spec.tool_discovery == "deferred"
+    if deferred:
+        # The agent finds its brokered tools through tool_search / tool_describe, answered by the control
+        # plane from the frozen RunSpec: the sandbox never holds the full tool set.
+        env[wire.ENV_TOOL_DISCOVERY] = "deferred"
     for b in spec.brokered:
         # What the agent may call: names and schemas, never URLs or credentials. A sandbox CLI surface also
         # carries each tool's reviewed command line (it runs in here, with no credential). An unclassified
         # tool (no read or write class) is not listed: the gate would deny it anyway.
         kind = "sandbox_cli" if b.get("transport") == "sandbox_cli" else "brokered"
+        if deferred and kind == "brokered":
+            continue
         keys = (
             "name",
             "description",

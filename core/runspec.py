@@ -83,6 +83,8 @@ class RunSpec(_Frozen):
     # Requirements not bindable at creation (the run parked up front): bound, then moved into ``brokered``,
     # when the run leaves ``waiting_for_connection``; nothing runs before that, so nothing saw them unbound.
     pending_requirements: list[dict[str, Any]] = Field(default_factory=list)
+    # How the agent sees its brokered tools: every schema (eager) or tool_search/describe/call (deferred).
+    tool_discovery: Literal["eager", "deferred"] = "eager"
 
     @property
     def autonomous(self) -> bool:
@@ -132,6 +134,8 @@ class FrozenRevision(Protocol):
     def harness_config(self) -> dict[str, Any]: ...
     @property
     def default_workspace(self) -> dict[str, Any] | None: ...
+    @property
+    def tool_discovery(self) -> str: ...
 
 
 class PolicyHead(Protocol):
@@ -166,6 +170,8 @@ def freeze(
         raise BadRequest("policy does not permit autonomous runs")
     revision_budgets = Budgets.model_validate(revision.budgets) if revision.budgets else None
     default_ws = revision.default_workspace
+    surfaces = brokered or []
+    tool_count = sum(len(surface.get("tools", [])) for surface in surfaces)
     return RunSpec(
         run_id=run_id,
         tenant_id=tenant_id,
@@ -185,6 +191,19 @@ def freeze(
         policy_version=policy_row.version,
         policy_snapshot=policy_row.content,
         invocation=invocation,
-        brokered=brokered or [],
+        brokered=surfaces,
         capabilities=capabilities or [],
+        tool_discovery=resolve_tool_discovery(revision.tool_discovery, tool_count),
     )
+
+
+# ``auto`` defers when a run's brokered surfaces freeze more tools than this: around 40 schemas is where the
+# prompt cost of eager tools starts to dominate a turn and models pick worse among look-alike tools.
+AUTO_DEFERRED_ABOVE = 40
+
+
+def resolve_tool_discovery(setting: str | None, tool_count: int) -> Literal["eager", "deferred"]:
+    """The mode a run freezes: ``auto`` is deferred above :data:`AUTO_DEFERRED_ABOVE` brokered tools."""
+    if setting == "deferred" or (setting == "auto" and tool_count > AUTO_DEFERRED_ABOVE):
+        return "deferred"
+    return "eager"

@@ -30,6 +30,8 @@ ENV_HEARTBEAT_SECS = "FLUIDBOX_HEARTBEAT_SECS"
 ENV_TOKEN_TTL_SECS = "FLUIDBOX_TOKEN_TTL_SECS"  # the run tokens' lifetime; the runner renews them in time
 ENV_CAPABILITIES = "FLUIDBOX_CAPABILITIES"
 ENV_MAX_TURNS = "FLUIDBOX_MAX_TURNS"
+# "deferred" when the run's brokered tools are discovered on demand (then FLUIDBOX_CAPABILITIES holds no schema).
+ENV_TOOL_DISCOVERY = "FLUIDBOX_TOOL_DISCOVERY"
 # How long the runner rides out an unreachable control plane (an API restart) before it gives up.
 ENV_GATEWAY_STALENESS_SECS = "FLUIDBOX_GATEWAY_STALENESS_SECS"
 # The runner's last words when it gives up; the worker looks for them to name the cause of the death.
@@ -60,9 +62,23 @@ EXIT_GATEWAY_GONE = 6
 AGENT_MESSAGE = "agent.message"
 RUN_ERROR = "run.error"
 
+# ---- deferred tool discovery ---------------------------------------------------------------------
+
+# What a deferred run's agent sees instead of every brokered schema. ``tool_search`` and ``tool_describe`` are
+# answered by the control plane from the frozen RunSpec; ``tool_call`` is a brokered call on its target.
+TOOL_SEARCH = "tool_search"
+TOOL_DESCRIBE = "tool_describe"
+TOOL_CALL = "tool_call"
+DISCOVERY_TOOLS = (TOOL_SEARCH, TOOL_DESCRIBE, TOOL_CALL)
+# Required string fields of each discovery tool's input (``tool_call`` also takes an ``arguments`` object).
+DISCOVERY_INPUT_FIELDS: dict[str, tuple[str, ...]] = {TOOL_SEARCH: ("query",), TOOL_DESCRIBE: ("name",),
+                                                      TOOL_CALL: ("name",)}  # fmt: skip
+
 # ---- replay scripts ------------------------------------------------------------------------------
 
-REPLAY_TOOL_PATTERN = r"^(Bash|Write|Edit|Read|ProposeConnection|mcp__[a-z0-9-]+__.+)$"
+REPLAY_TOOL_PATTERN = (
+    r"^(Bash|Write|Edit|Read|ProposeConnection|tool_search|tool_describe|tool_call|mcp__[a-z0-9-]+__.+)$"
+)
 REPLAY_STEP_FIELDS = ("say", "tool", "input", "on_deny_say", "timeout_ms", "sleep_ms")
 REPLAY_KINDS = ("say", "tool", "sleep_ms")
 TIMEOUT_MS_MAX = 600_000

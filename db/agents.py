@@ -26,7 +26,12 @@ class Agents(Repository):
         )
         cols = ", ".join(self._REVISION_COLUMNS)
         params = ", ".join(f"${i}" for i in range(5, 5 + len(self._REVISION_COLUMNS)))
-        defaults: dict[str, Any] = {"harness_config": {}, "capability_bundles": [], "connection_requirements": []}
+        defaults: dict[str, Any] = {
+            "harness_config": {},
+            "capability_bundles": [],
+            "connection_requirements": [],
+            "tool_discovery": "eager",
+        }
         values = [fields.get(c) if fields.get(c) is not None else defaults.get(c) for c in self._REVISION_COLUMNS]
         values[self._POLICY_ID] = uuid.UUID(str(values[self._POLICY_ID]))
         record = await conn.fetchrow(

@@ -607,6 +607,17 @@ class Connections(Repository):
                 uuid.UUID(b["owner_user_id"]) if b.get("owner_user_id") else None,
             )
 
+    async def unusable_slots(self, run_id: str) -> frozenset[str]:
+        """The run's brokered slots whose connection cannot be used now: no longer active, or authorized
+        again since the run bound it (the broker would refuse a call; discovery says needsAuthorization)."""
+        rows = await self.rows(
+            "SELECT b.requirement_slot FROM run_resource_bindings b "
+            "JOIN integration_connections c ON c.id = b.connection_id WHERE b.session_id = $1 "
+            "AND (c.status <> 'active' OR c.authorization_generation <> b.authority_generation)",
+            uuid.UUID(run_id),
+        )
+        return frozenset(str(r["requirement_slot"]) for r in rows)
+
     async def dispatch_view(self, run_id: str, tool_call_id: str, digest: str) -> Row | None:
         """Everything the broker checks before a call, read in one statement: the claim, its binding,
         the connection's live state (and sealed credential only while it still matches the binding),

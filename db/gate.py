@@ -28,7 +28,11 @@ class Gate:
         self.ledger = ledger
         self.runs = runs
 
-    async def decide_call(self, run_id: str, tool_call_id: str, tool: str, tool_input: dict[str, Any]) -> GateOutcome:
+    async def decide_call(
+        self, run_id: str, tool_call_id: str, tool: str, tool_input: dict[str, Any], via: str | None = None
+    ) -> GateOutcome:
+        """``via`` ("tool_call": reached through deferred discovery) only labels the events; the decision is
+        the target's, exactly as for a direct call."""
         spec = await self.runs.run_spec(run_id)
         digest = input_digest(tool, tool_input)
         rid = uuid.UUID(run_id)
@@ -100,14 +104,19 @@ class Gate:
                     float(policy.ttl_secs or 600) if policy else 600.0,
                 ),
             )
+            labels = {"via": via} if via else {}
             new = [
                 ev.NewEvent(
                     type=ev.TOOL_REQUESTED,
-                    data={"tool_call_id": tool_call_id, "tool": tool, "summary": summary, "input_digest": digest},
+                    data={
+                        "tool_call_id": tool_call_id, "tool": tool, "summary": summary, "input_digest": digest,
+                        **labels,
+                    },
                 )
-            ]
+            ]  # fmt: skip
             if decision.verdict != "require_approval":
-                new.append(ev.NewEvent(type=ev.TOOL_DECISION, data=decision.decision_data(tool_call_id, tool)))
+                data = decision.decision_data(tool_call_id, tool) | labels
+                new.append(ev.NewEvent(type=ev.TOOL_DECISION, data=data))
             if decision.budget_exceeded:
                 cap = spec.budgets.max_tool_calls
                 new.append(

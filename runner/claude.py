@@ -67,6 +67,7 @@ from core.wire import (
     ENV_SYSTEM_PROMPT,
     ENV_TASK,
     ENV_TOKEN_TTL_SECS,
+    ENV_TOOL_DISCOVERY,
     ENV_WORKSPACE,
     EXIT_AGENT_ERROR,
     EXIT_AUDIENCE_MISMATCH,
@@ -74,6 +75,9 @@ from core.wire import (
     EXIT_UNGOVERNED_TOOL,
     RUN_ERROR,
     SANDBOX_WORKSPACE,
+    TOOL_CALL,
+    TOOL_DESCRIBE,
+    TOOL_SEARCH,
 )
 from runner.gateway import AudienceMismatch, ControlPlane, Credentials, GatewayError, log
 from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
@@ -97,6 +101,32 @@ CLI_REFUSAL_MARK = "<tool_use_error>"
 INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONDONTWRITEBYTECODE")
 
 ExitProcess = Callable[[int], None]
+
+# Deferred discovery's three tools, mounted as one in-process MCP server. Requirement slots never contain an
+# underscore, so this alias cannot shadow a brokered surface.
+DISCOVERY_SERVER = "fluidbox_tools"
+DISCOVERY_PREFIX = f"mcp__{DISCOVERY_SERVER}__"
+DISCOVERY_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
+    TOOL_SEARCH: (
+        "Search the tools of this run's connections. Returns up to `limit` matches, each with its `name` (pass it "
+        "to tool_describe and tool_call), a one-line description, its connection, its access class and whether "
+        "its connection needs authorization first.",
+        {"type": "object", "properties": {
+            "query": {"type": "string", "description": "what you want to do, in a few words"},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+        }, "required": ["query"]},
+    ),
+    TOOL_DESCRIBE: (
+        "The full description and input schema of one tool found with tool_search.",
+        {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    ),
+    TOOL_CALL: (
+        "Call one tool found with tool_search: `name` as tool_search gave it, `arguments` matching its input "
+        "schema (see tool_describe). The call is governed exactly as a direct call of that tool.",
+        {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "object"}},
+         "required": ["name"]},
+    ),
+}  # fmt: skip
 
 
 class UngovernedTool(Exception):
@@ -126,6 +156,7 @@ class Settings:
     local: LocalTools = field(default_factory=LocalTools)
     # The agent may propose connections (``mcp__fluidbox__propose_connection``): the tool's definition, or None.
     proposal_tool: dict[str, Any] | None = None
+    deferred: bool = False  # brokered tools are discovered with tool_search / tool_describe / tool_call
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -146,6 +177,7 @@ class Settings:
             brokered=brokered_tools(environ.get(ENV_CAPABILITIES)),
             local=LocalTools.from_capabilities(environ.get(ENV_CAPABILITIES)),
             proposal_tool=proposal_tool(environ.get(ENV_CAPABILITIES)),
+            deferred=(environ.get(ENV_TOOL_DISCOVERY) or "").strip() == "deferred",
         )
 
 
@@ -232,8 +264,15 @@ class Witness:
     decided: dict[str, PermissionResultAllow | PermissionResultDeny] = field(default_factory=dict)
     brokered: set[str] = field(default_factory=set)
 
+    via: dict[str, str] = field(default_factory=dict)
+
     def saw(self, block: ToolUseBlock) -> None:
-        self.tools[block.id] = block.name
+        target = block.input.get("name") if block.name == DISCOVERY_PREFIX + TOOL_CALL else None
+        if isinstance(target, str) and target:
+            # The ledger names the tool that ran, not the wrapper the model used to reach it.
+            self.tools[block.id], self.via[block.id] = target, TOOL_CALL
+        else:
+            self.tools[block.id] = block.name
 
     def check(self, block: ToolResultBlock) -> None:
         """Raises UngovernedTool: a result for a call nobody decided (a CLI refusal is not a result)."""
@@ -284,8 +323,9 @@ class ClaudeHarness:
         earlier = self._witness.decided.get(tool_call_id)
         if earlier is not None:
             return earlier
-        if self._is_brokered(tool_name):
+        if self._is_brokered(tool_name) or self._is_discovery(tool_name):
             # The broker re-runs the identical gate on /tools/call: deciding here too would ask twice.
+            # tool_search / tool_describe read the frozen RunSpec; tool_call is a /tools/call on its target.
             self._witness.brokered.add(tool_call_id)
             with self._pending_lock:
                 self._pending_brokered.setdefault((tool_name, _key(tool_input)), []).append(tool_call_id)
@@ -318,10 +358,55 @@ class ClaudeHarness:
         slot, sep, name = tool_name[5:].partition("__")
         return bool(sep) and any(t["name"] == name for t in self._settings.brokered.get(slot, []))
 
+    def _is_discovery(self, tool_name: str) -> bool:
+        name = tool_name.removeprefix(DISCOVERY_PREFIX)
+        return self._settings.deferred and name != tool_name and name in DISCOVERY_TOOLS
+
+    # -- deferred discovery ------------------------------------------------------------------------
+
+    def discovery_server(self) -> Any:
+        defs = [self._discovery_tool(name, text, schema) for name, (text, schema) in DISCOVERY_TOOLS.items()]
+        return create_sdk_mcp_server(DISCOVERY_SERVER, tools=defs)
+
+    def _discovery_tool(self, name: str, description: str, schema: dict[str, Any]) -> SdkMcpTool[Any]:
+        full_name = DISCOVERY_PREFIX + name
+
+        async def handler(args: dict[str, Any]) -> dict[str, Any]:
+            try:
+                if name == TOOL_CALL:
+                    return await self._tool_call(full_name, args)
+                if name == TOOL_SEARCH:
+                    payload: dict[str, Any] = {k: args[k] for k in ("query", "limit") if k in args}
+                    answer = await asyncio.to_thread(self._gateway.discover, "tools/search", payload)
+                else:
+                    payload = {"name": args.get("name")}  # the control plane names what is wrong with it
+                    answer = await asyncio.to_thread(self._gateway.discover, "tools/describe", payload)
+            except AudienceMismatch:
+                self._abort(EXIT_AUDIENCE_MISMATCH)
+                raise
+            if "error" in answer:
+                return {"content": [{"type": "text", "text": f"{name} failed: {answer['error']}"}], "is_error": True}
+            return {"content": [{"type": "text", "text": json.dumps(answer, indent=1)}]}
+
+        return SdkMcpTool(name=name, description=description, input_schema=schema, handler=handler)
+
+    async def _tool_call(self, full_name: str, args: dict[str, Any]) -> dict[str, Any]:
+        with self._pending_lock:
+            queue = self._pending_brokered.get((full_name, _key(args)), [])
+            tool_call_id = queue.pop(0) if queue else f"bkr_{uuid.uuid4().hex}"
+        target, arguments = args.get("name"), args.get("arguments", {})
+        if not isinstance(target, str) or not isinstance(arguments, dict):
+            text = "tool_call needs a string `name` and an object `arguments`"
+            return {"content": [{"type": "text", "text": text}], "is_error": True}
+        answer = await asyncio.to_thread(self._gateway.tools_call, tool_call_id, target, arguments, TOOL_CALL)
+        return brokered_result(answer)
+
     # -- brokered tools ----------------------------------------------------------------------------
 
     def brokered_servers(self) -> dict[str, Any]:
         servers: dict[str, Any] = {}
+        if self._settings.deferred:
+            servers[DISCOVERY_SERVER] = self.discovery_server()
         for slot, tools in self._settings.brokered.items():
             defs = [self._brokered_tool(slot, t) for t in tools]
             servers[slot] = create_sdk_mcp_server(f"fluidbox-broker-{slot}", tools=defs)
@@ -452,6 +537,9 @@ class ClaudeHarness:
                 self._say("system", "brokered tools mounted: " + ", ".join(names))
             if settings.local.mounted():
                 self._say("system", "sandbox tools mounted: " + ", ".join(settings.local.mounted()))
+            if settings.deferred:
+                names = [DISCOVERY_PREFIX + name for name in DISCOVERY_TOOLS]
+                self._say("system", "deferred tool discovery mounted: " + ", ".join(names))
             return asyncio.run(self._drive())
         finally:
             relay.stop()
@@ -530,6 +618,8 @@ class ClaudeHarness:
                 "ok": not block.is_error,
                 "summary": preview(result_text(block)),
             }
+            if block.tool_use_id in self._witness.via:
+                data["via"] = self._witness.via[block.tool_use_id]
             await asyncio.to_thread(self._gateway.emit, "agent", TOOL_COMPLETED, data)
 
     def _cancelling(self) -> bool:

@@ -192,7 +192,11 @@ class ControlPlane(Protocol):
 
     def permission(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> Verdict: ...
 
-    def tools_call(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> dict[str, Any]: ...
+    def tools_call(
+        self, tool_call_id: str, tool: str, input: dict[str, Any], via: str | None = None
+    ) -> dict[str, Any]: ...
+
+    def discover(self, leaf: str, payload: dict[str, Any]) -> dict[str, Any]: ...
 
     def propose_connection(self, tool_call_id: str, connection: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -390,13 +394,17 @@ class Gateway:
             self._sleep(delay)
             attempt += 1
 
-    def tools_call(self, tool_call_id: str, tool: str, input: dict[str, Any]) -> dict[str, Any]:
+    def tools_call(self, tool_call_id: str, tool: str, input: dict[str, Any], via: str | None = None) -> dict[str, Any]:
         """Have the control plane execute a brokered ``mcp__<slot>__<tool>`` call (gate included).
 
         Up to 3 transport attempts with the same ``tool_call_id`` when no usable answer arrived; the
-        server's execution claim makes the upstream call at-most-once whatever happens here.
+        server's execution claim makes the upstream call at-most-once whatever happens here. ``via``
+        ("tool_call") labels a call reached through deferred discovery; the gate judges ``tool`` alike.
         """
-        return self._tool_post("tools/call", {"tool_call_id": tool_call_id, "tool": tool, "input": input})
+        payload: dict[str, Any] = {"tool_call_id": tool_call_id, "tool": tool, "input": input}
+        if via is not None:
+            payload["via"] = via
+        return self._tool_post("tools/call", payload)
 
     def propose_connection(self, tool_call_id: str, connection: dict[str, Any]) -> dict[str, Any]:
         """Propose a new URL-backed connection (dynamic connections); waits while a human decides.
@@ -435,6 +443,23 @@ class Gateway:
             "error": "the brokered call's outcome is UNKNOWN (the control plane could not be reached); "
             "do not blindly repeat it",
         }
+
+    def discover(self, leaf: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Deferred discovery (``tools/search`` or ``tools/describe``), answered from the frozen RunSpec.
+
+        Read-only on the server, so transient failures are simply retried. Returns the answer, or
+        ``{"error": ...}`` naming why there is none.
+        """
+        response = self._send(leaf, payload, self._tool, retries=EMIT_RETRIES, backoff_cap=8.0)
+        if response is None:
+            return {"error": "the control plane could not be reached"}
+        if not response.is_success:
+            return {"error": error_text(response)}
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        return body if isinstance(body, dict) else {"error": "unreadable answer from the control plane"}
 
     def result(self, outcome: str, summary: str) -> None:
         """Post the run's outcome (once per run). The summary is cut to 4000 characters.

@@ -24,6 +24,7 @@ from typing import Any, Final
 from core.tools import canonicalize
 from core.wire import (
     AGENT_MESSAGE,
+    DISCOVERY_INPUT_FIELDS,
     ENV_AUTONOMY,
     ENV_CAPABILITIES,
     ENV_HEARTBEAT_SECS,
@@ -35,6 +36,9 @@ from core.wire import (
     EXIT_OK,
     RUN_ERROR,
     SANDBOX_WORKSPACE,
+    TOOL_CALL,
+    TOOL_DESCRIBE,
+    TOOL_SEARCH,
     step_problems,
     to_step,
 )
@@ -57,6 +61,7 @@ TOOL_INPUT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "Write": ("file_path", "content"),
     "Edit": ("file_path", "old_string", "new_string"),
     "Read": ("file_path",),
+    **DISCOVERY_INPUT_FIELDS,
 }
 
 
@@ -198,8 +203,32 @@ class ReplayDriver:
                 self._tool(step)
         return self.tally
 
-    def _brokered(self, step: ReplayStep, tool_call_id: str, tool: str, tool_input: dict[str, Any]) -> None:
-        answer = self._gateway.tools_call(tool_call_id, tool, tool_input)
+    def _discover(self, step: ReplayStep, tool_call_id: str) -> None:
+        """Deferred discovery: search and describe are answered from the frozen RunSpec; ``tool_call`` is a
+        brokered call on its target, gated exactly as a direct call (the ledger names the target)."""
+        tool, given = step.tool, dict(step.input or {})
+        if tool == TOOL_CALL:
+            arguments = given.get("arguments", {})
+            if not isinstance(arguments, dict):
+                raise ValueError("tool_call input.arguments must be an object")
+            self._brokered(step, tool_call_id, str(given["name"]), arguments, via=TOOL_CALL)
+            return
+        if tool == TOOL_SEARCH:
+            payload = {"query": given["query"], **({"limit": given["limit"]} if "limit" in given else {})}
+            answer = self._gateway.discover("tools/search", payload)
+        else:
+            answer = self._gateway.discover("tools/describe", {"name": given["name"]})
+        if "error" in answer:
+            self.tally.denied += 1
+            self._say(step.on_deny_say or f"{tool} failed: {answer['error']}")
+            return
+        self.tally.executed += 1
+        self._say(f"{tool} → {json.dumps(answer, sort_keys=True)}")
+
+    def _brokered(
+        self, step: ReplayStep, tool_call_id: str, tool: str, tool_input: dict[str, Any], via: str | None = None
+    ) -> None:
+        answer = self._gateway.tools_call(tool_call_id, tool, tool_input, via)
         if answer.get("ok"):
             self.tally.executed += 1
             self._say(narrate_brokered(tool, answer))
@@ -241,6 +270,9 @@ class ReplayDriver:
         assert step.tool is not None
         self._tool_calls += 1
         tool_call_id = f"rp_{self._tool_calls:03d}"
+        if step.tool in (TOOL_SEARCH, TOOL_DESCRIBE, TOOL_CALL):
+            self._discover(step, tool_call_id)
+            return
         # The gate judges canonical names and shapes; what runs is exactly what was judged.
         tool, tool_input = canonicalize(step.tool, dict(step.input or {}))
         if self._local.owns(tool):

@@ -16,6 +16,7 @@ Usage::
 
 Factories: ``basic()``, ``bearer(token)``, ``header(name, value)``, ``paginating(n_tools=7, page_size=3)``,
 ``endless()``, ``repeating_cursor()``, ``changing()`` (mutable ``ToolRegistry`` at ``.registry``) and
+``many_tools()`` (300 distinct, realistic tools: ``<verb>_<noun>``, for deferred discovery) and
 ``pinned_version(version)`` (``basic`` whose ``initialize`` offer is rewritten so the SDK server negotiates an older
 protocol version) and ``http_error_on_call(status)`` (``basic`` answering every ``tools/call`` with a bare HTTP status).
 
@@ -59,6 +60,7 @@ __all__ = [
     "endless",
     "header",
     "http_error_on_call",
+    "many_tools",
     "paginating",
     "pinned_version",
     "repeating_cursor",
@@ -390,6 +392,52 @@ def paginating(n_tools: int = 7, page_size: int = 3) -> McpTestServer:
         return types.ListToolsResult(tools=tools[start:end], next_cursor=f"offset:{end}" if end < n_tools else None)
 
     return McpTestServer("paginating", lambda rec: _lowlevel_app(rec, "paginating", list_tools, _echo_name))
+
+
+MANY_VERBS = ("create", "list", "get", "update", "delete", "archive")
+MANY_NOUNS = (
+    "invoice", "customer", "ticket", "project", "repository", "branch", "commit", "deployment", "incident", "alert",
+    "dashboard", "report", "user", "team", "channel", "message", "calendar", "meeting", "document", "folder",
+    "spreadsheet", "contact", "lead", "opportunity", "campaign", "order", "shipment", "product", "warehouse",
+    "supplier", "payment", "refund", "subscription", "coupon", "webhook", "secret", "certificate", "domain",
+    "bucket", "database", "cluster", "volume", "snapshot", "pipeline", "build", "release", "milestone", "label",
+    "comment", "zone",
+)  # fmt: skip
+
+
+def many_tool(verb: str, noun: str) -> types.Tool:
+    """One of ``many_tools``' tools; its schema depends on the verb, so a parameter name can find it too."""
+    key = {"type": "string", "description": f"the {noun}'s id"}
+    schemas: dict[str, dict[str, Any]] = {
+        "create": {"properties": {"title": {"type": "string"}}, "required": ["title"]},
+        "list": {"properties": {"limit": {"type": "integer", "minimum": 1}}},
+        "get": {"properties": {f"{noun}_id": key}, "required": [f"{noun}_id"]},
+        "update": {"properties": {f"{noun}_id": key, "title": {"type": "string"}}, "required": [f"{noun}_id"]},
+        "delete": {"properties": {f"{noun}_id": key}, "required": [f"{noun}_id"]},
+        "archive": {"properties": {f"{noun}_id": key, "reason": {"type": "string"}}, "required": [f"{noun}_id"]},
+    }
+    article = "an" if noun[0] in "aeiou" else "a"
+    text = {
+        "create": f"Create {article} {noun}.",
+        "list": f"List every {noun} visible to the caller, newest first.",
+        "get": f"Fetch one {noun} by its id.",
+        "update": f"Rename {article} {noun}.",
+        "delete": f"Permanently remove {article} {noun}.",
+        "archive": f"Archive {article} {noun}: it leaves the active list but can be restored.",
+    }[verb]
+    return types.Tool(name=f"{verb}_{noun}", description=text, input_schema={"type": "object", **schemas[verb]})
+
+
+def many_tools(page_size: int = 100) -> McpTestServer:
+    """Lowlevel server with 300 tools (``MANY_VERBS`` × ``MANY_NOUNS``), listed in pages; calls echo name+args."""
+    tools = [many_tool(verb, noun) for noun in MANY_NOUNS for verb in MANY_VERBS]
+
+    def list_tools(params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        start = int(params.cursor) if params is not None and params.cursor else 0
+        end = start + page_size
+        return types.ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
+
+    return McpTestServer("many", lambda rec: _lowlevel_app(rec, "many", list_tools, _echo_name))
 
 
 def endless() -> McpTestServer:

@@ -71,6 +71,7 @@ async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> 
         "default_workspace": workspace_doc(body.default_workspace),
         "capability_bundles": await capability_pins(svc, op.tenant_id, body.capability_bundles),
         "connection_requirements": requirements_doc(body.connection_requirements),
+        "tool_discovery": body.tool_discovery or "eager",
     }
     check_harness_config(body.harness, body.harness_config.model_dump(exclude_none=True) if body.harness_config else {})
     agent, revision = await svc.store.create_agent(op.tenant_id, body.name, body.description, fields)
@@ -133,6 +134,8 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
         changes["capability_bundles"] = await capability_pins(svc, op.tenant_id, body.capability_bundles)
     if "connection_requirements" in given:  # [] clears
         changes["connection_requirements"] = requirements_doc(body.connection_requirements)
+    if body.tool_discovery is not None:
+        changes["tool_discovery"] = body.tool_discovery
     if "harness_config" in given:
         changes["harness_config"] = body.harness_config.model_dump(exclude_none=True) if body.harness_config else {}
     check_harness_config(harness, dict(changes.get("harness_config", latest.harness_config) or {}))

@@ -15,11 +15,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from api import responses as out
 from api.deps import ServicesDep, bearer, run_token
 from api.errors import RunnerErrorBody, errors
+from core import discovery
 from core import events as ev
-from core.contract import EventPost, HeartbeatResponse, PermissionRequest, PermissionResponse, ResultPost
+from core.contract import (
+    EventPost,
+    HeartbeatResponse,
+    PermissionRequest,
+    PermissionResponse,
+    ResultPost,
+    ToolDescribeRequest,
+    ToolSearchRequest,
+)
 from core.digests import input_digest
 from core.dynamic_connections import PROPOSE_CONNECTION, check_proposal
 from core.errors import BadRequest, Unauthorized
+from core.runspec import RunSpec
 from core.states import RunStatus, accepts_work, is_terminal
 from core.tokens import Audience
 from core.tools import split_mcp
@@ -40,7 +50,7 @@ async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> Permiss
     moves (the decision's ``approval.decided`` wakes it through LISTEN/NOTIFY). The row is the
     authority either way: a human decision is a compare-and-swap there before the workflow hears
     of it, so answering from it as soon as it settles skips a workflow task on the wake path."""
-    outcome = await svc.store.gate(run_id, req.tool_call_id, req.tool, req.input)
+    outcome = await svc.store.gate(run_id, req.tool_call_id, req.tool, req.input, req.via)
     if outcome.verdict == "allow":
         return PermissionResponse(decision="allow")
     if outcome.verdict == "deny":
@@ -100,6 +110,45 @@ async def permission(run_id: str, req: PermissionRequest, request: Request, svc:
     """Allow or deny now; or hold the request while a human decides (re-attaching on retry)."""
     await run_token(request, svc, run_id, Audience.TOOL)
     return await gate(svc, run_id, req)
+
+
+async def _deferred_spec(svc: ServicesDep, run_id: str, request: Request) -> RunSpec:
+    principal = await run_token(request, svc, run_id, Audience.TOOL)
+    if not accepts_work(principal.status):
+        raise BadRequest("session is not active")
+    spec = await svc.store.run_spec(run_id)
+    if spec.tool_discovery != "deferred":
+        raise BadRequest("this run sees its brokered tools directly: tool discovery is not deferred")
+    return spec
+
+
+@router.post(
+    "/sessions/{run_id}/tools/search",
+    summary="tool_search: rank the run's frozen brokered tools",
+    response_model=out.ToolSearchResult,
+    responses=refusals(400),
+)
+async def tools_search(run_id: str, req: ToolSearchRequest, request: Request, svc: ServicesDep) -> dict[str, Any]:
+    """Deferred discovery, answered from the frozen RunSpec; a slot whose connection cannot be used now is
+    listed with ``needsAuthorization: true``, never left out. Reads only: nothing is gated or spent."""
+    spec = await _deferred_spec(svc, run_id, request)
+    unusable = await svc.connections.unusable_slots(run_id)
+    return {"tools": discovery.search(spec, req.query, req.limit, unusable)}
+
+
+@router.post(
+    "/sessions/{run_id}/tools/describe",
+    summary="tool_describe: one frozen tool's schema",
+    response_model=out.ToolDescription,
+    responses=refusals(400),
+)
+async def tools_describe(run_id: str, req: ToolDescribeRequest, request: Request, svc: ServicesDep) -> dict[str, Any]:
+    """The frozen definition the gate validates a call against; a tool outside the run's frozen set is a 400."""
+    spec = await _deferred_spec(svc, run_id, request)
+    found = discovery.describe(spec, req.name, await svc.connections.unusable_slots(run_id))
+    if found is None:
+        raise BadRequest(f"tool '{req.name}' is not in this run's frozen tool set (names are mcp__<slot>__<tool>)")
+    return found
 
 
 def stale_claim_event(claim: dict[str, Any]) -> ev.NewEvent:

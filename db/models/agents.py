@@ -2,12 +2,14 @@
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-from db.models._columns import EMPTY_ARRAY, EMPTY_OBJECT, JSONB, NOW, TEXT, TIMESTAMPTZ
+from db.models._columns import EMPTY_ARRAY, EMPTY_OBJECT, JSONB, NOW, TEXT, TIMESTAMPTZ, default, one_of
+
+ToolDiscovery = Literal["eager", "deferred", "auto"]
 
 
 class Agent(SQLModel, table=True):
@@ -30,6 +32,7 @@ class AgentRevision(SQLModel, table=True):
     __table_args__ = (
         sa.UniqueConstraint("agent_id", "rev"),
         sa.CheckConstraint("rev > 0", name="agent_revisions_rev_check"),
+        sa.CheckConstraint(one_of("tool_discovery", ToolDiscovery), name="agent_revisions_tool_discovery_check"),
     )
 
     id: uuid.UUID = Field(primary_key=True)
@@ -47,4 +50,6 @@ class AgentRevision(SQLModel, table=True):
     default_workspace: dict[str, Any] | None = Field(sa_type=JSONB)
     connection_requirements: list[Any] = Field(sa_type=JSONB, sa_column_kwargs=EMPTY_ARRAY)
     network: dict[str, Any] | None = Field(sa_type=JSONB)
+    # How runs see brokered tools: every schema, or tool_search/describe/call (auto: deferred above a threshold).
+    tool_discovery: ToolDiscovery = Field(sa_type=TEXT, sa_column_kwargs=default("'eager'"))
     created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)

@@ -1,7 +1,7 @@
 """Transports: every connection names the provider that speaks to it, and that provider's configuration
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 
 ``integration_connections.transport`` picks the provider behind one connection model (``mcp_http``: MCP over
 Streamable HTTP, the only one before; ``openapi``; ``http``; ``stdio``; more arrive with later migrations), and
@@ -16,7 +16,7 @@ command is accepted only from an admin or a catalog entry).
 from alembic import op
 
 revision = "0017"
-down_revision = "0015"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
