@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import shutil
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,13 +32,14 @@ from tests.integration.helpers import (
     issue_token,
     make_agent,
     make_policy,
-    own_stack,
     start_run,
     types,
     wait_pending,
     wait_status,
 )
-from tests.mcp_servers import basic, serve
+from tests.integration.test_oauth_connections import create
+from tests.mcp_servers import RunningServer, basic, serve
+from tests.oauth_servers import AuthorizationServer
 
 pytestmark = pytest.mark.stack
 
@@ -51,8 +53,17 @@ BROKER_QUEUE = f"fluidbox-broker-{SUFFIX}"
 @pytest.fixture(scope="module")
 async def plane() -> AsyncIterator[Stack]:
     env = {**FAST, "FLUIDBOX_SANDBOX_TASK_QUEUE": SANDBOX_QUEUE, "FLUIDBOX_BROKER_TASK_QUEUE": BROKER_QUEUE}
-    async with own_stack("fbxo-", env, workers=2, apis=2) as (stack, _):
+    stack = Stack.ephemeral("fbxo-", env)
+    stack.api_processes = stack.worker_processes = 2
+    # Behind a load balancer every replica names the same public URL (OAuth redirect URIs, invoke URLs): A's here.
+    stack.extra_env["FLUIDBOX_PUBLIC_URL"] = stack.api_url
+    stack.any_api_port = False
+    try:
+        await stack.start()
         yield stack
+    finally:
+        stack.stop()
+        shutil.rmtree(stack.home, ignore_errors=True)
 
 
 def client_of(url: str, token: str) -> httpx.AsyncClient:
@@ -208,6 +219,34 @@ async def test_sandbox_work_and_brokered_calls_run_on_their_own_task_queues(
     assert queues["finalize_run"] == {SANDBOX_QUEUE}
     assert queues["broker_call"] == {BROKER_QUEUE}
     assert queues["begin_finalize"] == {plane.task_queue}
+
+
+async def test_an_oauth_flow_started_on_one_api_completes_on_another(
+    plane: Stack, apis: tuple[httpx.AsyncClient, httpx.AsyncClient], auth: AuthorizationServer, mcp: RunningServer
+) -> None:
+    a, _ = apis
+    a_url, b_url = plane.api_urls
+    connection = await create(a, mcp.url)
+    r = await a.post(f"/v1/connections/{connection['id']}/oauth/start")
+    assert r.status_code == 200, r.text
+    go_url = r.json()["go_url"]
+    assert go_url.startswith(a_url + "/")
+    # The load balancer sends the browser's two requests to B: the flow, its verifier and its browser binding
+    # live in PostgreSQL, not in the process that started the flow.
+    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=60) as browser:
+        go = await browser.get(b_url + go_url.removeprefix(a_url))
+        assert go.status_code == 302, go.text
+        landed = await auth.sign_in(go.headers["location"])
+        assert landed.startswith(f"{a_url}/v1/oauth/callback?"), landed
+        page = await browser.get(b_url + landed.removeprefix(a_url))
+        assert page.status_code == 200, page.text
+        assert "Connected" in page.text
+        # The same browser replaying the callback on A is refused: the flow was claimed once, in the database.
+        again = await browser.get(landed)
+        assert (again.status_code, again.json()["code"]) == (409, "conflict"), again.text
+        assert again.json()["error"] == "this sign-in was already completed; start the connection again"
+    row = (await a.get(f"/v1/connections/{connection['id']}")).json()["connection"]
+    assert row["status"] == "active"
 
 
 async def test_killing_the_worker_that_holds_a_run_loses_nothing(
