@@ -142,6 +142,25 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def check_temporal_settings(extra_env: dict[str, str]) -> None:
+    """A Temporal TLS or API-key mistake stops the stack before anything starts (the API and the worker would
+    each stop on it at their start)."""
+    from pydantic import ValidationError
+
+    from config.settings import Settings
+    from config.temporal import TemporalSettingsError
+    from config.temporal import check_temporal_settings as check
+
+    given = {k: v for k, v in {**os.environ, **extra_env}.items() if k.startswith("FLUIDBOX_TEMPORAL_")}
+    try:
+        settings = Settings.model_validate({k.removeprefix("FLUIDBOX_").lower(): v for k, v in given.items()})
+        check(settings)
+    except ValidationError:
+        return  # the processes name what is wrong in their own logs
+    except TemporalSettingsError as exc:
+        raise StackError(str(exc)) from None
+
+
 async def ensure_database(admin_url: str, name: str) -> str:
     """Create database ``name`` unless it exists; returns its URL (imported late: the CLI starts fast)."""
     from db.engine import ensure_database as ensure
@@ -245,6 +264,7 @@ class Stack:
 
     async def start_backing_services(self) -> None:
         """PostgreSQL and Temporal (unless external ones are configured), then migrations."""
+        check_temporal_settings(self.extra_env)
         self.home.mkdir(parents=True, exist_ok=True)
         if self.database_url is None:
             self._say("• starting PostgreSQL (embedded)")

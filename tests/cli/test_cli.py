@@ -173,6 +173,14 @@ def test_a_bad_api_process_count_is_a_one_line_error_and_starts_nothing(home: Pa
     assert processes_mentioning(str(home)) == []
 
 
+def test_a_missing_temporal_certificate_is_a_one_line_error_and_starts_nothing(home: Path) -> None:
+    env = cli_env(home, FLUIDBOX_TEMPORAL_TLS_CA=str(home / "no-ca.pem"))
+    proc = subprocess.run([FLUIDBOX, "up"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: FLUIDBOX_TEMPORAL_TLS_CA: the file {home}/no-ca.pem does not exist"
+    assert processes_mentioning(str(home)) == []
+
+
 def test_fluidbox_worker_refuses_an_unknown_queue_role(home: Path) -> None:
     env = cli_env(home, FLUIDBOX_DATABASE_URL="postgresql://nobody@/nowhere?host=/nonexistent")
     proc = subprocess.run([FLUIDBOX, "worker", "--queues", "runs,brokr"], env=env, capture_output=True, text=True)
