@@ -369,8 +369,10 @@ class Stack:
         api = self._spawn(name, [sys.executable, "-m", "api.serve"], self.api_env(n))
         await wait_for(lambda: self._api_ready(url), 60, f"the fluidbox API ({name})", api)
 
-    def start_worker(self, name: str = "worker") -> subprocess.Popen[bytes]:
-        return self._spawn(name, [sys.executable, str(ROOT / "worker.py")], self.env)
+    def start_worker(self, name: str = "worker", queues: str | None = None) -> subprocess.Popen[bytes]:
+        """A worker process; ``queues`` limits it to those task-queue roles (``runs,sandbox,broker``)."""
+        argv = [sys.executable, str(ROOT / "worker.py"), *(["--queues", queues] if queues else [])]
+        return self._spawn(name, argv, self.env)
 
     async def _api_ready(self, url: str | None = None) -> bool:
         import httpx

@@ -198,18 +198,7 @@ async def test_sandbox_work_and_brokered_calls_run_on_their_own_task_queues(
 ) -> None:
     a, b = apis
     async with serve(basic()) as srv:
-        r = await a.post("/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "tok-x"})
-        assert r.status_code == 200, r.text
-        policy = await make_policy(
-            a, {"defaults": {"tool_action": "deny"}, "tools": [{"match": ["mcp__*"], "action": "allow"}]}
-        )
-        agent = await make_agent(
-            a,
-            [{"tool": "mcp__calc__add", "input": {"a": 2, "b": 3}}],
-            policy=policy,
-            connection_requirements=[{"slot": "calc", "connector": {"url": srv.url}, "required_tools": ["add"]}],
-        )
-        run_id = await start_run(b, agent)
+        run_id = await brokered_run(a, srv)
         row = await wait_status(b, run_id, {"completed", "failed"})
         assert row["status"] == "completed", row["status_reason"]
         assert row["result_summary"] == "Replay complete: 1 executed, 0 denied."
@@ -219,6 +208,74 @@ async def test_sandbox_work_and_brokered_calls_run_on_their_own_task_queues(
     assert queues["finalize_run"] == {SANDBOX_QUEUE}
     assert queues["broker_call"] == {BROKER_QUEUE}
     assert queues["begin_finalize"] == {plane.task_queue}
+
+
+async def test_workers_started_for_some_roles_only_share_a_run_between_them(
+    plane: Stack, apis: tuple[httpx.AsyncClient, httpx.AsyncClient], temporal: Client
+) -> None:
+    a, _ = apis
+    general = [n for n in list(plane.procs) if n == "worker" or n.startswith("worker-")]
+    for name in general:
+        plane.stop_process(name)
+    runs_only = plane.start_worker("worker-runs", queues="runs").pid
+    sandbox_only = plane.start_worker("worker-sandbox", queues="sandbox").pid
+    broker_only = plane.start_worker("worker-broker", queues="broker").pid
+    try:
+        async with serve(basic()) as srv:
+            run_id = await brokered_run(a, srv)
+            row = await wait_status(a, run_id, {"completed", "failed"}, timeout=120)
+            assert row["status"] == "completed", row["status_reason"]
+            assert srv.call_count("add") == 1
+        evs = await history(temporal, run_id)
+        by_activity = {
+            scheduled.activity_task_scheduled_event_attributes.activity_type.name: started_by
+            for scheduled, started_by in _activity_workers(evs)
+        }
+        assert by_activity["provision_run"] == by_activity["finalize_run"] == sandbox_only
+        assert by_activity["broker_call"] == broker_only
+        assert by_activity["begin_finalize"] == runs_only
+        tasks = {
+            _pid(e.workflow_task_completed_event_attributes.identity)
+            for e in evs
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        }
+        assert tasks == {runs_only}
+    finally:
+        for name in ("worker-runs", "worker-sandbox", "worker-broker"):
+            plane.stop_process(name)
+        for name in general:
+            plane.start_worker(name)
+
+
+def _pid(identity: str) -> int:
+    return int(identity.split("@", 1)[0])
+
+
+def _activity_workers(evs: list[Any]) -> list[tuple[Any, int]]:
+    """(the ActivityTaskScheduled event, the pid of the worker that started it) for every activity."""
+    scheduled = {e.event_id: e for e in evs if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED}
+    return [
+        (scheduled[e.activity_task_started_event_attributes.scheduled_event_id],
+         _pid(e.activity_task_started_event_attributes.identity))
+        for e in evs
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+    ]  # fmt: skip
+
+
+async def brokered_run(api: httpx.AsyncClient, srv: RunningServer) -> str:
+    """A run whose one step is a brokered call of ``add`` on ``srv`` (connected first)."""
+    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "tok-x"})
+    assert r.status_code == 200, r.text
+    policy = await make_policy(
+        api, {"defaults": {"tool_action": "deny"}, "tools": [{"match": ["mcp__*"], "action": "allow"}]}
+    )
+    agent = await make_agent(
+        api,
+        [{"tool": "mcp__calc__add", "input": {"a": 2, "b": 3}}],
+        policy=policy,
+        connection_requirements=[{"slot": "calc", "connector": {"url": srv.url}, "required_tools": ["add"]}],
+    )
+    return await start_run(api, agent)
 
 
 async def test_an_oauth_flow_started_on_one_api_completes_on_another(
