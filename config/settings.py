@@ -57,8 +57,9 @@ class Settings(BaseSettings):
     # the diff and artifacts are recorded; 0 removes it at once.
     run_dir_retention_secs: float = Field(default=0.0, ge=0)
 
-    # Worker slots (per worker process, and per task queue it polls when the queues are split). No run holds a slot while it waits: liveness is a workflow timer plus a
-    # short local activity, so these bound how many steps run at once, never how many runs can be live.
+    # Worker slots (per worker process, and per task queue it polls when the queues are split). No run holds a
+    # slot while it waits: liveness is a workflow timer plus a short local activity, so these bound how many
+    # steps run at once, never how many runs can be live.
     worker_max_activities: int = Field(default=100, ge=1)
     worker_max_local_activities: int = Field(default=100, ge=1)
     worker_max_workflow_tasks: int = Field(default=100, ge=2)
