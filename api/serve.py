@@ -10,6 +10,7 @@ import uvicorn
 
 from api.app import create_app
 from config.settings import get_settings
+from config.temporal import TemporalSettingsError, check_temporal_settings
 
 
 def _sockets(host: str, port: int, uds: str) -> list[socket.socket]:
@@ -39,6 +40,10 @@ def _sockets(host: str, port: int, uds: str) -> list[socket.socket]:
 def main() -> None:
     logging.basicConfig(level=os.environ.get("FLUIDBOX_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
+    try:
+        check_temporal_settings(settings)
+    except TemporalSettingsError as exc:
+        raise SystemExit(f"fluidbox api: {exc}") from None
     host, port = settings.host_port
     sockets = _sockets(host, port, str(settings.socket_path))
     # uvloop (loop="auto" picks it) and httptools, both installed with uvicorn[standard]; the facade relies on

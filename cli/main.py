@@ -56,6 +56,7 @@ def _stack_from_env() -> Any:
         database_url=os.environ.get("FLUIDBOX_DATABASE_URL") or None,
         temporal_address=os.environ.get("FLUIDBOX_TEMPORAL_ADDRESS") or None,
         worker_processes=_positive_int("FLUIDBOX_WORKER_PROCESSES", 1),
+        api_processes=_positive_int("FLUIDBOX_API_PROCESSES", 1),
     )
 
 
@@ -113,7 +114,7 @@ def up(
     stack.destroy_sandboxes_on_stop = destroy_sandboxes_on_stop
     try:
         _, token_path = asyncio.run(_start(stack))
-        typer.echo(f"\nfluidbox is up.\n  API:         {stack.api_url}\n  Temporal UI: {stack.ui_url}")
+        typer.echo(f"\nfluidbox is up.\n  API:         {'  '.join(stack.api_urls)}\n  Temporal UI: {stack.ui_url}")
         typer.echo(
             f"  admin token: {'$FLUIDBOX_ADMIN_TOKEN' if os.environ.get('FLUIDBOX_ADMIN_TOKEN') else token_path}"
         )
@@ -129,6 +130,23 @@ def up(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         stack.stop()
+
+
+@app.command()
+def worker(
+    queues: str = typer.Option(
+        None,
+        "--queues",
+        envvar="FLUIDBOX_WORKER_QUEUES",
+        help="Task queue roles to poll, comma-separated: runs, sandbox, broker (default: all three).",
+    ),
+) -> None:
+    """Run one Temporal worker against FLUIDBOX_DATABASE_URL and FLUIDBOX_TEMPORAL_ADDRESS (for scaled-out setups).
+
+    `fluidbox up` starts its own workers; this command is for workers on other hosts or for one role only.
+    """
+    argv = [sys.executable, str(ROOT / "worker.py"), *(["--queues", queues] if queues else [])]
+    os.execv(sys.executable, argv)  # the worker process itself: signals and exit status are its own
 
 
 # ---- the demo ----------------------------------------------------------------------------------

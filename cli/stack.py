@@ -142,6 +142,25 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def check_temporal_settings(extra_env: dict[str, str]) -> None:
+    """A Temporal TLS or API-key mistake stops the stack before anything starts (the API and the worker would
+    each stop on it at their start)."""
+    from pydantic import ValidationError
+
+    from config.settings import Settings
+    from config.temporal import TemporalSettingsError
+    from config.temporal import check_temporal_settings as check
+
+    given = {k: v for k, v in {**os.environ, **extra_env}.items() if k.startswith("FLUIDBOX_TEMPORAL_")}
+    try:
+        settings = Settings.model_validate({k.removeprefix("FLUIDBOX_").lower(): v for k, v in given.items()})
+        check(settings)
+    except ValidationError:
+        return  # the processes name what is wrong in their own logs
+    except TemporalSettingsError as exc:
+        raise StackError(str(exc)) from None
+
+
 async def ensure_database(admin_url: str, name: str) -> str:
     """Create database ``name`` unless it exists; returns its URL (imported late: the CLI starts fast)."""
     from db.engine import ensure_database as ensure
@@ -170,6 +189,11 @@ class Stack:
     # Worker processes polling the run task queue. One worker runs workflow code on one core; more
     # let a burst of run starts use more of the machine (FLUIDBOX_WORKER_PROCESSES).
     worker_processes: int = 1
+    # API processes (FLUIDBOX_API_PROCESSES). The first serves `bind` and the gateway socket the sandboxes
+    # reach; each further one serves the public API on a port of its own (`api_urls`; put a load balancer in
+    # front) with a gateway socket of its own. They share nothing but PostgreSQL and Temporal.
+    api_processes: int = 1
+    extra_api_binds: list[str] = field(default_factory=list)
     # Started here (embedded), so a start after a stop starts them again on the same data.
     owns_postgres: bool = False
     owns_temporal: bool = False
@@ -206,6 +230,11 @@ class Stack:
         return f"http://{self.bind}"
 
     @property
+    def api_urls(self) -> list[str]:
+        """Every API process's base URL, the first one (``api_url``) first."""
+        return [self.api_url, *(f"http://{bind}" for bind in self.extra_api_binds)]
+
+    @property
     def ui_url(self) -> str:
         return f"http://127.0.0.1:{self.ui_port}"
 
@@ -235,6 +264,7 @@ class Stack:
 
     async def start_backing_services(self) -> None:
         """PostgreSQL and Temporal (unless external ones are configured), then migrations."""
+        check_temporal_settings(self.extra_env)
         self.home.mkdir(parents=True, exist_ok=True)
         if self.database_url is None:
             self._say("• starting PostgreSQL (embedded)")
@@ -310,22 +340,45 @@ class Stack:
         self._say("• starting the worker" if count == 1 else f"• starting {count} workers")
         self.start_worker()
         for n in range(2, count + 1):
-            self._spawn(f"worker-{n}", [sys.executable, str(ROOT / "worker.py")], self.env)
+            self.start_worker(f"worker-{n}")
         self._say(f"• starting the API on {self.api_url}")
         await self.start_api()
+        count = max(1, self.api_processes)
+        if count > 1 and not self.extra_api_binds:
+            self.extra_api_binds = [f"{host}:{free_port()}" for _ in range(count - 1)]
+        for n in range(2, count + 1):
+            self._say(f"• starting API {n} on http://{self.extra_api_binds[n - 2]}")
+            await self.start_api(n)
 
-    async def start_api(self) -> None:
-        api = self._spawn("api", [sys.executable, "-m", "api.serve"], self.env)
-        await wait_for(self._api_ready, 60, "the fluidbox API", api)
+    def api_env(self, n: int) -> dict[str, str]:
+        """API process ``n``'s environment: its own port and gateway socket from the second one on."""
+        if n == 1:
+            return self.env
+        return {
+            **self.env,
+            "FLUIDBOX_BIND": self.extra_api_binds[n - 2],
+            "FLUIDBOX_GATEWAY_SOCKET": str(self.home / f"gateway-{n}" / "api.sock"),
+        }
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
-        return self._spawn("worker", [sys.executable, str(ROOT / "worker.py")], self.env)
+    async def start_api(self, n: int = 1) -> None:
+        name = "api" if n == 1 else f"api-{n}"
+        url = self.api_urls[n - 1]
+        if n > 1:
+            host, _, port = self.extra_api_binds[n - 2].rpartition(":")
+            require_port(host, int(port), f"fluidbox API {n}")
+        api = self._spawn(name, [sys.executable, "-m", "api.serve"], self.api_env(n))
+        await wait_for(lambda: self._api_ready(url), 60, f"the fluidbox API ({name})", api)
 
-    async def _api_ready(self) -> bool:
+    def start_worker(self, name: str = "worker", queues: str | None = None) -> subprocess.Popen[bytes]:
+        """A worker process; ``queues`` limits it to those task-queue roles (``runs,sandbox,broker``)."""
+        argv = [sys.executable, str(ROOT / "worker.py"), *(["--queues", queues] if queues else [])]
+        return self._spawn(name, argv, self.env)
+
+    async def _api_ready(self, url: str | None = None) -> bool:
         import httpx
 
         async with httpx.AsyncClient(timeout=2) as client:
-            r = await client.get(f"{self.api_url}/v1/ready")
+            r = await client.get(f"{url or self.api_url}/v1/ready")
             return r.status_code == 200
 
     def stop_process(self, name: str, timeout: float = 10.0) -> None:
@@ -376,7 +429,8 @@ class Stack:
 
     def stop(self, destroy_sandboxes: bool | None = None) -> None:
         """Stop every process this stack started; sandboxes too when asked (default: the stack's setting)."""
-        for name in ["api", *(n for n in list(self.procs) if n == "worker" or n.startswith("worker-"))]:
+        apis = [n for n in list(self.procs) if n == "api" or n.startswith("api-")]
+        for name in [*apis, *(n for n in list(self.procs) if n == "worker" or n.startswith("worker-"))]:
             self.stop_process(name)
         if self.destroy_sandboxes_on_stop if destroy_sandboxes is None else destroy_sandboxes:
             self.destroy_sandboxes()

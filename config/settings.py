@@ -19,9 +19,23 @@ class Settings(BaseSettings):
 
     temporal_address: str | None = None
     temporal_namespace: str = "default"
+    # TLS to Temporal (a cluster or Temporal Cloud). temporal_tls alone uses the system's CA roots; the paths
+    # below add a private server CA, a client certificate and key (mTLS) and the name the server's certificate
+    # carries when it differs from the address's host. Any of them turns TLS on; config/temporal.py reads them.
     temporal_tls: bool = False
+    temporal_tls_cert: Path | None = None
+    temporal_tls_key: Path | None = None
+    temporal_tls_ca: Path | None = None
+    temporal_tls_server_name: str | None = None
+    # Temporal Cloud API-key auth (implies TLS).
     temporal_api_key: SecretStr | None = None
+    # Task queues: run workflows and their database steps on task_queue; sandbox provisioning/teardown and
+    # brokered calls on queues of their own when set (unset: the runs queue, and brokered calls stay local
+    # activities of the workflow's worker). A worker polls the roles in worker_queues (comma-separated).
     task_queue: str = "fluidbox-runs"
+    sandbox_task_queue: str | None = None
+    broker_task_queue: str | None = None
+    worker_queues: str = "runs,sandbox,broker"
     temporal_port: int = 7233
     ui_port: int = 8233
 
@@ -43,8 +57,9 @@ class Settings(BaseSettings):
     # the diff and artifacts are recorded; 0 removes it at once.
     run_dir_retention_secs: float = Field(default=0.0, ge=0)
 
-    # Worker slots (per worker process). No run holds a slot while it waits: liveness is a workflow timer plus a
-    # short local activity, so these bound how many steps run at once, never how many runs can be live.
+    # Worker slots (per worker process, and per task queue it polls when the queues are split). No run holds a
+    # slot while it waits: liveness is a workflow timer plus a short local activity, so these bound how many
+    # steps run at once, never how many runs can be live.
     worker_max_activities: int = Field(default=100, ge=1)
     worker_max_local_activities: int = Field(default=100, ge=1)
     worker_max_workflow_tasks: int = Field(default=100, ge=2)
@@ -124,6 +139,16 @@ class Settings(BaseSettings):
     @property
     def temporal_target(self) -> str:
         return self.temporal_address or f"127.0.0.1:{self.temporal_port}"
+
+    def queue_for(self, role: str) -> str:
+        """The task queue a role's work goes to (``runs``, ``sandbox`` or ``broker``)."""
+        if role == "sandbox" and self.sandbox_task_queue:
+            return self.sandbox_task_queue
+        if role == "broker" and self.broker_task_queue:
+            return self.broker_task_queue
+        if role not in ("runs", "sandbox", "broker"):
+            raise ValueError(f"unknown task queue role {role!r} (known: runs, sandbox, broker)")
+        return self.task_queue
 
     def credential_keys(self) -> tuple[str | None, list[str]]:
         """The current sealing key and the previous ones still accepted for opening."""

@@ -87,6 +87,25 @@ class Timing(BaseModel):
     move_after_updates: int = 1500
 
 
+# The task-queue roles a worker can poll (``fluidbox worker --queues runs,sandbox,broker``).
+RUNS_ROLE = "runs"  # workflows, their database steps, deliveries and schedule fires
+SANDBOX_ROLE = "sandbox"  # provisioning, sandbox exit, finalization (diff + destroy), the liveness sweep
+BROKER_ROLE = "broker"  # brokered MCP calls (the control plane's outbound calls with sealed credentials)
+ROLES = (RUNS_ROLE, SANDBOX_ROLE, BROKER_ROLE)
+# workflow.patched id: sandbox and broker activities go to their own task queues when those are configured.
+ROLE_QUEUES = "role-task-queues"
+
+
+class Queues(BaseModel):
+    """Where a run's sandbox and brokered-call activities go; None: the workflow's own task queue.
+
+    Frozen into the workflow input when the run starts (workflow code reads no settings) and carried over
+    when the run continues as new."""
+
+    sandbox: str | None = None
+    broker: str | None = None
+
+
 class RunInput(BaseModel):
     run_id: str
     agent_name: str
@@ -99,6 +118,7 @@ class RunInput(BaseModel):
     decisions: dict[str, str] = Field(default_factory=dict)  # approval decisions signalled, not yet consumed
     # Parked before provisioning (a requirement could not be bound): wait for the connection first.
     parked: bool = False
+    queues: Queues | None = None  # absent in runs started before task queues were split
 
 
 class RunRef(BaseModel):
@@ -132,6 +152,7 @@ SWEEP_SIGNAL = "liveness_failed"
 
 class SweepInput(BaseModel):
     suspects: list[str] = Field(default_factory=list)  # runs whose sandbox was not running at the last sweep
+    queue: str | None = None  # the sandbox task queue the sweep activity runs on (None: the workflow's own)
 
 
 class SweepIn(BaseModel):

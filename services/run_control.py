@@ -63,6 +63,13 @@ def timing(settings: Settings) -> c.Timing:
     )
 
 
+def queues(settings: Settings) -> c.Queues | None:
+    """The run's sandbox and broker task queues when configured apart from the runs queue (else None)."""
+    if not settings.sandbox_task_queue and not settings.broker_task_queue:
+        return None
+    return c.Queues(sandbox=settings.sandbox_task_queue, broker=settings.broker_task_queue)
+
+
 async def while_moving(call: Callable[[], Awaitable[T]], moved: Callable[[T], bool]) -> T:
     """Run a workflow update again while the run moves to a fresh history (continue-as-new): refused
     with ``RunMoving``, or an approval wait answered ``moved``. A move takes a workflow task or two; past
@@ -112,6 +119,7 @@ class RunControl:
                 max_wall_clock_secs=spec.budgets.max_wall_clock_secs,
                 timing=timing(self.settings),
                 parked=parked,
+                queues=queues(self.settings),
             ),
             id=c.workflow_id(spec.run_id),
             task_queue=self.settings.task_queue,
@@ -269,4 +277,4 @@ class RunControl:
             raise Unavailable(UNAVAILABLE) from exc
 
 
-__all__ = ["BUSY", "MOVE_PATIENCE_SECS", "RunControl", "timing", "while_moving"]
+__all__ = ["BUSY", "MOVE_PATIENCE_SECS", "RunControl", "queues", "timing", "while_moving"]

@@ -19,7 +19,7 @@ from config.settings import Settings
 from contracts import temporal as c
 from db.store import Store
 from integrations.mcp_pool import SessionPool
-from worker import WORKER_WORKFLOWS, build_activities
+from worker import WORKER_WORKFLOWS, activity_name, build_activities, parse_roles, worker_plan
 
 TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
 
@@ -45,3 +45,30 @@ async def test_every_activity_the_contract_names_is_registered_exactly_once(stor
                 pass
         finally:
             await sessions.aclose()
+
+
+async def test_a_worker_polls_the_queues_of_the_roles_it_is_given(store: Store) -> None:
+    sessions = SessionPool()
+    try:
+        split = Settings(task_queue="q-runs", sandbox_task_queue="q-sandbox", broker_task_queue="q-broker")
+        activities = build_activities(split, store, None, sessions)  # type: ignore[arg-type]
+
+        def names(plan: dict[str, tuple[bool, list[object]]]) -> dict[str, tuple[bool, set[str]]]:
+            return {q: (wf, {activity_name(fn) for fn in fns}) for q, (wf, fns) in plan.items()}  # type: ignore[arg-type]
+
+        every = set(c.ALL_ACTIVITIES)
+        sandbox = {c.PROVISION, c.AWAIT_SANDBOX_EXIT, c.FINALIZE, c.SWEEP_LIVENESS, c.SUPERVISE}
+        # The runs queue hosts the workflows and every activity (local activities, runs started before a split).
+        assert names(worker_plan(split, ["runs", "sandbox", "broker"], activities)) == {
+            "q-runs": (True, every),
+            "q-sandbox": (False, sandbox),
+            "q-broker": (False, {c.BROKER_CALL}),
+        }
+        assert names(worker_plan(split, ["broker"], activities)) == {"q-broker": (False, {c.BROKER_CALL})}
+        # Unsplit (the default), all roles share one worker on the runs queue.
+        assert names(worker_plan(Settings(task_queue="q"), parse_roles("broker, sandbox,runs"), activities)) == {
+            "q": (True, every)
+        }
+        assert names(worker_plan(Settings(task_queue="q"), ["sandbox"], activities)) == {"q": (False, sandbox)}
+    finally:
+        await sessions.aclose()

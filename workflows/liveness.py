@@ -34,6 +34,7 @@ class LivenessSweepWorkflow:
                 c.SWEEP_LIVENESS,
                 c.SweepIn(suspects=suspects),
                 result_type=c.SweepOut,
+                task_queue=_queue(inp),
                 start_to_close_timeout=timedelta(minutes=2),
                 retry_policy=RETRY,
                 summary="look at every live run's runner and sandbox",
@@ -42,7 +43,14 @@ class LivenessSweepWorkflow:
             suspects = out.suspects
             wait = min(1.0, out.next_secs) if suspects else out.next_secs
             await workflow.sleep(timedelta(seconds=wait))
-        workflow.continue_as_new(c.SweepInput(suspects=suspects))
+        workflow.continue_as_new(c.SweepInput(suspects=suspects, queue=inp.queue))
+
+
+def _queue(inp: c.SweepInput) -> str | None:
+    """The sandbox task queue when it is one of its own (the sweep asks each sandbox whether it runs)."""
+    if not inp.queue or inp.queue == workflow.info().task_queue:
+        return None
+    return inp.queue if workflow.patched(c.ROLE_QUEUES) else None
 
 
 WORKFLOWS = [LivenessSweepWorkflow]

@@ -90,11 +90,27 @@ class RunWorkflow:
         """Execute one allowed brokered call in the control plane. Update id carries the attempt."""
         self._brokering += 1
         try:
+            inp = c.BrokerIn(run_id=self._inp.run_id, tool_call_id=call.tool_call_id, input_digest=call.input_digest)
+            queue = self._queue(c.BROKER_ROLE)
+            if queue is not None:
+                # The broker task queue of its own: brokered calls scale with outbound traffic, not with runs.
+                result = await workflow.execute_activity(
+                    c.BROKER_CALL,
+                    inp,
+                    result_type=c.BrokerOut,
+                    task_queue=queue,
+                    # No broker worker polling: the call fails before it was sent, and the caller may retry it.
+                    schedule_to_start_timeout=timedelta(minutes=1),
+                    start_to_close_timeout=timedelta(minutes=2),
+                    retry_policy=RetryPolicy(maximum_attempts=1),
+                    summary=f"brokered call {call.tool_call_id}",
+                )
+                return cast(c.BrokerOut, result)
             # A local activity: it runs in the worker that holds this workflow task, saving a task
             # round trip on every brokered call, and is still recorded (a marker) in the history.
             result = await workflow.execute_local_activity(
                 c.BROKER_CALL,
-                c.BrokerIn(run_id=self._inp.run_id, tool_call_id=call.tool_call_id, input_digest=call.input_digest),
+                inp,
                 result_type=c.BrokerOut,
                 start_to_close_timeout=timedelta(minutes=2),
                 # Never retried by Temporal: after the claim is taken, a retry could send twice.
@@ -188,7 +204,9 @@ class RunWorkflow:
         if workflow.patched(SANDBOX_CAPACITY) and not await self._wait_for_capacity():
             return await self._finalize()  # cancelled while it waited
         try:
-            out = await self._act(c.PROVISION, ref, c.StatusOut, timeout=timedelta(minutes=5), retry=PROVISION_RETRY)
+            out = await self._act(
+                c.PROVISION, ref, c.StatusOut, timeout=timedelta(minutes=5), retry=PROVISION_RETRY, sandbox=True
+            )
             self._set_status(out.status)
         except ActivityError as err:
             await self._fail(f"provisioning failed: {_cause(err)}")
@@ -426,6 +444,7 @@ class RunWorkflow:
                 deadline=(deadline + self._paused).isoformat() if deadline else None,
                 status=self._status,
                 decisions=self._decisions,
+                queues=self._inp.queues,
             )
         )
 
@@ -450,13 +469,25 @@ class RunWorkflow:
                 c.StatusOut,
                 timeout=timedelta(seconds=self._inp.timing.quiesce_secs + 60),
                 heartbeat=timedelta(seconds=20),
+                sandbox=True,
             )
-        done = await self._act(c.FINALIZE, ref, c.StatusOut, timeout=timedelta(minutes=5))
+        done = await self._act(c.FINALIZE, ref, c.StatusOut, timeout=timedelta(minutes=5), sandbox=True)
         self._set_status(done.status)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return str(done.status)
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _queue(self, role: str) -> str | None:
+        """The task queue of a role's activities when it is one of its own, else None (this workflow's).
+
+        Runs started before the split carry no queues and keep every activity on the workflow's queue
+        (their histories replay unchanged); the split is behind ``workflow.patched(ROLE_QUEUES)``."""
+        queues = self._inp.queues
+        name = (queues.sandbox if role == c.SANDBOX_ROLE else queues.broker) if queues is not None else None
+        if not name or name == workflow.info().task_queue:
+            return None
+        return name if workflow.patched(c.ROLE_QUEUES) else None
 
     def _set_status(self, status: str) -> None:
         if status != self._status:
@@ -487,11 +518,13 @@ class RunWorkflow:
         timeout: timedelta = SHORT,
         heartbeat: timedelta | None = None,
         retry: RetryPolicy = RETRY,
+        sandbox: bool = False,
     ) -> M:
         result = await workflow.execute_activity(
             name,
             arg,
             result_type=result_type,
+            task_queue=self._queue(c.SANDBOX_ROLE) if sandbox else None,
             start_to_close_timeout=timeout,
             heartbeat_timeout=heartbeat,
             retry_policy=retry,

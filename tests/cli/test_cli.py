@@ -141,6 +141,53 @@ def test_a_bad_worker_process_count_is_a_one_line_error_and_starts_nothing(home:
     assert processes_mentioning(str(home)) == []
 
 
+def test_up_with_two_api_processes_serves_the_same_control_plane_on_both(home: Path) -> None:
+    env = cli_env(home, FLUIDBOX_API_PROCESSES="2")
+    proc = subprocess.Popen([FLUIDBOX, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "Press Ctrl-C to stop." in line:
+                break
+        shown = next(line for line in lines if line.strip().startswith("API:")).split()[1:]
+        assert len(shown) == 2 and shown[0] == f"http://{env['FLUIDBOX_BIND']}" and shown[1] != shown[0]
+        headers = {"authorization": f"Bearer {(home / 'admin-token').read_text().strip()}"}
+        made = httpx.post(f"{shown[1]}/v1/agents", json={"name": "two-apis", "harness": "replay"}, headers=headers)
+        assert made.status_code == 200, made.text
+        assert httpx.get(f"{shown[0]}/v1/agents/two-apis", headers=headers).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert processes_mentioning(str(home)) == [], "both API processes must stop"
+
+
+def test_a_bad_api_process_count_is_a_one_line_error_and_starts_nothing(home: Path) -> None:
+    env = cli_env(home, FLUIDBOX_API_PROCESSES="0")
+    proc = subprocess.run([FLUIDBOX, "up"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: FLUIDBOX_API_PROCESSES must be a whole number of at least 1, not '0'"
+    assert processes_mentioning(str(home)) == []
+
+
+def test_a_missing_temporal_certificate_is_a_one_line_error_and_starts_nothing(home: Path) -> None:
+    env = cli_env(home, FLUIDBOX_TEMPORAL_TLS_CA=str(home / "no-ca.pem"))
+    proc = subprocess.run([FLUIDBOX, "up"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: FLUIDBOX_TEMPORAL_TLS_CA: the file {home}/no-ca.pem does not exist"
+    assert processes_mentioning(str(home)) == []
+
+
+def test_fluidbox_worker_refuses_an_unknown_queue_role(home: Path) -> None:
+    env = cli_env(home, FLUIDBOX_DATABASE_URL="postgresql://nobody@/nowhere?host=/nonexistent")
+    proc = subprocess.run([FLUIDBOX, "worker", "--queues", "runs,brokr"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == "fluidbox worker: unknown task queue role(s) 'brokr'"
+
+
 def test_an_unreachable_api_is_a_one_line_error(home: Path) -> None:
     env = cli_env(home, FLUIDBOX_URL=f"http://127.0.0.1:{free_port()}", FLUIDBOX_ADMIN_TOKEN="x")
     proc = subprocess.run([FLUIDBOX, "runs", "list"], env=env, capture_output=True, text=True, timeout=60)

@@ -24,11 +24,13 @@ TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}
 
 @asynccontextmanager
 async def own_stack(
-    prefix: str, env: dict[str, str], *, workers: int = 1
+    prefix: str, env: dict[str, str], *, workers: int = 1, apis: int = 1
 ) -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
-    """A whole stack of its own (for settings the session's stack must not share), with an admin client."""
+    """A whole stack of its own (for settings the session's stack must not share), with an admin client
+    (of the first API process when it runs ``apis`` of them)."""
     st = Stack.ephemeral(prefix, env)
     st.worker_processes = workers
+    st.api_processes = apis
     try:
         await st.start()
         token = admin_token(st.home)[0]

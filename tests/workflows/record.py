@@ -1,11 +1,13 @@
-"""Record RunWorkflow histories for the replay test: ``python -m tests.workflows.record [moved] [--suffix S]``.
+"""Record RunWorkflow histories for the replay test:
+``python -m tests.workflows.record [moved] [--suffix S] [--split-queues]``.
 
 ``parked`` records only the two parked-run histories (``run_parked_up_front``, ``run_parked_mid_run``).
 ``moved`` records only the histories of a run that continued as new (its first run, which ends in
 ``ContinuedAsNew``, and the resumed run that completes it). ``--suffix`` writes ``run_<name><S>.json``
 beside the existing files instead of over them: histories recorded before a ``workflow.patched``
 change must stay, so the old branch keeps replaying (``_v2`` holds those recorded with the
-liveness-by-sweep, sandbox-capacity and local-approval-steps patches).
+liveness-by-sweep, sandbox-capacity and local-approval-steps patches; ``_v3`` those recorded with
+``--split-queues``, sandbox and broker work on task queues of their own: the role-task-queues patch).
 
 Re-record deliberately (and commit the JSON) only when a workflow change is meant to be
 incompatible and is guarded by ``workflow.patched``.
@@ -30,10 +32,13 @@ from tests.mcp_servers import basic, serve
 
 OUT = Path(__file__).resolve().parent / "histories"
 SUFFIX = ""
+# --split-queues: sandbox work and brokered calls on task queues of their own (``_v3`` holds those histories).
+SPLIT_QUEUES = {"FLUIDBOX_SANDBOX_TASK_QUEUE": "fluidbox-sandbox", "FLUIDBOX_BROKER_TASK_QUEUE": "fluidbox-broker"}
+EXTRA: dict[str, str] = {}
 
 
 async def record() -> None:
-    stack = Stack.ephemeral("fbxr-", FAST)
+    stack = Stack.ephemeral("fbxr-", {**FAST, **EXTRA})
     home = stack.home
     try:
         token = await stack.start()
@@ -93,7 +98,7 @@ async def record() -> None:
 
 
 async def record_moved() -> None:
-    stack = Stack.ephemeral("fbxr-", {**FAST, "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": "2"})
+    stack = Stack.ephemeral("fbxr-", {**FAST, **EXTRA, "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": "2"})
     home = stack.home
     try:
         token = await stack.start()
@@ -178,5 +183,8 @@ if __name__ == "__main__":
         at = argv.index("--suffix")
         SUFFIX = argv[at + 1]
         del argv[at : at + 2]
+    if "--split-queues" in argv:
+        EXTRA.update(SPLIT_QUEUES)
+        argv.remove("--split-queues")
     asyncio.run(record_moved() if argv == ["moved"] else record_parked() if argv == ["parked"] else record())
     os._exit(0)
