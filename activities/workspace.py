@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import json
 import os
 import shutil
 import stat
+import tarfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -324,3 +326,63 @@ def _listing(run_dir: Path) -> str:
 async def listing(run_dir: Path) -> str:
     """What changed in the workspace, found without git: for review when no diff could be produced."""
     return await asyncio.to_thread(_listing, run_dir)
+
+
+# ---- archives: the workspace over the runner plane (sandboxes that do not share this disk) ----------
+
+
+def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Ownership is the extractor's, never ours; special files do not travel (the walk notes them)."""
+    if not (info.isfile() or info.isdir() or info.issym()):
+        return None
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def pack(tree: Path, max_bytes: int) -> bytes:
+    """``tree`` as a gzip'd tar (links kept as links, never followed).
+
+    Raises:
+        WorkspaceError: the archive is larger than ``max_bytes``.
+    """
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6, format=tarfile.PAX_FORMAT) as tar:
+        for entry in sorted(os.listdir(tree)):
+            tar.add(tree / entry, arcname=entry, recursive=True, filter=_normalized)
+    data = buf.getvalue()
+    if len(data) > max_bytes:
+        raise WorkspaceError(f"the workspace archive is {len(data)} bytes, over the {max_bytes}-byte limit")
+    return data
+
+
+def unpack(data: bytes, dest: Path, max_expanded: int) -> list[str]:
+    """Extract a gzip'd tar into ``dest`` (created empty) under tarfile's ``data`` filter: nothing lands
+    outside ``dest``, no link points out of it, no device, setuid bit or foreign owner survives.
+    Members the filter refuses are skipped and returned (``path: why``), so a sandbox that planted
+    one cannot make the whole state unreadable.
+
+    Raises:
+        WorkspaceError: not a gzip'd tar, or it expands to more than ``max_expanded`` bytes.
+    """
+    skipped: list[str] = []
+
+    def keep(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        try:
+            return tarfile.data_filter(member, path)
+        except tarfile.FilterError as err:
+            skipped.append(f"{member.name}: {err}")
+            return None
+
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            members = tar.getmembers()
+            if sum(m.size for m in members) > max_expanded:
+                raise WorkspaceError(f"the workspace archive expands past {max_expanded} bytes")
+            if dest.exists():
+                shutil.rmtree(dest)
+            dest.mkdir(parents=True)
+            tar.extractall(dest, members=members, filter=keep)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
+        raise WorkspaceError(f"the workspace archive cannot be read: {err}") from err
+    return skipped

@@ -35,6 +35,13 @@ class HarnessConfig(_Body):
     script: list[ReplayStep] | None = Field(default=None, max_length=500)
     delay_ms: int | None = Field(default=None, ge=0, le=60_000)
     model_api: Literal["anthropic-messages", "openai-responses"] | None = None
+    # The Kubernetes provider's Pod for this agent's runs (the deployment's defaults when unset).
+    runner_image: str | None = Field(
+        default=None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$", description="runner image"
+    )
+    runtime_class: str | None = Field(
+        default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="RuntimeClass"
+    )
 
     @field_validator("script")
     @classmethod
