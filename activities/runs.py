@@ -58,7 +58,6 @@ def precompile_code() -> None:
         compileall.compile_dir(code_dir, quiet=1)
 
 
-ORPHAN_SWEEP_SECS = 60.0
 LAUNCH_ORDER = [RunStatus.CREATED, RunStatus.PROVISIONING, RunStatus.INITIALIZING, RunStatus.RUNNING]
 
 
@@ -306,8 +305,8 @@ class RunActivities:
 
     async def _sweep_orphans(self) -> None:
         """Destroy sandboxes whose run is over or unknown (a worker died between create and record, or
-        between a run's end and its teardown); at most once a minute, found by label, not by memory."""
-        if time.monotonic() - self._orphans_swept < ORPHAN_SWEEP_SECS:
+        between a run's end and its teardown); every FLUIDBOX_SANDBOX_ORPHAN_SWEEP_SECS, found by label, not by memory."""
+        if time.monotonic() - self._orphans_swept < self.settings.sandbox_orphan_sweep_secs:
             return
         self._orphans_swept = time.monotonic()
         held = await self.provider.sandboxes()

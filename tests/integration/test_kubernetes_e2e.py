@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import shutil
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,15 @@ import httpx
 import kmock
 import pytest
 import yaml
+from kubernetes import client as k8s
 
 from cli.stack import Stack, admin_token
 from core import wire
+from core.ports import SandboxSpec
 from sandbox import manifests
+from sandbox.kubernetes import ORPHAN_MIN_AGE_SECS
+from sandbox.manifests import PodPolicy
+from tests.helpers import eventually
 from tests.integration.conftest import FAST
 from tests.integration.helpers import (
     ROOT,
@@ -49,13 +55,17 @@ NS = "fluidbox-sandboxes"
 class Node:
     """The kubelet's part: start each new Pod's runner from its spec, report its phase, kill it on delete."""
 
-    def __init__(self, emu: kmock.KubernetesEmulator, base: Path) -> None:
+    def __init__(self, emu: kmock.KubernetesEmulator, base: Path, client: k8s.CoreV1Api) -> None:
         self.emu = emu
+        self.client = client  # what an operator's kubectl would be
         self.base = base
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.logs: dict[str, Path] = {}
         self.specs: dict[str, dict[str, Any]] = {}
         self.secrets: dict[str, str] = {}
+
+    def live_pods(self) -> set[str]:
+        return set(self._live("pods"))
 
     def _live(self, plural: str) -> dict[str, Any]:
         return {
@@ -149,9 +159,11 @@ async def kube(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[
                 }
             )
         )
-        st = Stack.ephemeral("fbxk-", {**FAST, "FLUIDBOX_SANDBOX_PROVIDER": "kubernetes"})
+        st = Stack.ephemeral(
+            "fbxk-", {**FAST, "FLUIDBOX_SANDBOX_PROVIDER": "kubernetes", "FLUIDBOX_SANDBOX_ORPHAN_SWEEP_SECS": "0.5"}
+        )
         st.extra_env.update({"FLUIDBOX_KUBE_CONFIG": str(config), "FLUIDBOX_RUNNER_URL": st.api_url})
-        node = Node(emu, base)
+        node = Node(emu, base, k8s.CoreV1Api(k8s.ApiClient(k8s.Configuration(host=str(server.url).rstrip("/")))))
         playing = asyncio.create_task(node.run())
         try:
             await st.start()
@@ -201,6 +213,29 @@ async def test_a_run_goes_end_to_end_through_a_pod(kube: tuple[Stack, httpx.Asyn
 
     # Teardown removed the Pod, its Secret and its NetworkPolicy.
     assert not [k for k in node.emu.objects.keys() if k[2] == name and not node.emu.objects[k].deleted]
+
+
+async def test_a_pod_left_behind_by_a_finished_run_is_swept(kube: tuple[Stack, httpx.AsyncClient, Node]) -> None:
+    """A worker that died between a run's end and its teardown leaves a Pod: the sweep finds it by label."""
+    _, api, node = kube
+    run_id = await start_run(api, await make_agent(api))
+    await wait_pending(api, run_id)
+    await api.post(f"/v1/sessions/{run_id}/cancel")
+    await wait_status(api, run_id, {"cancelled"})
+    stray = manifests.pod(
+        SandboxSpec(run_id=run_id, argv=["python", "-m", "runner"], bootstrap="spent"),
+        PodPolicy(),
+        created_at=int(time.time()) - ORPHAN_MIN_AGE_SECS - 1,
+    )
+    name = manifests.object_name(run_id)
+    assert name in node.procs and name not in node.live_pods()  # its own Pod ran and was torn down
+    await asyncio.to_thread(node.client.create_namespaced_pod, NS, stray)  # the node does not run it again
+    assert name in node.live_pods()
+
+    async def gone() -> bool | None:
+        return True if manifests.object_name(run_id) not in node.live_pods() else None
+
+    await eventually(gone, timeout=30, message="the orphaned Pod was not swept")
 
 
 async def test_the_runner_plane_checks_workspace_transfers(kube: tuple[Stack, httpx.AsyncClient, Node]) -> None:
