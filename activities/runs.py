@@ -305,7 +305,7 @@ class RunActivities:
 
     async def _sweep_orphans(self) -> None:
         """Destroy sandboxes whose run is over or unknown (a worker died between create and record, or
-        between a run's end and its teardown); every FLUIDBOX_SANDBOX_ORPHAN_SWEEP_SECS, found by label, not by memory."""
+        between a run's end and its teardown); every FLUIDBOX_SANDBOX_ORPHAN_SWEEP_SECS, found by label."""
         if time.monotonic() - self._orphans_swept < self.settings.sandbox_orphan_sweep_secs:
             return
         self._orphans_swept = time.monotonic()
