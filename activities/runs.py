@@ -39,6 +39,7 @@ from db.models.runs import Run
 from db.runs import LiveRun
 from db.store import Store
 from db.workspaces import WorkspaceArchives
+from integrations.urls import UrlPolicy, UrlRefused
 from sandbox.limits import MIB
 from sandbox.manifests import BOOTSTRAP_FILE
 
@@ -127,13 +128,20 @@ class RunActivities:
         await self._advance(run_id, RunStatus.INITIALIZING)
         await asyncio.to_thread(rundirs.make_private, self.settings.runs_dir, run_dir)
         source = spec.workspace.path if spec.workspace.kind == "local_copy" else None
+        data: dict[str, object] = {}
         try:
+            if spec.workspace.kind == "git_repository" and spec.workspace.url:
+                data.update(await self._fetch_repository(spec.workspace.url, spec.workspace.ref, run_dir / "repo"))
+                source = str(run_dir / "repo")
             base, files = await workspace.prepare(run_dir, source)
         except workspace.WorkspaceError as err:
             raise ApplicationError(str(err), type="WorkspaceError", non_retryable=True) from err
+        finally:
+            if spec.workspace.kind == "git_repository":
+                await asyncio.to_thread(shutil.rmtree, run_dir / "repo", True)
         await self.store.set_fields(run_id, base_commit=base)
-        data: dict[str, object] = {"base_commit": base, "files": files}
-        if source:
+        data.update({"base_commit": base, "files": files})
+        if source and spec.workspace.kind == "local_copy":
             data["path"] = source
         await self.store.append_events(run_id, [ev.NewEvent(type=ev.WORKSPACE_INITIALIZED, data=data)])
         if self.provider.workspace_transfer == "archive":
@@ -161,6 +169,18 @@ class RunActivities:
             [ev.system_message(f"sandbox launched ({self.provider.describe(handle)})")],
         )
         return c.StatusOut(status=await self._status(run_id))
+
+    async def _fetch_repository(self, url: str, ref: str | None, dest: Path) -> dict[str, object]:
+        """Clone a git_repository workspace here, in the control plane (never with a credential in the
+        sandbox); an https URL must resolve to public addresses (FLUIDBOX_ALLOW_LOOPBACK_CONNECTORS
+        admits loopback, for tests)."""
+        if url.startswith("https:"):
+            try:
+                await UrlPolicy(allow_loopback=self.settings.allow_loopback_connectors).admit(url)
+            except UrlRefused as err:
+                raise workspace.WorkspaceError(f"repository URL refused: {err.reason}") from None
+        commit = await workspace.clone(url, ref, dest)
+        return {"repository": url, "ref": ref, "commit": commit}
 
     async def _remote_spec(self, spec: RunSpec, run_dir: Path) -> SandboxSpec:
         """A sandbox off this host: the prepared tree goes up as an archive (by digest), the runner gets a

@@ -386,3 +386,50 @@ def unpack(data: bytes, dest: Path, max_expanded: int) -> list[str]:
     except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
         raise WorkspaceError(f"the workspace archive cannot be read: {err}") from err
     return skipped
+
+
+# ---- git_repository: a repository fetched control-plane side ------------------------------------
+
+CLONE_TIMEOUT_SECS = 300.0
+# Only these transports: ext::, ssh and the git protocol could run commands or reach anywhere.
+CLONE_OPTS = (
+    "-c", "protocol.allow=never",
+    "-c", "protocol.https.allow=always",
+    "-c", "protocol.file.allow=always",
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "credential.helper=",
+)  # fmt: skip
+
+
+async def clone(url: str, ref: str | None, dest: Path) -> str:
+    """A shallow clone of ``url`` (at ``ref``) into ``dest`` as a plain tree (its ``.git`` removed: the
+    agent gets files, and the baseline is the control plane's own); returns the commit it was.
+
+    Raises:
+        WorkspaceError: the clone failed or took longer than ``CLONE_TIMEOUT_SECS``.
+    """
+    await asyncio.to_thread(shutil.rmtree, dest, True)  # a retried provisioning starts over
+    args = ["git", *GIT_OPTS, *CLONE_OPTS, "clone", "--quiet", "--depth", "1", "--no-tags", "--single-branch"]
+    if ref:
+        args += ["--branch", ref]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_ENV}
+    proc = await asyncio.create_subprocess_exec(
+        *args, "--", url, str(dest), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(CLONE_TIMEOUT_SECS):
+            _, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise WorkspaceError(f"cloning {url} took longer than {CLONE_TIMEOUT_SECS:g}s") from None
+    if proc.returncode != 0:
+        raise WorkspaceError(f"cannot clone {url}: {err.decode(errors='replace').strip()[:300]}")
+    head = await asyncio.create_subprocess_exec(
+        "git", f"--git-dir={dest / '.git'}", *GIT_OPTS, "rev-parse", "HEAD",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    out, _ = await head.communicate()
+    await asyncio.to_thread(shutil.rmtree, dest / ".git")
+    return out.decode().strip()

@@ -16,8 +16,10 @@ class _Body(BaseModel):
 
 
 class WorkspaceIn(_Body):
-    kind: Literal["scratch", "none", "local_copy", "local_path"]
+    kind: Literal["scratch", "none", "local_copy", "local_path", "git_repository"]
     path: str | None = None
+    url: str | None = Field(default=None, max_length=2000)  # git_repository
+    ref: str | None = Field(default=None, max_length=200)  # git_repository: branch or tag
 
 
 TOOL_INPUTS: dict[str, tuple[str, ...]] = {
