@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from api.deps import ServicesDep, bearer, run_token
-from api.errors import RunnerErrorBody, errors
+from api.errors import RunnerErrorBody, errors, json_errors
 from core.contract import WORKSPACE_DIGEST_HEADER, BootstrapTokens, WorkspaceStored
 from core.digests import sha256_hex
 from core.errors import BadRequest, Conflict, NotFound, Unauthorized
@@ -25,6 +25,7 @@ from db.workspaces import WorkspaceArchives
 
 router = APIRouter(prefix="/internal", tags=["internal"])
 ARCHIVE_TYPE = "application/gzip"
+BINARY = {"type": "string", "format": "binary"}
 
 
 def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -62,7 +63,10 @@ async def bootstrap(run_id: str, request: Request, svc: ServicesDep) -> Bootstra
     "/sessions/{run_id}/workspace",
     summary="Download the prepared workspace (a gzip'd tar; its sha256 in X-Fluidbox-Sha256)",
     response_class=Response,
-    responses={200: {"content": {ARCHIVE_TYPE: {}}, "description": "the archive"}, **refusals()},
+    responses={
+        200: {"content": {ARCHIVE_TYPE: {"schema": BINARY}}, "description": "the archive"},
+        **json_errors(401, 403, 404),
+    },
 )
 async def download(run_id: str, request: Request, svc: ServicesDep) -> Response:
     """The tree the worker prepared; the runner checks its digest against its spec before unpacking it."""
@@ -78,6 +82,8 @@ async def download(run_id: str, request: Request, svc: ServicesDep) -> Response:
     summary="Upload the final workspace (a gzip'd tar) before the result",
     response_model=WorkspaceStored,
     responses=refusals(400, 409, 413, 415),
+    # Documented as octet-stream, which generic clients can send; application/gzip is accepted as well.
+    openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": BINARY}}}},
 )
 async def upload(run_id: str, request: Request, svc: ServicesDep) -> WorkspaceStored:
     """Stored as sent once its digest checks out; the worker that finalizes the run unpacks it (safely)
