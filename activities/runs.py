@@ -314,6 +314,10 @@ class RunActivities:
                     silent = min(silent, time.monotonic() - self.started, gateway_up)
                 if silent > self.settings.heartbeat_stale_secs:
                     reason = f"runner stopped heartbeating (silent for {int(silent)}s)"
+                    # A sandbox that never started talking may be stuck on its platform (a Pod Pending).
+                    waiting = (await self.provider.collect(handle)).failure if handle else None
+                    if waiting:
+                        reason = f"{reason}: {waiting}"
             if reason is not None:
                 await self.request_finalization(
                     c.FinalizationIn(run_id=run_id, outcome="failed", reason=reason, error=reason)

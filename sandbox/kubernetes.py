@@ -200,7 +200,7 @@ class KubernetesProvider:
                 )
             except (ApiException, ValueError, OSError):
                 tail = ""  # no logs yet (never started), or the node is gone
-            failure = _ended(pod)
+            failure = _ended(pod) or _stuck(pod)
             return Collected(
                 log_tail=tail if isinstance(tail, str) else "", failure=None if failure == CLEAN_EXIT else failure
             )
@@ -295,6 +295,23 @@ def _ended(pod: k8s.V1Pod) -> str | None:
     if status.phase == "Succeeded":
         return CLEAN_EXIT
     return None
+
+
+def _stuck(pod: k8s.V1Pod) -> str | None:
+    """Why a Pod that has not ended is still not running (Pending: unschedulable, or a container waiting)."""
+    status = pod.status
+    if status is None or status.phase != "Pending":
+        return None
+    for cond in status.conditions or []:
+        if cond.type == "PodScheduled" and cond.status == "False":
+            return f"the sandbox Pod cannot be scheduled: {cond.message or cond.reason or 'no reason given'}"
+    for cs in status.container_statuses or []:
+        if cs.state is not None and cs.state.waiting is not None and cs.state.waiting.reason:
+            waiting = cs.state.waiting
+            return f"the sandbox Pod is still pending: {waiting.reason}" + (
+                f" ({waiting.message})" if waiting.message else ""
+            )
+    return "the sandbox Pod is still pending"
 
 
 def _reason(err: ApiException) -> str:

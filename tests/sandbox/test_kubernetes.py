@@ -139,7 +139,13 @@ async def test_a_retried_create_finds_its_pod_and_a_new_credential_replaces_it(c
 async def test_status_maps_what_the_kubelet_reports_to_clear_reasons(cluster: Any) -> None:
     emu, provider = cluster
     cases: list[tuple[dict[str, Any], str, str | None]] = [
-        ({"phase": "Pending"}, "running", None),
+        ({"phase": "Pending"}, "running", "the sandbox Pod is still pending"),
+        (
+            {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/3 nodes are available: 3 Insufficient memory."}]},
+            "running",
+            "the sandbox Pod cannot be scheduled: 0/3 nodes are available: 3 Insufficient memory.",
+        ),
         ({"phase": "Running", "containerStatuses": [container({"running": {}})]}, "running", None),
         (
             {"phase": "Pending", "containerStatuses": [container(
