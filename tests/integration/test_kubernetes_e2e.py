@@ -239,9 +239,12 @@ async def test_a_pod_left_behind_by_a_finished_run_is_swept(kube: tuple[Stack, h
 
 
 async def test_the_runner_plane_checks_workspace_transfers(kube: tuple[Stack, httpx.AsyncClient, Node]) -> None:
-    stack, api, _ = kube
-    run_id = await start_run(api, await make_agent(api))
+    stack, api, node = kube
+    agent = await make_agent(api, harness_config={"runner_image": "registry.test/custom:2", "runtime_class": "gvisor"})
+    run_id = await start_run(api, agent)
     await wait_pending(api, run_id)  # the runner is up and waiting on a human: its tokens are live
+    pod = node.specs[manifests.object_name(run_id)]["spec"]  # the agent revision chose its image and runtime
+    assert pod["containers"][0]["image"] == "registry.test/custom:2" and pod["runtimeClassName"] == "gvisor"
     url = f"/internal/sessions/{run_id}/workspace"
     # The runner holds its tokens in memory; the test mints its own workspace and control tokens.
     auth = {"authorization": f"Bearer {await issue_token(stack.database_url or '', run_id, 'workspace')}"}
