@@ -51,6 +51,7 @@ from integrations.oauth import OAuthClient
 from integrations.sealing import sealer_from_settings
 from integrations.transports import TransportDeps, Transports
 from integrations.urls import UrlPolicy
+from sandbox.manifests import PodPolicy
 from sandbox.registry import make_provider
 from services.oauth_tokens import AccessTokens
 from services.triggers import TriggerService
@@ -109,6 +110,21 @@ def activity_name(fn: Callable[..., Any]) -> str:
     return activity._Definition.must_from_callable(fn).name or ""
 
 
+def pod_policy(settings: Settings) -> PodPolicy:
+    """The Kubernetes provider's deployment-wide Pod settings (unused by bubblewrap)."""
+    return PodPolicy(
+        namespace=settings.kube_namespace,
+        default_image=settings.runner_image,
+        runtime_class=settings.kube_runtime_class,
+        cpu_millis=settings.sandbox_cpu_millis,
+        memory_mb=settings.sandbox_memory_mb or 2048,
+        ephemeral_mb=settings.sandbox_ephemeral_mb,
+        control_namespace=settings.kube_control_namespace,
+        control_port=settings.kube_control_port,
+        allow_dns=settings.kube_allow_dns,
+    )
+
+
 def build_activities(
     settings: Settings, store: Store, client: Client, sessions: SessionPool, transports: Transports | None = None
 ) -> list[Callable[..., Any]]:
@@ -121,6 +137,8 @@ def build_activities(
         pids=settings.sandbox_pids,
         syscall_filter=settings.sandbox_syscall_filter,
         sandbox_user=settings.sandbox_user,
+        pod_policy=pod_policy(settings),
+        kube_config=str(settings.kube_config) if settings.kube_config else None,
     )
     acts = RunActivities(store, provider, settings)
     broker_sealer = sealer_from_settings(*settings.credential_keys())

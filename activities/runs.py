@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import compileall
-import os
 import secrets
+import shutil
 import socket
 import sys
 import time
@@ -29,15 +29,20 @@ from core import contract as wire
 from core import events as ev
 from core.digests import sha256_hex
 from core.errors import InvalidTransition
-from core.ports import ExecutionProvider, SandboxHandle, SandboxSpec
+from core.ports import ExecutionProvider, Resources, SandboxHandle, SandboxSpec, WorkspaceRef
 from core.runner_env import runner_env, runner_secrets
+from core.runspec import RunSpec
 from core.states import RunStatus, is_terminal, outcome_status
-from core.tokens import RUN_AUDIENCES
+from core.tokens import BOOTSTRAP_AUDIENCE, RUN_AUDIENCES
 from db.approvals import ApprovalRecord
 from db.models.runs import Run
 from db.parks import end_all
 from db.runs import LiveRun
 from db.store import Store
+from db.workspaces import WorkspaceArchives
+from integrations.urls import UrlPolicy, UrlRefused
+from sandbox.limits import MIB
+from sandbox.manifests import BOOTSTRAP_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 # What a sandbox mounts to run the runner (read-only, no bytecode written inside).
@@ -64,6 +69,8 @@ class RunActivities:
         self.provider = provider
         self.settings = settings
         self.started = time.monotonic()
+        self.archives = WorkspaceArchives(store.pool)
+        self._orphans_swept = float("-inf")
 
     def _run_dir(self, run_id: str) -> Path:
         return self.settings.runs_dir / run_id
@@ -122,38 +129,124 @@ class RunActivities:
         await self._advance(run_id, RunStatus.INITIALIZING)
         await asyncio.to_thread(rundirs.make_private, self.settings.runs_dir, run_dir)
         source = spec.workspace.path if spec.workspace.kind == "local_copy" else None
+        data: dict[str, object] = {}
         try:
+            if spec.workspace.kind == "git_repository" and spec.workspace.url:
+                data.update(await self._fetch_repository(spec.workspace.url, spec.workspace.ref, run_dir / "repo"))
+                source = str(run_dir / "repo")
             base, files = await workspace.prepare(run_dir, source)
         except workspace.WorkspaceError as err:
             raise ApplicationError(str(err), type="WorkspaceError", non_retryable=True) from err
+        finally:
+            if spec.workspace.kind == "git_repository":
+                await asyncio.to_thread(shutil.rmtree, run_dir / "repo", True)
         await self.store.set_fields(run_id, base_commit=base)
-        data: dict[str, object] = {"base_commit": base, "files": files}
-        if source:
+        data.update({"base_commit": base, "files": files})
+        if source and spec.workspace.kind == "local_copy":
             data["path"] = source
         await self.store.append_events(run_id, [ev.NewEvent(type=ev.WORKSPACE_INITIALIZED, data=data)])
-        socket_dir = self.settings.socket_path.parent
-        sandbox = SandboxSpec(
-            run_id=run_id,
-            workspace_dir=str(run_dir / "workspace"),
-            socket_dir=str(socket_dir),
-            code_dirs=[str(d) for d in RUNNER_CODE_DIRS],
-            env=runner_env(spec, self.settings),
-            secrets=runner_secrets(tokens),
-            # -S: no site-packages (and their .pth hooks) at start; the harness adds them if it needs them.
-            argv=[sys.executable, "-S", "-m", "runner"],
-            log_path=str(run_dir / "sandbox.log"),
-        )
+        if self.provider.workspace_transfer == "archive":
+            sandbox = await self._remote_spec(spec, run_dir)
+        else:
+            sandbox = SandboxSpec(
+                run_id=run_id,
+                workspace_dir=str(run_dir / "workspace"),
+                socket_dir=str(self.settings.socket_path.parent),
+                code_dirs=[str(d) for d in RUNNER_CODE_DIRS],
+                env=runner_env(spec, self.settings),
+                secrets=runner_secrets(tokens),
+                # -S: no site-packages (and their .pth hooks) at start; the harness adds them if it needs them.
+                argv=[sys.executable, "-S", "-m", "runner"],
+                log_path=str(run_dir / "sandbox.log"),
+            )
         try:
             handle = await self.provider.create(sandbox)
-        except (OSError, RuntimeError) as err:
+        except (OSError, RuntimeError, ValueError) as err:
             raise ApplicationError(f"sandbox did not start: {err}", type="SandboxError") from err
         await self.store.set_fields(run_id, sandbox_handle=handle.model_dump())
         await self._advance(
             run_id,
             RunStatus.RUNNING,
-            [ev.system_message(f"sandbox launched ({self.provider.name}, pid {handle.pid}{_guards(handle)})")],
+            [ev.system_message(f"sandbox launched ({self.provider.describe(handle)})")],
         )
         return c.StatusOut(status=await self._status(run_id))
+
+    async def _fetch_repository(self, url: str, ref: str | None, dest: Path) -> dict[str, object]:
+        """Clone a git_repository workspace here, in the control plane (never with a credential in the
+        sandbox); an https URL must resolve to public addresses (FLUIDBOX_ALLOW_LOOPBACK_CONNECTORS
+        admits loopback, for tests)."""
+        if url.startswith("https:"):
+            try:
+                await UrlPolicy(allow_loopback=self.settings.allow_loopback_connectors).admit(url)
+            except UrlRefused as err:
+                raise workspace.WorkspaceError(f"repository URL refused: {err.reason}") from None
+        commit = await workspace.clone(url, ref, dest)
+        return {"repository": url, "ref": ref, "commit": commit}
+
+    async def _remote_spec(self, spec: RunSpec, run_dir: Path) -> SandboxSpec:
+        """A sandbox off this host: the prepared tree goes up as an archive (by digest), the runner gets a
+        one-time bootstrap credential instead of its tokens, and reaches the API over HTTP."""
+        run_id = spec.run_id
+        limit = self.settings.workspace_archive_max_mb * MIB
+        try:
+            data = await asyncio.to_thread(workspace.pack, run_dir / "workspace", limit)
+        except workspace.WorkspaceError as err:
+            raise ApplicationError(str(err), type="WorkspaceError", non_retryable=True) from err
+        stored = await self.archives.put(run_id, "initial", data)
+        bootstrap = await self.store.issue_token(
+            spec.tenant_id, run_id, BOOTSTRAP_AUDIENCE, self.settings.token_ttl_secs, secrets.token_hex(16)
+        )
+        ref = f"/internal/sessions/{run_id}/workspace"
+        env = runner_env(spec, self.settings)
+        env.pop(wire.ENV_CONTROL_SOCKET, None)
+        env.update(
+            {
+                wire.ENV_CONTROL_URL: self.settings.runner_url.rstrip("/"),
+                wire.ENV_BOOTSTRAP_FILE: BOOTSTRAP_FILE,
+                wire.ENV_WORKSPACE_REF: ref,
+                wire.ENV_WORKSPACE_SHA256: stored.sha256,
+            }
+        )
+        config = spec.harness_config
+        return SandboxSpec(
+            run_id=run_id,
+            env=env,
+            argv=["python", "-m", "runner"],
+            workspace=WorkspaceRef(ref=ref, sha256=stored.sha256, size=stored.size),
+            image=str(config.get("runner_image") or ""),
+            runtime_class=str(config.get("runtime_class") or ""),
+            resources=Resources(
+                cpu_millis=self.settings.sandbox_cpu_millis,
+                memory_mb=self.settings.sandbox_memory_mb or None,
+                ephemeral_mb=self.settings.sandbox_ephemeral_mb,
+            ),
+            deadline_secs=spec.budgets.max_wall_clock_secs,
+            bootstrap=bootstrap,
+        )
+
+    async def _collect_workspace(self, run_id: str) -> list[str]:
+        """Rebuild the run's directory from its archives (a sandbox off this host uploaded its final state):
+        the baseline from the prepared archive when another worker prepared it, the tree from the upload.
+        Returns what the extraction refused (``path: why``).
+
+        Raises:
+            workspace.WorkspaceError: no upload (the sandbox ended before its runner could), or unreadable.
+        """
+        final = await self.archives.get(run_id, "final")
+        if final is None:
+            raise workspace.WorkspaceError("the sandbox uploaded no final workspace (it ended before its runner could)")
+        run_dir = self._run_dir(run_id)
+        expanded = 8 * self.settings.workspace_archive_max_mb * MIB
+        await asyncio.to_thread(rundirs.make_private, self.settings.runs_dir, run_dir)
+        if not await asyncio.to_thread((run_dir / "baseline.git" / "objects").is_dir):
+            initial = await self.archives.get(run_id, "initial")
+            if initial is None:
+                raise workspace.WorkspaceError("the prepared workspace archive is gone")
+            source = run_dir / "initial"
+            await asyncio.to_thread(workspace.unpack, initial.data, source, expanded)
+            await workspace.prepare(run_dir, str(source))
+            await asyncio.to_thread(shutil.rmtree, source)
+        return await asyncio.to_thread(workspace.unpack, final.data, run_dir / "workspace", expanded)
 
     @activity.defn(name=c.SUPERVISE)
     async def supervise(self, inp: c.SuperviseIn) -> c.SuperviseOut:
@@ -194,6 +287,7 @@ class RunActivities:
         signalled; a run whose intent exists but whose workflow still waits is signalled again.
         """
         runs = await self.store.live_runs()
+        await self._sweep_orphans()
         suspects: list[str] = []
         out = c.SweepOut(next_secs=self.settings.liveness_check_secs)
         gateway_up: float | None = None
@@ -210,7 +304,7 @@ class RunActivities:
                 if run_id not in inp.suspects:
                     suspects.append(run_id)
                     continue
-                reason = self._death(run_id)
+                reason = await self._death(handle)
             else:
                 # Silence only counts while the runner could have reached us: since this worker and the
                 # API's gateway socket came up (a restarted control plane gives its runners time).
@@ -221,6 +315,10 @@ class RunActivities:
                     silent = min(silent, time.monotonic() - self.started, gateway_up)
                 if silent > self.settings.heartbeat_stale_secs:
                     reason = f"runner stopped heartbeating (silent for {int(silent)}s)"
+                    # A sandbox that never started talking may be stuck on its platform (a Pod Pending).
+                    waiting = (await self.provider.collect(handle)).failure if handle else None
+                    if waiting:
+                        reason = f"{reason}: {waiting}"
             if reason is not None:
                 await self.request_finalization(
                     c.FinalizationIn(run_id=run_id, outcome="failed", reason=reason, error=reason)
@@ -229,6 +327,21 @@ class RunActivities:
                 out.failed += 1
         out.suspects = suspects
         return out
+
+    async def _sweep_orphans(self) -> None:
+        """Destroy sandboxes whose run is over or unknown (a worker died between create and record, or
+        between a run's end and its teardown); every FLUIDBOX_SANDBOX_ORPHAN_SWEEP_SECS, found by label."""
+        if time.monotonic() - self._orphans_swept < self.settings.sandbox_orphan_sweep_secs:
+            return
+        self._orphans_swept = time.monotonic()
+        held = await self.provider.sandboxes()
+        if not held:
+            return
+        unfinished = await self.store.runs.unfinished_run_ids(held)
+        for run_id in held:
+            if run_id not in unfinished:
+                activity.logger.warning("destroying the orphaned sandbox of run %s", run_id)
+                await self.provider.destroy(SandboxHandle(provider=self.provider.name, run_id=run_id), grace_secs=0)
 
     async def _wake(self, run_id: str) -> None:
         """Signal the run's workflow to act on its intent (by name: activities never import workflows)."""
@@ -253,16 +366,13 @@ class RunActivities:
         except OSError:
             return 0.0
 
-    def _death(self, run_id: str) -> str:
-        """Why a sandbox ended without a result: the runner names a control plane it could not reach."""
-        try:
-            with open(self._run_dir(run_id) / "sandbox.log", "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 4096))
-                tail = fh.read().decode(errors="replace")
-        except OSError:
-            tail = ""
-        if wire.GATEWAY_GONE in tail:
+    async def _death(self, handle: SandboxHandle | None) -> str:
+        """Why a sandbox ended without a result: the platform's reason (a Pod OOMKilled, evicted…), or the
+        runner naming a control plane it could not reach in its last output."""
+        collected = await self.provider.collect(handle) if handle is not None else None
+        if collected is not None and collected.failure:
+            return f"sandbox ended: {collected.failure}"
+        if collected is not None and wire.GATEWAY_GONE in collected.log_tail:
             return (
                 f"runner gave up: {wire.GATEWAY_GONE} for longer than {wire.ENV_GATEWAY_STALENESS_SECS}"
                 f" ({self.settings.gateway_staleness_secs:g}s)"
@@ -355,6 +465,10 @@ class RunActivities:
             if row.run_spec.get("pending_requirements"):
                 # Parked up front and never bound: nothing was provisioned, so there is no workspace to diff.
                 raise _NothingRan()
+            if self.provider.workspace_transfer == "archive":
+                refused = await self._collect_workspace(run_id)
+                if refused:
+                    new.append(ev.system_message(f"workspace entries not collected: {'; '.join(refused[:20])}"))
             patch, truncated = await workspace.diff(self._run_dir(run_id))
             content = patch or "(no changes)"
             if patch and not await self.store.has_gate_calls(run_id):
@@ -399,6 +513,8 @@ class RunActivities:
         if diff_failure:  # the reported outcome stands; its reason leads with the missing diff
             reason = f"{diff_failure}; {reason}" if reason else diff_failure
         _, final = await self.store.finish(run_id, terminal, reason, summary, outcome, artifacts, new)
+        if self.provider.workspace_transfer == "archive":
+            await self.archives.drop(run_id)  # the diff is recorded: the trees go
         await self._deliver(run_id)
         await self._retire_run_dir(run_id)
         return c.StatusOut(status=final)
@@ -463,11 +579,3 @@ def _approval(row: ApprovalRecord) -> c.ApprovalRow:
         expires_at=row.expires_at.isoformat() if row.expires_at is not None else None,
         reason=row.decision_reason or None,
     )
-
-
-def _guards(handle: SandboxHandle) -> str:
-    """What confines the sandbox beyond its namespaces, as the provider recorded it (limits, syscall filter)."""
-    parts = [
-        f"{key.replace('_', ' ')}: {handle.extra[key]}" for key in ("limits", "syscall_filter") if key in handle.extra
-    ]
-    return "".join(f"; {p}" for p in parts)

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import json
 import os
 import shutil
 import stat
+import tarfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -324,3 +326,110 @@ def _listing(run_dir: Path) -> str:
 async def listing(run_dir: Path) -> str:
     """What changed in the workspace, found without git: for review when no diff could be produced."""
     return await asyncio.to_thread(_listing, run_dir)
+
+
+# ---- archives: the workspace over the runner plane (sandboxes that do not share this disk) ----------
+
+
+def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Ownership is the extractor's, never ours; special files do not travel (the walk notes them)."""
+    if not (info.isfile() or info.isdir() or info.issym()):
+        return None
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def pack(tree: Path, max_bytes: int) -> bytes:
+    """``tree`` as a gzip'd tar (links kept as links, never followed).
+
+    Raises:
+        WorkspaceError: the archive is larger than ``max_bytes``.
+    """
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6, format=tarfile.PAX_FORMAT) as tar:
+        for entry in sorted(os.listdir(tree)):
+            tar.add(tree / entry, arcname=entry, recursive=True, filter=_normalized)
+    data = buf.getvalue()
+    if len(data) > max_bytes:
+        raise WorkspaceError(f"the workspace archive is {len(data)} bytes, over the {max_bytes}-byte limit")
+    return data
+
+
+def unpack(data: bytes, dest: Path, max_expanded: int) -> list[str]:
+    """Extract a gzip'd tar into ``dest`` (created empty) under tarfile's ``data`` filter: nothing lands
+    outside ``dest``, no link points out of it, no device, setuid bit or foreign owner survives.
+    Members the filter refuses are skipped and returned (``path: why``), so a sandbox that planted
+    one cannot make the whole state unreadable.
+
+    Raises:
+        WorkspaceError: not a gzip'd tar, or it expands to more than ``max_expanded`` bytes.
+    """
+    skipped: list[str] = []
+
+    def keep(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        try:
+            return tarfile.data_filter(member, path)
+        except tarfile.FilterError as err:
+            skipped.append(f"{member.name}: {err}")
+            return None
+
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            members = tar.getmembers()
+            if sum(m.size for m in members) > max_expanded:
+                raise WorkspaceError(f"the workspace archive expands past {max_expanded} bytes")
+            if dest.exists():
+                shutil.rmtree(dest)
+            dest.mkdir(parents=True)
+            tar.extractall(dest, members=members, filter=keep)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
+        raise WorkspaceError(f"the workspace archive cannot be read: {err}") from err
+    return skipped
+
+
+# ---- git_repository: a repository fetched control-plane side ------------------------------------
+
+CLONE_TIMEOUT_SECS = 300.0
+# Only these transports: ext::, ssh and the git protocol could run commands or reach anywhere.
+CLONE_OPTS = (
+    "-c", "protocol.allow=never",
+    "-c", "protocol.https.allow=always",
+    "-c", "protocol.file.allow=always",
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "credential.helper=",
+)  # fmt: skip
+
+
+async def clone(url: str, ref: str | None, dest: Path) -> str:
+    """A shallow clone of ``url`` (at ``ref``) into ``dest`` as a plain tree (its ``.git`` removed: the
+    agent gets files, and the baseline is the control plane's own); returns the commit it was.
+
+    Raises:
+        WorkspaceError: the clone failed or took longer than ``CLONE_TIMEOUT_SECS``.
+    """
+    await asyncio.to_thread(shutil.rmtree, dest, True)  # a retried provisioning starts over
+    args = ["git", *GIT_OPTS, *CLONE_OPTS, "clone", "--quiet", "--depth", "1", "--no-tags", "--single-branch"]
+    if ref:
+        args += ["--branch", ref]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_ENV}
+    proc = await asyncio.create_subprocess_exec(
+        *args, "--", url, str(dest), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(CLONE_TIMEOUT_SECS):
+            _, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise WorkspaceError(f"cloning {url} took longer than {CLONE_TIMEOUT_SECS:g}s") from None
+    if proc.returncode != 0:
+        raise WorkspaceError(f"cannot clone {url}: {err.decode(errors='replace').strip()[:300]}")
+    head = await asyncio.create_subprocess_exec(
+        "git", f"--git-dir={dest / '.git'}", *GIT_OPTS, "rev-parse", "HEAD",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    out, _ = await head.communicate()
+    await asyncio.to_thread(shutil.rmtree, dest / ".git")
+    return out.decode().strip()

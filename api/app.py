@@ -31,6 +31,7 @@ from api.routes import (
     sessions,
     triggers,
     usage,
+    workspaces,
 )
 from api.routes import managed_apps as managed_app_routes
 from api.routes import oauth as oauth_routes
@@ -187,10 +188,11 @@ def create_app(settings: Settings) -> FastAPI:
         limit=settings.max_request_body_bytes,
         llm_limit=settings.llm_max_request_body_bytes,
         facade=llm.serve,
+        workspace_limit=settings.workspace_archive_max_mb * 1024 * 1024,
     )
 
     routers = (health, agents, policies, connections, catalog, capabilities, sessions, approvals, triggers, deliveries)
-    for module in (*routers, usage, internal, llm):
+    for module in (*routers, usage, internal, workspaces, llm):
         app.include_router(module.router)
     for module in (auth, admin_routes, oauth_routes, managed_app_routes):
         app.include_router(module.router)

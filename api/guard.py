@@ -16,14 +16,30 @@ from api.errors import error_body
 
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 LLM_PREFIX = "/internal/llm"
+# A runner's final workspace (a gzip'd tar, api/routes/workspaces.py): its own ceiling and content type.
+WORKSPACE_PREFIX, WORKSPACE_SUFFIX = "/internal/sessions/", "/workspace"
+ARCHIVE_TYPES = ("application/gzip", "application/octet-stream")
+
+
+def _is_workspace(path: str) -> bool:
+    return path.startswith(WORKSPACE_PREFIX) and path.endswith(WORKSPACE_SUFFIX)
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, *, limit: int, llm_limit: int, facade: ASGIApp | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limit: int,
+        llm_limit: int,
+        facade: ASGIApp | None = None,
+        workspace_limit: int | None = None,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.llm_limit = llm_limit
         self.facade = facade
+        self.workspace_limit = workspace_limit if workspace_limit is not None else limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -56,7 +72,9 @@ class RequestGuard:
 
     def cap(self, path: str) -> int:
         # A model conversation grows with every turn; the facade takes what the providers take.
-        return self.llm_limit if path.startswith(LLM_PREFIX) else self.limit
+        if path.startswith(LLM_PREFIX):
+            return self.llm_limit
+        return self.workspace_limit if _is_workspace(path) else self.limit
 
     def too_large(self, path: str) -> JSONResponse:
         cap = self.cap(path)
@@ -75,7 +93,10 @@ class RequestGuard:
         if length is not None and length.isdigit() and int(length) > self.cap(path):
             return self.too_large(path)
         has_body = chunked or length not in (None, "0")
-        if scope["method"] in WRITES and has_body and not ctype.startswith("application/json"):
+        if scope["method"] == "PUT" and _is_workspace(path):
+            if not ctype.startswith(ARCHIVE_TYPES):
+                return JSONResponse(error_body("expected content-type: application/gzip", 415), status_code=415)
+        elif scope["method"] in WRITES and has_body and not ctype.startswith("application/json"):
             return JSONResponse(error_body("expected content-type: application/json", 415), status_code=415)
         server = scope.get("server")
         on_gateway = server is None or server[1] is None

@@ -18,8 +18,10 @@ class _Body(BaseModel):
 
 
 class WorkspaceIn(_Body):
-    kind: Literal["scratch", "none", "local_copy", "local_path"]
+    kind: Literal["scratch", "none", "local_copy", "local_path", "git_repository"]
     path: str | None = None
+    url: str | None = Field(default=None, max_length=2000)  # git_repository
+    ref: str | None = Field(default=None, max_length=200)  # git_repository: branch or tag
 
 
 TOOL_INPUTS: dict[str, tuple[str, ...]] = {
@@ -53,6 +55,14 @@ class HarnessConfig(_Body):
     delay_ms: int | None = Field(default=None, ge=0, le=60_000)
     model_api: Literal["anthropic-messages", "openai-responses"] | None = None
     dynamic_connections: DynamicConnections | None = None
+
+    # The Kubernetes provider's Pod for this agent's runs (the deployment's defaults when unset).
+    runner_image: str | None = Field(
+        default=None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$", description="runner image"
+    )
+    runtime_class: str | None = Field(
+        default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="RuntimeClass"
+    )
 
     @field_validator("script")
     @classmethod

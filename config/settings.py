@@ -57,6 +57,23 @@ class Settings(BaseSettings):
     # the diff and artifacts are recorded; 0 removes it at once.
     run_dir_retention_secs: float = Field(default=0.0, ge=0)
 
+    # The Kubernetes provider (FLUIDBOX_SANDBOX_PROVIDER=kubernetes; docs/operations.md "Running on Kubernetes").
+    # One Pod per run in kube_namespace; runners reach the API's runner plane at runner_url (from inside the Pod).
+    kube_namespace: str = Field(default="fluidbox-sandboxes", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    kube_config: Path | None = None  # a kubeconfig file; unset: the worker's in-cluster service account
+    runner_image: str = "ghcr.io/fluidbox/runner:latest"  # the default when an agent revision names none
+    runner_url: str = "http://fluidbox-api.fluidbox.svc.cluster.local:8000"
+    kube_runtime_class: str = ""  # gVisor / Kata RuntimeClass for every sandbox Pod; empty: the node default
+    kube_control_namespace: str = "fluidbox"  # where the API Pods run (the sandbox NetworkPolicy allows only them)
+    kube_control_port: int = Field(default=8000, ge=1, le=65535)
+    kube_allow_dns: bool = True  # sandbox egress to cluster DNS (to resolve runner_url); off when it is an IP
+    sandbox_cpu_millis: int = Field(default=1000, ge=1)
+    sandbox_ephemeral_mb: int = Field(default=4096, ge=64)
+    # How often the liveness sweep looks for sandboxes whose run is over (found by label, destroyed).
+    sandbox_orphan_sweep_secs: float = Field(default=60.0, gt=0)
+    # The prepared workspace and a run's final state travel over the runner plane as gzip'd tars of at most this.
+    workspace_archive_max_mb: int = Field(default=64, ge=1)
+
     # Worker slots (per worker process, and per task queue it polls when the queues are split). No run holds a
     # slot while it waits: liveness is a workflow timer plus a short local activity, so these bound how many
     # steps run at once, never how many runs can be live.

@@ -14,6 +14,9 @@ from core.wire import (
     ENV_AUTONOMY as ENV_AUTONOMY,
 )
 from core.wire import (
+    ENV_BOOTSTRAP_FILE as ENV_BOOTSTRAP_FILE,
+)
+from core.wire import (
     ENV_CAPABILITIES as ENV_CAPABILITIES,
 )
 from core.wire import (
@@ -74,6 +77,12 @@ from core.wire import (
     ENV_WORKSPACE as ENV_WORKSPACE,
 )
 from core.wire import (
+    ENV_WORKSPACE_REF as ENV_WORKSPACE_REF,
+)
+from core.wire import (
+    ENV_WORKSPACE_SHA256 as ENV_WORKSPACE_SHA256,
+)
+from core.wire import (
     EXIT_AGENT_ERROR as EXIT_AGENT_ERROR,
 )
 from core.wire import (
@@ -109,6 +118,9 @@ from core.wire import (
 )
 from core.wire import (
     TOKEN_ENV_VARS as TOKEN_ENV_VARS,
+)
+from core.wire import (
+    WORKSPACE_DIGEST_HEADER as WORKSPACE_DIGEST_HEADER,
 )
 from core.wire import (
     WRONG_AUDIENCE as WRONG_AUDIENCE,
@@ -161,6 +173,22 @@ class HeartbeatResponse(BaseModel):
 class ResultPost(_Strict):
     outcome: str = Field(min_length=1, max_length=40)
     summary: str | None = Field(default=None, max_length=4000)
+
+
+class BootstrapTokens(BaseModel):
+    """What a runner gets for its one-time bootstrap credential: its run tokens, to hold in memory."""
+
+    control: str
+    tool: str
+    llm: str | None = None
+    workspace: str
+
+
+class WorkspaceStored(BaseModel):
+    """An uploaded workspace archive, as the control plane verified and stored it."""
+
+    sha256: str
+    size: int
 
 
 class ReplayStep(_Strict):

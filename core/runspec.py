@@ -5,6 +5,7 @@ Editing an agent or a policy afterwards affects only future runs.
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from typing import Any, Literal, Protocol
 
@@ -27,8 +28,10 @@ class _Frozen(BaseModel):
 
 
 class WorkspaceSpec(_Frozen):
-    kind: Literal["scratch", "local_copy"] = "scratch"
+    kind: Literal["scratch", "local_copy", "git_repository"] = "scratch"
     path: str | None = None
+    url: str | None = None  # git_repository: https://… (or file:///… for the operator), cloned control-plane side
+    ref: str | None = None  # git_repository: a branch or tag (default: the remote's HEAD)
 
 
 class WorkspaceInput(Protocol):
@@ -41,13 +44,31 @@ class WorkspaceInput(Protocol):
     def path(self) -> str | None: ...
 
 
+GIT_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+
+
 def workspace_doc(ws: WorkspaceInput | None) -> dict[str, Any] | None:
     """Normalize a workspace input; scratch is stored as null."""
     if ws is None or ws.kind in ("scratch", "none"):
         return None
+    if ws.kind == "git_repository":
+        return _git_doc(getattr(ws, "url", None), getattr(ws, "ref", None))
     if not ws.path or not ws.path.startswith("/"):
         raise BadRequest("a local_copy workspace needs an absolute `path`")
     return {"kind": "local_copy", "path": ws.path}
+
+
+def _git_doc(url: str | None, ref: str | None) -> dict[str, Any]:
+    if not url:
+        raise BadRequest("a git_repository workspace needs a `url`")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("https", "file") or (scheme == "file" and not rest.startswith("/")):
+        raise BadRequest("a git_repository `url` is https://… (or file:///absolute/path)")
+    if scheme == "https" and "@" in rest.split("/", 1)[0]:
+        raise BadRequest("a git_repository `url` must not carry credentials")
+    if ref is not None and (not GIT_REF.match(ref) or ".." in ref):
+        raise BadRequest("a git_repository `ref` is a branch or tag name (letters, digits, . _ / -)")
+    return {"kind": "git_repository", "url": url, "ref": ref}
 
 
 class InvocationContext(_Frozen):

@@ -17,6 +17,9 @@ class Audience(StrEnum):
     WORKSPACE = "workspace"
 
 
+# A one-time credential a sandbox off the worker's host trades for the run's tokens (never a run token itself).
+BOOTSTRAP_AUDIENCE = "bootstrap"
+
 RUN_AUDIENCES: tuple[Audience, ...] = (Audience.CONTROL, Audience.TOOL, Audience.LLM, Audience.WORKSPACE)
 
 

@@ -42,6 +42,15 @@ GATEWAY_GONE = "control plane unreachable"
 ENV_SECRETS_FD = "FLUIDBOX_SECRETS_FD"
 SECRETS_FD = 4
 
+# Sandboxes that do not share the worker's disk (Kubernetes): the runner trades a one-time bootstrap
+# credential, read from this file (a Secret mount), for its run tokens; the exchange burns it.
+ENV_BOOTSTRAP_FILE = "FLUIDBOX_BOOTSTRAP_FILE"
+# ...and fetches its workspace from the runner plane, refusing it unless its sha256 matches, then uploads
+# the final state before its result.
+ENV_WORKSPACE_REF = "FLUIDBOX_WORKSPACE_REF"
+ENV_WORKSPACE_SHA256 = "FLUIDBOX_WORKSPACE_SHA256"
+WORKSPACE_DIGEST_HEADER = "X-Fluidbox-Sha256"
+
 TOKEN_ENV_VARS = (ENV_SESSION_TOKEN, ENV_TOOL_TOKEN, ENV_LLM_TOKEN, "ANTHROPIC_API_KEY")
 
 SANDBOX_WORKSPACE = "/workspace"

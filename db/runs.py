@@ -338,3 +338,24 @@ class Runs(Repository):
     async def has_gate_calls(self, run_id: str) -> bool:
         async with self.pool.acquire() as conn:
             return bool(await conn.fetchval("SELECT gate_calls > 0 FROM sessions WHERE id = $1", uuid.UUID(run_id)))
+
+    async def unfinished_run_ids(self, run_ids: list[str]) -> set[str]:
+        """Which of ``run_ids`` exist and are not terminal (a sandbox of any other run is an orphan)."""
+        ids = [uuid.UUID(r) for r in run_ids if _is_uuid(r)]
+        if not ids:
+            return set()
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT id::text AS id FROM sessions WHERE id = ANY($1::uuid[])"
+                " AND status NOT IN ('completed', 'failed', 'cancelled', 'budget_exceeded')",
+                ids,
+            )
+        return {r["id"] for r in rows}
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True

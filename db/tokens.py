@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from core.tokens import RUN_AUDIENCES, session_token, token_digest
+from core.tokens import BOOTSTRAP_AUDIENCE, RUN_AUDIENCES, session_token, token_digest
 from db._base import Conn, ReadModel, Repository
 from db.ids import new_id
 
@@ -29,6 +29,18 @@ class RunTokens(Repository):
             for audience, token in tokens.items():
                 await self._insert_token(conn, tenant_id, run_id, audience, token, ttl_secs)
         return tokens
+
+    async def burn_bootstrap(self, token: str) -> RunTokenGrant | None:
+        """Spend a one-time bootstrap credential: exactly one caller gets its grant, every later one None."""
+        return await self.one(
+            RunTokenGrant,
+            "WITH burnt AS (UPDATE api_tokens SET revoked_at = now() WHERE token_sha256 = $1 AND audience = $2"
+            " AND revoked_at IS NULL AND expires_at > now() RETURNING session_id, tenant_id, audience)"
+            " SELECT b.session_id, b.tenant_id, b.audience, false AS revoked, false AS expired, s.status"
+            " FROM burnt b JOIN sessions s ON s.id = b.session_id",
+            token_digest(token),
+            BOOTSTRAP_AUDIENCE,
+        )
 
     async def issue_token(self, tenant_id: str, run_id: str, audience: str, ttl_secs: int, random_hex: str) -> str:
         """One more run-scoped token (operator tooling and tests); the runner's own stay valid."""

@@ -59,8 +59,10 @@ from core.tools import canonicalize
 from core.wire import (
     AGENT_MESSAGE,
     ENV_AUTONOMY,
+    ENV_BOOTSTRAP_FILE,
     ENV_CAPABILITIES,
     ENV_CONTROL_SOCKET,
+    ENV_CONTROL_URL,
     ENV_HEARTBEAT_SECS,
     ENV_MAX_TURNS,
     ENV_MODEL,
@@ -161,7 +163,9 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
         """Raises ValueError: no control socket, or unreadable capabilities."""
-        socket_path = environ.get(ENV_CONTROL_SOCKET) or ""
+        # A Pod has no socket: it reaches the control plane at its URL (runner.remote), and so does the relay.
+        remote = environ.get(ENV_CONTROL_URL, "") if environ.get(ENV_BOOTSTRAP_FILE) else ""
+        socket_path = environ.get(ENV_CONTROL_SOCKET) or remote
         if not socket_path:
             raise ValueError(f"{ENV_CONTROL_SOCKET} is not set: the CLI cannot reach the LLM facade")
         return cls(

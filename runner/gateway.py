@@ -235,7 +235,7 @@ def _read_secrets_fd(value: str | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()}
 
 
-def take_credentials(environ: MutableMapping[str, str]) -> Credentials:
+def take_credentials(environ: MutableMapping[str, str], handed: Mapping[str, str] | None = None) -> Credentials:
     """Read the session id and tokens, deleting every token variable from ``environ`` first.
 
     The deletion happens even when something is missing, so a failing runner leaks nothing either.
@@ -245,7 +245,8 @@ def take_credentials(environ: MutableMapping[str, str]) -> Credentials:
         MissingEnv: no session id or no control token.
     """
     tokens = {name: (environ.pop(name, None) or "").strip() for name in TOKEN_ENV_VARS}
-    for name, value in _read_secrets_fd(environ.pop(ENV_SECRETS_FD, None)).items():
+    # ``handed``: tokens a remote runner got for its bootstrap credential (runner.remote.exchange).
+    for name, value in [*_read_secrets_fd(environ.pop(ENV_SECRETS_FD, None)).items(), *(handed or {}).items()]:
         if name in tokens and value:
             tokens[name] = value.strip()
     session_id = (environ.get(ENV_SESSION_ID) or "").strip()
@@ -303,6 +304,8 @@ class Gateway:
         self._staleness_s = staleness_s
         self._clock = clock
         self._unreachable_since: float | None = None  # first transport failure of the current outage
+        # Runs before /result is posted (a remote runner uploads its final workspace there).
+        self.before_result: Callable[[], None] | None = None
 
     @classmethod
     def from_env(cls, credentials: Credentials, environ: Mapping[str, str], *, sleep: Sleep = time.sleep) -> Gateway:
@@ -470,6 +473,8 @@ class Gateway:
         if len(summary) > SUMMARY_MAX_CHARS:
             summary = summary[: SUMMARY_MAX_CHARS - 1] + "…"
         payload = {"outcome": outcome, "summary": summary}
+        if self.before_result is not None:
+            self.before_result()
         response = self._send("result", payload, self._control, retries=RESULT_RETRIES, backoff_cap=8.0)
         if response is None:
             raise GatewayError("could not post /result: control plane unreachable")

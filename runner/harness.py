@@ -11,8 +11,8 @@ import os
 import sys
 from collections.abc import MutableMapping
 
-from core.wire import ENV_HARNESS, EXIT_AUDIENCE_MISMATCH, EXIT_GATEWAY_GONE, EXIT_MISSING_ENV
-from runner import replay
+from core.wire import ENV_BOOTSTRAP_FILE, ENV_HARNESS, EXIT_AUDIENCE_MISMATCH, EXIT_GATEWAY_GONE, EXIT_MISSING_ENV
+from runner import remote, replay
 from runner.gateway import AudienceMismatch, Gateway, GatewayGone, MissingEnv, log, take_credentials
 
 DEFAULT_HARNESS = "replay"
@@ -53,12 +53,37 @@ def main(environ: MutableMapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     if environ is None:
         guard_memory()
+    remote_run: remote.Exchanged | None = None
+    if env.get(ENV_BOOTSTRAP_FILE):
+        # A Pod off the worker's host: its run tokens come from spending the bootstrap credential, and its
+        # workspace over the runner plane (runner.remote).
+        try:
+            remote_run = remote.exchange(env)
+        except remote.RemoteError as exc:
+            log(str(exc))
+            return EXIT_MISSING_ENV
     try:
-        credentials = take_credentials(env)
+        credentials = take_credentials(env, remote_run.tokens if remote_run else None)
     except MissingEnv as exc:
         log(str(exc))
         return EXIT_MISSING_ENV
     gateway = Gateway.from_env(credentials, env)
+    if remote_run is not None:
+        workspace_token = remote_run.workspace_token
+        try:
+            size = remote.fetch_workspace(env, workspace_token)
+        except remote.RemoteError as exc:
+            log(str(exc))
+            return replay.report_failure(gateway, f"workspace unavailable: {exc}")
+        log(f"workspace fetched ({size} bytes, digest verified)")
+
+        def upload() -> None:
+            try:
+                remote.upload_workspace(env, workspace_token)
+            except remote.RemoteError as exc:  # the result still goes: the control plane reports the missing diff
+                log(str(exc))
+
+        gateway.before_result = upload
     try:
         harness = (env.get(ENV_HARNESS) or DEFAULT_HARNESS).strip()
         if harness == DEFAULT_HARNESS:

@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import threading
 from types import TracebackType
+from urllib.parse import urlsplit
 
 CHUNK = 64 * 1024
 _START_TIMEOUT_S = 10.0
@@ -39,7 +41,8 @@ class RelayError(RuntimeError):
 
 
 class Relay:
-    """Pipes ``127.0.0.1:<port>`` onto the Unix socket at ``socket_path``."""
+    """Pipes ``127.0.0.1:<port>`` onto the Unix socket at ``socket_path``, or onto ``http(s)://host:port``
+    when ``socket_path`` is such a URL (a Pod reaches the control plane over the network, not a socket)."""
 
     def __init__(
         self, socket_path: str, host: str = "127.0.0.1", *, api_key: str | None = None, path_prefix: str | None = None
@@ -57,6 +60,17 @@ class Relay:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="fluidbox-relay", daemon=True)
         self.connections = 0
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        target = self._socket_path
+        if target.startswith(("http://", "https://")):
+            parts = urlsplit(target)
+            tls = parts.scheme == "https"
+            port = parts.port or (443 if tls else 80)
+            return await asyncio.open_connection(
+                parts.hostname, port, ssl=ssl.create_default_context() if tls else None
+            )
+        return await asyncio.open_unix_connection(target)
 
     @property
     def port(self) -> int:
@@ -138,7 +152,7 @@ class Relay:
         upstream_w: asyncio.StreamWriter | None = None
         try:
             try:
-                upstream_r, upstream_w = await asyncio.open_unix_connection(self._socket_path)
+                upstream_r, upstream_w = await self._connect()
             except OSError as exc:
                 await _refuse(client_r, client_w, f"fluidbox relay: the control plane is unreachable ({exc.strerror})")
                 return

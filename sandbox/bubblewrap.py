@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from core.contract import ENV_SECRETS_FD, SECRETS_FD
-from core.ports import SandboxHandle, SandboxSpec, SandboxState
+from core.ports import Collected, SandboxHandle, SandboxSpec, SandboxState, WorkspaceTransfer
 from sandbox import hostfs
 from sandbox.account import DEFAULT_SANDBOX_USER, Account, AccountError, ensure_account
 from sandbox.limits import MIB, CgroupLimiter, Limits, Prepared, cgroup_name, remove_dirs
@@ -203,6 +203,8 @@ class BubblewrapProvider:
     """``ExecutionProvider`` running each sandbox as a detached ``bwrap`` process on this host."""
 
     name: str = "bwrap"
+    # The worker's own copy of the tree is bound in: nothing travels over the runner plane.
+    workspace_transfer: WorkspaceTransfer = "bind"
 
     def __init__(
         self,
@@ -264,6 +266,8 @@ class BubblewrapProvider:
         """
         if not spec.argv:
             raise ValueError("the sandbox command is empty")
+        if not spec.workspace_dir or not spec.log_path:
+            raise ValueError("a bubblewrap sandbox needs a workspace_dir and a log_path on this host")
         for path in (spec.workspace_dir, spec.socket_dir, *spec.code_dirs, *self._python_prefixes):
             if not os.path.isabs(path):
                 raise ValueError(f"sandbox paths must be absolute, got {path!r}")
@@ -363,7 +367,27 @@ class BubblewrapProvider:
     async def status(self, handle: SandboxHandle) -> SandboxState:
         return await asyncio.to_thread(_status, handle)
 
-    async def find(self, run_id: str, log_path: str) -> SandboxHandle | None:
+    async def collect(self, handle: SandboxHandle) -> Collected:
+        """The tail of the sandbox's log (on this host); bubblewrap gives no reason of its own for an end."""
+        return Collected(log_tail=await asyncio.to_thread(_log_tail, handle.log_path))
+
+    async def sandboxes(self) -> list[str]:
+        """None to sweep here: a bubblewrap sandbox dies with its run's teardown, and the cgroups of one that
+        did not are swept at the next create (``CgroupLimiter.sweep``)."""
+        return []
+
+    def describe(self, handle: SandboxHandle) -> str:
+        guards = "".join(
+            f"; {key.replace('_', ' ')}: {handle.extra[key]}"
+            for key in ("limits", "syscall_filter")
+            if key in handle.extra
+        )
+        return f"{self.name}, pid {handle.pid}{guards}"
+
+    async def find(self, run_id: str, log_path: str = "") -> SandboxHandle | None:
+        if not log_path:
+            return None  # the pidfile sits next to the log: without it there is nothing to look at
+
         def _find() -> SandboxHandle | None:
             handle = _read_pidfile(_pidfile(os.path.abspath(log_path)))
             if handle is None or handle.run_id != run_id or _status(handle) != "running":
@@ -569,6 +593,15 @@ def _own_user() -> str:
         return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         return str(os.geteuid())
+
+
+def _log_tail(log_path: str, limit: int = 4096) -> str:
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _bwrap_refusal(log_path: str) -> str | None:

@@ -6,8 +6,9 @@ from core.ports import ExecutionProvider
 from sandbox.account import DEFAULT_SANDBOX_USER
 from sandbox.bubblewrap import DEFAULT_MEMORY_MB, DEFAULT_PIDS, BubblewrapProvider
 from sandbox.limits import MIB, Limits
+from sandbox.manifests import PodPolicy
 
-KNOWN_PROVIDERS = ("bwrap",)
+KNOWN_PROVIDERS = ("bwrap", "kubernetes")
 
 
 def make_provider(
@@ -19,6 +20,8 @@ def make_provider(
     pids: int = DEFAULT_PIDS,
     syscall_filter: bool = True,
     sandbox_user: str = DEFAULT_SANDBOX_USER,
+    pod_policy: PodPolicy | None = None,
+    kube_config: str | None = None,
 ) -> ExecutionProvider:
     """Build the execution provider called ``name``.
 
@@ -37,4 +40,18 @@ def make_provider(
             syscall_filter=syscall_filter,
             sandbox_user=sandbox_user,
         )
+    if name == "kubernetes":
+        # Imported here: the client costs about 0.5 s to import, and a bubblewrap worker never needs it.
+        from kubernetes import config as kube
+
+        from sandbox.kubernetes import KubernetesProvider
+
+        if kube_config:
+            api_client = kube.new_client_from_config(config_file=kube_config)  # type: ignore[no-untyped-call]
+        else:
+            kube.load_incluster_config()  # type: ignore[no-untyped-call]
+            from kubernetes.client import ApiClient
+
+            api_client = ApiClient()
+        return KubernetesProvider(api_client, pod_policy)
     raise ValueError(f"unknown execution provider {name!r}; known: {', '.join(KNOWN_PROVIDERS)}")

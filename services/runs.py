@@ -212,6 +212,14 @@ class RunFactory:
             spec = spec.model_copy(update={"result_destinations": list(req.result_destinations)})
         if pending:
             spec = spec.model_copy(update={"pending_requirements": pending})
+        if (
+            invoker_user_id is not None
+            and spec.workspace.kind == "git_repository"
+            and (spec.workspace.url or "").startswith("file:")
+        ):
+            raise Forbidden(
+                "a file:// git_repository names a control-plane host path and is restricted to the operator"
+            )
         if invoker_user_id is not None and spec.workspace.kind == "local_copy":
             # Asked for, or the revision's default: either way it would copy a control-plane host path.
             raise Forbidden(

@@ -32,6 +32,7 @@ from db.models.runs import Artifact, Run, RunFinalization
 from db.models.tokens import ApiToken
 from db.models.triggers import TriggerInvocation, TriggerSubscription
 from db.models.usage import LlmReservation, RunSpend, UsageEntry
+from db.models.workspaces import WorkspaceArchive
 
 # Functions and triggers the migrations create (name → migration that last defined it).
 MIGRATION_ONLY_FUNCTIONS: dict[str, str] = {
@@ -84,4 +85,5 @@ __all__ = [
     "TriggerSubscription",
     "UsageEntry",
     "User",
+    "WorkspaceArchive",
 ]

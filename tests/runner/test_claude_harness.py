@@ -251,3 +251,47 @@ def test_with_a_path_prefix_the_relay_adds_its_token_to_nothing_else(uds_server:
             client.get("/stream")
         with httpx.Client(base_url=relay.url) as client, pytest.raises(httpx.HTTPError):
             client.get("/echoes")
+
+
+class TcpServer(UdsServer):
+    """The same recording server on loopback TCP: what the relay faces in a Kubernetes Pod."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.release = threading.Event()
+        routes = [Route("/echo", self._echo, methods=["POST", "GET"])]
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(Starlette(routes=routes), log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+
+def test_in_a_pod_the_relay_reaches_the_control_plane_over_http_and_still_swaps_the_key() -> None:
+    srv = TcpServer()
+    srv.thread.start()
+    try:
+        for _ in range(1000):
+            if srv.server.started:
+                break
+            srv.release.wait(0.01)
+        with Relay(srv.url, api_key=TOKEN) as relay, httpx.Client(base_url=relay.url) as client:
+            r = client.post("/echo", content=b"{}", headers={"x-api-key": "placeholder"})
+        assert r.status_code == 200
+        assert [v for k, v in r.json()["headers"] if k == "x-api-key"] == [TOKEN]
+    finally:
+        srv.server.should_exit = True
+        srv.thread.join(10)
+        srv.sock.close()
+
+
+def test_the_harness_uses_the_socket_on_a_host_and_the_control_url_in_a_pod() -> None:
+    base = {"FLUIDBOX_CONTROL_URL": "http://fluidbox-api.fluidbox.svc:8000"}
+    assert claude.Settings.from_env({**base, "FLUIDBOX_CONTROL_SOCKET": "/run/fluidbox/api.sock"}).socket_path == (
+        "/run/fluidbox/api.sock"
+    )
+    in_pod = {**base, "FLUIDBOX_BOOTSTRAP_FILE": "/var/run/fluidbox/bootstrap/token"}
+    assert claude.Settings.from_env(in_pod).socket_path == "http://fluidbox-api.fluidbox.svc:8000"
+    with pytest.raises(ValueError, match="FLUIDBOX_CONTROL_SOCKET is not set"):
+        claude.Settings.from_env(base)  # a host sandbox never falls back to the cosmetic URL
