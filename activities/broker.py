@@ -105,7 +105,7 @@ class BrokerActivities:
             return await self._refuse(inp, claim, "credential storage is disabled on this worker")
         if not accepts_work(claim["run_status"]):
             return await self._refuse(inp, claim, "session is not active")
-        spec = await self.store.run_spec(inp.run_id)
+        spec = await self.store.runs.run_spec(inp.run_id)
         oauth = binding["auth_kind"] == "oauth"
         try:
             # Read in the same statement as the checks, and only while the binding still holds.
