@@ -80,7 +80,7 @@ class BrokerActivities:
                 "verdict": "deny",
                 "source": "binding",
                 "reason": reason,
-                "access": access_of(await self.store.run_spec(inp.run_id), claim["tool"]),
+                "access": access_of(await self.store.runs.run_spec(inp.run_id), claim["tool"]),
             },
         )
         row = await self.connections.settle(
@@ -92,7 +92,7 @@ class BrokerActivities:
         """The bound connection is not usable (missing, revoked, in error, reauthorized, a credential gone): the
         call parks when its requirement says ``when_unavailable: park`` (nothing is taken, nothing is sent; the
         workflow waits and calls again), else it is refused as before."""
-        spec = await self.store.run_spec(inp.run_id)
+        spec = await self.store.runs.run_spec(inp.run_id)
         surface = next((b for b in spec.brokered if str(b["binding_id"]) == str(claim["binding_id"])), None)
         if surface is not None and surface.get("when_unavailable") == "park" and accepts_work(claim["run_status"]):
             return c.BrokerOut(state="parked", reason=reason)
@@ -133,7 +133,7 @@ class BrokerActivities:
             return await self._refuse(inp, claim, "credential storage is disabled on this worker")
         if not accepts_work(claim["run_status"]):
             return await self._refuse(inp, claim, "session is not active")
-        spec = await self.store.run_spec(inp.run_id)
+        spec = await self.store.runs.run_spec(inp.run_id)
         oauth = binding["auth_kind"] == "oauth"
         try:
             # Read in the same statement as the checks, and only while the binding still holds.

@@ -36,7 +36,8 @@ from core.digests import sha256_hex
 from core.redaction import MARK, scrub_text
 from core.signing import sign
 from db.deliveries import Deliveries, callback_secret_context, webhook_destinations
-from db.store import Row, Store
+from db.models.deliveries import Delivery
+from db.store import Store
 from integrations.sealing import Sealer, SealingError
 from integrations.urls import AdmittedUrl, IPAddress, UrlPolicy, UrlRefused
 
@@ -90,24 +91,24 @@ async def start_deliveries(store: Store, client: Client, task_queue: str, run_id
     Called by the finalizer once the run is terminal (also on a retried finalize that finds it
     terminal already). Returns how many delivery workflows are running or were just started.
     """
-    spec = await store.run_spec(run_id)
+    spec = await store.runs.run_spec(run_id)
     if not webhook_destinations(spec):
         return 0
     started = 0
     for row in await Deliveries(store).enqueue(spec):
-        if row["status"] != "pending":
+        if row.status != "pending":
             continue
-        index = int(row["destination_index"])
+        index = row.destination_index
         try:
             await client.start_workflow(
                 c.DELIVERY_WORKFLOW,
-                c.DeliveryInput(delivery_id=str(row["id"]), run_id=run_id, index=index),
+                c.DeliveryInput(delivery_id=str(row.id), run_id=run_id, index=index),
                 id=c.delivery_workflow_id(run_id, index),
                 task_queue=task_queue,
                 # A running delivery is reused and a finished one is never repeated.
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                static_summary=scrub_text(f"deliver run {run_id} to {display_url(str(row['url']))}"),
+                static_summary=scrub_text(f"deliver run {run_id} to {display_url(row.url)}"),
             )
         except WorkflowAlreadyStartedError:
             continue
@@ -132,27 +133,27 @@ class DeliveryActivities:
         self.send_timeout = send_timeout
         self.verify = verify
 
-    async def _authority(self, row: Row) -> tuple[str | None, c.DeliveryAttemptOut | None]:
+    async def _authority(self, row: Delivery) -> tuple[str | None, c.DeliveryAttemptOut | None]:
         """The callback secret if the publish binding still holds; otherwise why not (nothing is sent)."""
-        dest: dict[str, Any] = row["destination"] or {}
-        sub_id = row.get("subscription_id")
+        dest: dict[str, Any] = row.destination or {}
+        sub_id = row.subscription_id
         if not sub_id:
             return None, c.DeliveryAttemptOut(
                 outcome="failed", error="the destination names no subscription to sign with"
             )
         sub = await self.deliveries.subscription(str(sub_id))
-        if sub is None or str(sub["tenant_id"]) != str(row["tenant_id"]):
+        if sub is None or sub.tenant_id != row.tenant_id:
             return None, c.DeliveryAttemptOut(outcome="skipped", error="the subscription no longer exists")
-        if not sub["enabled"]:
+        if not sub.enabled:
             return None, c.DeliveryAttemptOut(outcome="skipped", error="the subscription is disabled")
         frozen = dest.get("token_generation")
-        if frozen is not None and int(frozen) != int(sub["token_generation"]):
+        if frozen is not None and int(frozen) != sub.token_generation:
             return None, c.DeliveryAttemptOut(
                 outcome="skipped",
                 error=f"the subscription's trigger token was rotated after this run was invoked "
-                f"(generation {frozen} → {sub['token_generation']})",
+                f"(generation {frozen} → {sub.token_generation})",
             )
-        if sub["callback_url"] != row["url"]:
+        if sub.callback_url != row.url:
             return None, c.DeliveryAttemptOut(
                 outcome="skipped", error="the subscription's callback URL changed after this run was invoked"
             )
@@ -160,12 +161,10 @@ class DeliveryActivities:
             return None, c.DeliveryAttemptOut(
                 outcome="failed", error="credential storage is not configured on this worker (FLUIDBOX_CREDENTIAL_KEY)"
             )
-        if sub["callback_secret_sealed"] is None:
+        if sub.callback_secret_sealed is None:
             return None, c.DeliveryAttemptOut(outcome="failed", error="the subscription has no callback secret")
         try:
-            secret = self.sealer.open(
-                bytes(sub["callback_secret_sealed"]), context=callback_secret_context(str(sub_id))
-            )
+            secret = self.sealer.open(bytes(sub.callback_secret_sealed), context=callback_secret_context(str(sub_id)))
         except SealingError:
             return None, c.DeliveryAttemptOut(outcome="failed", error="the callback secret cannot be opened")
         return secret.decode("utf-8"), None
@@ -175,20 +174,20 @@ class DeliveryActivities:
         row = await self.deliveries.get(inp.delivery_id)
         if row is None:
             raise ApplicationError(f"delivery {inp.delivery_id} does not exist", non_retryable=True)
-        if row["status"] != "pending":  # closed already: report it, send nothing
-            return c.DeliveryAttemptOut(outcome=str(row["status"]), error=row.get("last_error"))
+        if row.status != "pending":  # closed already: report it, send nothing
+            return c.DeliveryAttemptOut(outcome=row.status, error=row.last_error)
         secret, refusal = await self._authority(row)
         if refusal is not None:
             return refusal
         assert secret is not None
-        url = str(row["url"])
+        url = row.url
         try:
             # Admitted right before connecting, on every attempt: where the name points now is what counts,
             # and the connection goes to one of exactly these addresses.
             admitted = await self.url_policy.admit(url)
         except UrlRefused as err:
             return c.DeliveryAttemptOut(outcome="failed", error=str(err))
-        body_doc = await self.deliveries.result_body(str(row["session_id"]), inp.delivery_id, inp.attempt)
+        body_doc = await self.deliveries.result_body(str(row.session_id), inp.delivery_id, inp.attempt)
         body = json.dumps(body_doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         timestamp = int(time.time())
         headers = {
@@ -235,7 +234,7 @@ class DeliveryActivities:
         row = await self.deliveries.get(inp.delivery_id)
         if row is None:
             raise ApplicationError(f"delivery {inp.delivery_id} does not exist", non_retryable=True)
-        url = display_url(str(row["url"]))
+        url = display_url(row.url)
         if inp.status == "delivered":
             event = ev.NewEvent(
                 type=CALLBACK_DELIVERED, data={"delivery_id": inp.delivery_id, "url": url, "attempt": inp.attempts}
@@ -251,7 +250,7 @@ class DeliveryActivities:
                 data["skipped"] = True
             event = ev.NewEvent(type=CALLBACK_FAILED, data=data)
         closed = await self.deliveries.close(inp.delivery_id, inp.status, inp.attempts, inp.error, event)
-        return c.StatusOut(status=str(closed["status"]) if closed else str(row["status"]))
+        return c.StatusOut(status=closed.status if closed else row.status)
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.deliver_webhook, self.close_delivery]

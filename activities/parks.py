@@ -39,7 +39,7 @@ class ParkActivities:
         self, run_id: str, tool_call_id: str, state: str | None = None, reason: str | None = None
     ) -> c.ParkOut:
         row = await self.parks.wait_state(run_id, tool_call_id)
-        run = await self.store.get_run(None, run_id)
+        run = await self.store.runs.get_run(None, run_id)
         assert run is not None
         return c.ParkOut(
             state=state or (row["state"] if row else "ended"),
@@ -98,9 +98,9 @@ class ParkActivities:
         if inp.tool_call_id:
             await self._refuse(inp, reason)
         if inp.outcome == "expired":
-            created, _status = await self.store.request_finalization(inp.run_id, "failed", reason=reason)
+            created, _status = await self.store.runs.request_finalization(inp.run_id, "failed", reason=reason)
             if created:
-                await self.store.append_events(inp.run_id, [ev.NewEvent(type=ev.RUN_ERROR, data={"message": reason})])
+                await self.store.ledger.append_events(inp.run_id, [ev.NewEvent(type=ev.RUN_ERROR, data={"message": reason})])
         return await self._out(inp.run_id, inp.tool_call_id, inp.outcome, reason)
 
     async def _refuse(self, inp: c.EndParkIn, reason: str) -> None:

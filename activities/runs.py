@@ -76,7 +76,7 @@ class RunActivities:
         return self.settings.runs_dir / run_id
 
     async def _status(self, run_id: str) -> str:
-        row = await self.store.get_run(None, run_id)
+        row = await self.store.runs.get_run(None, run_id)
         if row is None:
             raise ApplicationError(f"run {run_id} does not exist", non_retryable=True)
         return row.status
@@ -86,7 +86,7 @@ class RunActivities:
         current = RunStatus(await self._status(run_id))
         if current not in LAUNCH_ORDER or LAUNCH_ORDER.index(current) >= LAUNCH_ORDER.index(to):
             return False
-        await self.store.transition(run_id, to, extra=extra)
+        await self.store.runs.transition(run_id, to, extra=extra)
         return True
 
     def _handle(self, row: Run | LiveRun | None) -> SandboxHandle | None:
@@ -98,13 +98,13 @@ class RunActivities:
         """A place under FLUIDBOX_MAX_SANDBOXES for this run, or "wait" (the workflow looks again later)."""
         if self.settings.max_sandboxes <= 0:
             return c.ClaimOut(claimed=True, live=0)
-        claimed, live = await self.store.claim_sandbox(ref.run_id, self.settings.max_sandboxes)
+        claimed, live = await self.store.runs.claim_sandbox(ref.run_id, self.settings.max_sandboxes)
         return c.ClaimOut(claimed=claimed, live=live)
 
     @activity.defn(name=c.PROVISION)
     async def provision(self, ref: c.RunRef) -> c.StatusOut:
         run_id = ref.run_id
-        row = await self.store.get_run(None, run_id)
+        row = await self.store.runs.get_run(None, run_id)
         if row is None:
             raise ApplicationError(f"run {run_id} does not exist", non_retryable=True)
         if row.status not in LAUNCH_ORDER:
@@ -113,19 +113,19 @@ class RunActivities:
         if handle is not None and await self.provider.status(handle) == "running":
             await self._advance(run_id, RunStatus.RUNNING)
             return c.StatusOut(status=await self._status(run_id))
-        spec = await self.store.run_spec(run_id)
+        spec = await self.store.runs.run_spec(run_id)
         run_dir = self._run_dir(run_id)
         orphan = await self.provider.find(run_id, str(run_dir / "sandbox.log"))
         if orphan is not None:
             # An earlier attempt started this sandbox but died before recording it. Its tokens are
             # about to be replaced and its workspace rebuilt, so it cannot be adopted: end it first.
             await self.provider.destroy(orphan)
-            await self.store.append_events(
+            await self.store.ledger.append_events(
                 run_id, [ev.system_message("replaced a sandbox left by an interrupted provisioning attempt")]
             )
         await self._advance(run_id, RunStatus.PROVISIONING)
         randoms = {aud.value: secrets.token_hex(16) for aud in RUN_AUDIENCES}
-        tokens = await self.store.mint_tokens(spec.tenant_id, run_id, self.settings.token_ttl_secs, randoms)
+        tokens = await self.store.tokens.mint_tokens(spec.tenant_id, run_id, self.settings.token_ttl_secs, randoms)
         await self._advance(run_id, RunStatus.INITIALIZING)
         await asyncio.to_thread(rundirs.make_private, self.settings.runs_dir, run_dir)
         source = spec.workspace.path if spec.workspace.kind == "local_copy" else None
@@ -140,11 +140,11 @@ class RunActivities:
         finally:
             if spec.workspace.kind == "git_repository":
                 await asyncio.to_thread(shutil.rmtree, run_dir / "repo", True)
-        await self.store.set_fields(run_id, base_commit=base)
+        await self.store.runs.set_fields(run_id, base_commit=base)
         data.update({"base_commit": base, "files": files})
         if source and spec.workspace.kind == "local_copy":
             data["path"] = source
-        await self.store.append_events(run_id, [ev.NewEvent(type=ev.WORKSPACE_INITIALIZED, data=data)])
+        await self.store.ledger.append_events(run_id, [ev.NewEvent(type=ev.WORKSPACE_INITIALIZED, data=data)])
         if self.provider.workspace_transfer == "archive":
             sandbox = await self._remote_spec(spec, run_dir)
         else:
@@ -163,7 +163,7 @@ class RunActivities:
             handle = await self.provider.create(sandbox)
         except (OSError, RuntimeError, ValueError) as err:
             raise ApplicationError(f"sandbox did not start: {err}", type="SandboxError") from err
-        await self.store.set_fields(run_id, sandbox_handle=handle.model_dump())
+        await self.store.runs.set_fields(run_id, sandbox_handle=handle.model_dump())
         await self._advance(
             run_id,
             RunStatus.RUNNING,
@@ -193,7 +193,7 @@ class RunActivities:
         except workspace.WorkspaceError as err:
             raise ApplicationError(str(err), type="WorkspaceError", non_retryable=True) from err
         stored = await self.archives.put(run_id, "initial", data)
-        bootstrap = await self.store.issue_token(
+        bootstrap = await self.store.tokens.issue_token(
             spec.tenant_id, run_id, BOOTSTRAP_AUDIENCE, self.settings.token_ttl_secs, secrets.token_hex(16)
         )
         ref = f"/internal/sessions/{run_id}/workspace"
@@ -257,10 +257,10 @@ class RunActivities:
         exited_checks = 0
         while True:
             activity.heartbeat()
-            live = await self.store.liveness(inp.run_id)
+            live = await self.store.runs.liveness(inp.run_id)
             if live.has_intent or is_terminal(live.status):
                 return c.SuperviseOut(reason="intent")
-            row = await self.store.get_run(None, inp.run_id)
+            row = await self.store.runs.get_run(None, inp.run_id)
             handle = self._handle(row)
             state = await self.provider.status(handle) if handle else "missing"
             if state != "running":
@@ -286,7 +286,7 @@ class RunActivities:
         the workflow records one (a finalization intent and ``run.error``), then the run's workflow is
         signalled; a run whose intent exists but whose workflow still waits is signalled again.
         """
-        runs = await self.store.live_runs()
+        runs = await self.store.runs.live_runs()
         await self._sweep_orphans()
         suspects: list[str] = []
         out = c.SweepOut(next_secs=self.settings.liveness_check_secs)
@@ -381,7 +381,7 @@ class RunActivities:
 
     @activity.defn(name=c.REQUEST_FINALIZATION)
     async def request_finalization(self, inp: c.FinalizationIn) -> c.StatusOut:
-        created, status = await self.store.request_finalization(
+        created, status = await self.store.runs.request_finalization(
             inp.run_id, inp.outcome, reason=inp.reason, quiesce=inp.quiesce
         )
         if created:
@@ -394,37 +394,37 @@ class RunActivities:
                 )
             if inp.error:
                 new.append(ev.NewEvent(type=ev.RUN_ERROR, data={"message": inp.error}))
-            await self.store.append_events(inp.run_id, new)
+            await self.store.ledger.append_events(inp.run_id, new)
         return c.StatusOut(status=status)
 
     @activity.defn(name=c.BEGIN_FINALIZE)
     async def begin_finalize(self, ref: c.RunRef) -> c.BeginFinalizeOut:
         status = await self._status(ref.run_id)
         if is_terminal(status) or status in (RunStatus.FINALIZING, RunStatus.CANCELLING):
-            intent = await self.store.finalization(ref.run_id)
+            intent = await self.store.runs.finalization(ref.run_id)
             return c.BeginFinalizeOut(
                 status=status, needs_quiesce=status == RunStatus.CANCELLING and bool(intent and intent.needs_quiesce)
             )
-        intent = await self.store.finalization(ref.run_id)
+        intent = await self.store.runs.finalization(ref.run_id)
         if intent is None:  # defensive: the workflow only finalizes with an intent recorded
-            await self.store.request_finalization(ref.run_id, "failed", reason="finalized without an intent")
-            intent = await self.store.finalization(ref.run_id)
+            await self.store.runs.request_finalization(ref.run_id, "failed", reason="finalized without an intent")
+            intent = await self.store.runs.finalization(ref.run_id)
         assert intent is not None
         if intent.needs_quiesce:
-            await self.store.transition(
+            await self.store.runs.transition(
                 ref.run_id,
                 RunStatus.CANCELLING,
                 intent.reason,
                 [ev.NewEvent(type=ev.QUIESCE_REQUESTED, data={"deadline_secs": int(self.settings.quiesce_secs)})],
             )
             return c.BeginFinalizeOut(status=RunStatus.CANCELLING, needs_quiesce=True)
-        await self.store.transition(ref.run_id, RunStatus.FINALIZING, intent.reason)
+        await self.store.runs.transition(ref.run_id, RunStatus.FINALIZING, intent.reason)
         return c.BeginFinalizeOut(status=RunStatus.FINALIZING, needs_quiesce=False)
 
     @activity.defn(name=c.AWAIT_SANDBOX_EXIT)
     async def await_sandbox_exit(self, inp: c.SandboxExitIn) -> c.StatusOut:
         """Give a quiescing runner until the deadline to stop on its own."""
-        handle = self._handle(await self.store.get_run(None, inp.run_id))
+        handle = self._handle(await self.store.runs.get_run(None, inp.run_id))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + inp.timeout_secs
         exited = handle is None
@@ -434,7 +434,7 @@ class RunActivities:
             if not exited:
                 await asyncio.sleep(0.25)
         try:
-            await self.store.transition(inp.run_id, RunStatus.FINALIZING)
+            await self.store.runs.transition(inp.run_id, RunStatus.FINALIZING)
         except InvalidTransition:
             pass
         return c.StatusOut(status="exited" if exited else "timeout")
@@ -442,17 +442,17 @@ class RunActivities:
     @activity.defn(name=c.FINALIZE)
     async def finalize(self, ref: c.RunRef) -> c.StatusOut:
         run_id = ref.run_id
-        row = await self.store.get_run(None, run_id)
+        row = await self.store.runs.get_run(None, run_id)
         if row is None:
             raise ApplicationError("run vanished", non_retryable=True)
         if is_terminal(row.status):
             await self._deliver(run_id)  # a retry after the terminal commit still starts the deliveries
             await self._retire_run_dir(run_id)
             return c.StatusOut(status=row.status)
-        intent = await self.store.finalization(run_id)
+        intent = await self.store.runs.finalization(run_id)
         outcome = intent.outcome if intent else "failed"
-        await self.store.deny_open_approvals(run_id, "session is not active")
-        await self.store.settle_inflight_claims(run_id)
+        await self.store.approvals.deny_open_approvals(run_id, "session is not active")
+        await self.store.approvals.settle_inflight_claims(run_id)
         async with self.store.pool.acquire() as conn:
             await end_all(conn, run_id)  # a run parked for a connection waits no more
         handle = self._handle(row)
@@ -471,7 +471,7 @@ class RunActivities:
                     new.append(ev.system_message(f"workspace entries not collected: {'; '.join(refused[:20])}"))
             patch, truncated = await workspace.diff(self._run_dir(run_id))
             content = patch or "(no changes)"
-            if patch and not await self.store.has_gate_calls(run_id):
+            if patch and not await self.store.runs.has_gate_calls(run_id):
                 # The server cannot prove this diff was produced under the gate: say so.
                 content = "# warning: this run changed files without ever asking /permission\n" + content
             artifacts.append(
@@ -512,7 +512,7 @@ class RunActivities:
             reason = "cancelled by user"
         if diff_failure:  # the reported outcome stands; its reason leads with the missing diff
             reason = f"{diff_failure}; {reason}" if reason else diff_failure
-        _, final = await self.store.finish(run_id, terminal, reason, summary, outcome, artifacts, new)
+        _, final = await self.store.runs.finish(run_id, terminal, reason, summary, outcome, artifacts, new)
         if self.provider.workspace_transfer == "archive":
             await self.archives.drop(run_id)  # the diff is recorded: the trees go
         await self._deliver(run_id)
@@ -531,24 +531,26 @@ class RunActivities:
 
     @activity.defn(name=c.OPEN_APPROVAL)
     async def open_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
-        row = await self.store.open_approval(inp.run_id, inp.tool_call_id)
+        row = await self.store.approvals.open_approval(inp.run_id, inp.tool_call_id)
         return _approval(row)
 
     @activity.defn(name=c.READ_APPROVAL)
     async def read_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
-        rows = await self.store.list_approvals((await self.store.run_spec(inp.run_id)).tenant_id, run_id=inp.run_id)
+        rows = await self.store.approvals.list_approvals(
+            (await self.store.runs.run_spec(inp.run_id)).tenant_id, run_id=inp.run_id
+        )
         row = next(r for r in rows if r.tool_call_id == inp.tool_call_id)
         return _approval(row)
 
     @activity.defn(name=c.EXPIRE_APPROVAL)
     async def expire_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
         current = await self.read_approval(inp)
-        row = await self.store.expire_approval(current.approval_id)
+        row = await self.store.approvals.expire_approval(current.approval_id)
         return _approval(row)
 
     @activity.defn(name=c.RESUME_AFTER_APPROVAL)
     async def resume_after_approval(self, ref: c.RunRef) -> c.StatusOut:
-        await self.store.resume_after_approval(ref.run_id)
+        await self.store.approvals.resume_after_approval(ref.run_id)
         return c.StatusOut(status=await self._status(ref.run_id))
 
     def all(self) -> list[Callable[..., Any]]:

@@ -64,7 +64,7 @@ class ScheduleActivities:
             return c.ScheduleFireOut(outcome="gone", reason="the subscription was deleted")
         catch_up = False
         if inp.late:
-            if (sub.get("missed_run_policy") or DEFAULT_MISSED_RUN_POLICY) == "skip":
+            if (sub.missed_run_policy or DEFAULT_MISSED_RUN_POLICY) == "skip":
                 skipped = await self.triggers.record_skip(
                     inp.tenant_id, inp.subscription_id, kind="schedule", idempotency_key=key, reason="missed"
                 )

@@ -80,7 +80,7 @@ async def seed_policies(store: Store, tenant_id: str) -> None:
         text = path.read_text()
         doc = yaml.safe_load(text)
         parse_policy(doc)  # a seeded policy must pass the same strict parse as an authored one
-        await store.seed_policy(tenant_id, doc, text)
+        await store.policies.seed_policy(tenant_id, doc, text)
 
 
 async def start_stranded_runs(svc: Services) -> None:

@@ -161,7 +161,7 @@ async def run_token(
     token = bearer(request)
     if token is None:
         raise Unauthorized()
-    row = await svc.store.resolve_token(token)
+    row = await svc.store.tokens.resolve_token(token)
     if row is None or row.expired or (row.revoked and not allow_revoked):
         raise Unauthorized()
     if row.audience != audience.value:
@@ -184,9 +184,9 @@ async def trigger_principal(subscription_id: str, request: Request, svc: Service
     if token is None or not token.startswith("fbx_trig_"):
         raise Unauthorized()
     row = await Triggers(svc.store).resolve_token(token)
-    if row is None or row["subscription_id"] != subscription_id.lower():
+    if row is None or str(row.subscription_id) != subscription_id.lower():
         raise Unauthorized()
-    return TriggerPrincipal(row["subscription_id"], row["tenant_id"])
+    return TriggerPrincipal(str(row.subscription_id), str(row.tenant_id))
 
 
 TriggerDep = Annotated[TriggerPrincipal, Depends(trigger_principal)]
@@ -255,16 +255,16 @@ async def user_principal(svc: Services, token: str) -> Principal | None:
     if row is None:
         return None
     return Principal(
-        tenant_id=row["tenant_id"],
+        tenant_id=str(row.tenant_id),
         kind="user",
-        user_id=row["user_id"],
-        membership_id=row["membership_id"],
-        roles=frozenset(row["roles"]),
-        email=row["email"],
-        name=row["name"],
-        org_slug=row["org_slug"],
-        org_display_name=row["org_display_name"],
-        read_only=bool(row.get("read_only")),
+        user_id=str(row.user_id),
+        membership_id=str(row.membership_id),
+        roles=frozenset(row.roles),
+        email=row.email,
+        name=row.name,
+        org_slug=row.org_slug,
+        org_display_name=row.org_display_name,
+        read_only=row.read_only,
     )
 
 

@@ -261,8 +261,8 @@ async def llm_token(database_url: str, run_id: str) -> str:
     pool = await create_pool(database_url, min_size=1, max_size=1)
     try:
         store = Store(pool, Redactor())
-        spec = await store.run_spec(run_id)
-        return await store.issue_token(spec.tenant_id, run_id, "llm", 3600, secrets.token_hex(16))
+        spec = await store.runs.run_spec(run_id)
+        return await store.tokens.issue_token(spec.tenant_id, run_id, "llm", 3600, secrets.token_hex(16))
     finally:
         await pool.close()
 

@@ -112,8 +112,8 @@ async def collect_tokens(database_url: str, run_ids: list[str]) -> dict[str, str
         store = Store(pool, Redactor())
         out = {}
         for run_id in run_ids:
-            spec = await store.run_spec(run_id)
-            out[run_id] = await store.issue_token(spec.tenant_id, run_id, "tool", 3600, secrets.token_hex(16))
+            spec = await store.runs.run_spec(run_id)
+            out[run_id] = await store.tokens.issue_token(spec.tenant_id, run_id, "tool", 3600, secrets.token_hex(16))
         return out
     finally:
         await pool.close()

@@ -63,7 +63,7 @@ async def _with_identity(org: str, work: Any) -> Any:
             raise CliError("the database is not migrated for users yet — start the stack once to migrate it") from None
         if tenant is None:
             raise CliError(f"unknown org '{org}' (the boot org is 'default'; start the stack once to create it)")
-        return await work(identity, str(tenant["id"]))
+        return await work(identity, str(tenant.id))
     finally:
         await pool.close()
 
@@ -91,7 +91,8 @@ def add(
     """Create a user and their active membership in the org."""
 
     async def work(identity: Any, tenant_id: str) -> Any:
-        return await identity.add_user(tenant_id, email, name, role, actor=("system", "cli:users add"))
+        member = await identity.add_user(tenant_id, email, name, role, actor=("system", "cli:users add"))
+        return member.model_dump()
 
     typer.echo(_json({"member": _run(org, work)}))
 
@@ -113,9 +114,9 @@ def token(
         if member is None:
             raise CliError(f"no user with email '{email}' in org '{org}' (add one with `fluidbox users add`)")
         secret, row = await identity.mint_pat(
-            tenant_id, member["id"], name, expires_in, actor=("system", "cli:users token"), read_only=read_only
+            tenant_id, str(member.id), name, expires_in, actor=("system", "cli:users token"), read_only=read_only
         )
-        return {"token": secret, "pat": row}
+        return {"token": secret, "pat": row.model_dump()}
 
     typer.echo(_json(_run(org, work)))
     typer.echo("store the token now: it is shown once and cannot be read back", err=True)
@@ -129,7 +130,8 @@ def revoke_token(
     """Revoke one personal access token; it answers 401 from the next request on."""
 
     async def work(identity: Any, tenant_id: str) -> Any:
-        return await identity.revoke_pat(tenant_id, token_id, actor=("system", "cli:users revoke-token"))
+        pat = await identity.revoke_pat(tenant_id, token_id, actor=("system", "cli:users revoke-token"))
+        return pat.model_dump()
 
     typer.echo(_json({"revoked": True, "pat": _run(org, work)}))
 
@@ -142,4 +144,4 @@ def list_users(org: str = typer.Option("default", "--org", help="Org slug.")) ->
         return await identity.members(tenant_id)
 
     for row in _run(org, work):
-        typer.echo(f"{row['id']}  {row['email']:<32} {','.join(row['roles']):<28} {row['status']}")
+        typer.echo(f"{row.id}  {row.email:<32} {','.join(row.roles):<28} {row.status}")

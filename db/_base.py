@@ -2,7 +2,8 @@
 
 A repository returns typed rows: the ``table=True`` model of ``db.models`` when a query reads one
 table's columns, a small pydantic read model (beside its repository) when it joins or aggregates.
-``Row`` dicts remain only where a repository has not been converted yet.
+``Row`` dicts remain only in the connections, catalog and capabilities repositories (being reshaped
+separately) and where another repository hands one of their rows on.
 """
 
 from __future__ import annotations
@@ -14,9 +15,27 @@ from typing import Any, TypeVar
 import asyncpg
 from pydantic import BaseModel, ConfigDict
 
+from core.errors import NotFound
+
 Conn = Any  # asyncpg.Connection or a pool proxy (asyncpg types are not generic at runtime)
 Row = dict[str, Any]
 M = TypeVar("M", bound=BaseModel)
+
+
+def uuid_or_none(value: str) -> uuid.UUID | None:
+    """``value`` as a UUID, or None when it is not one (an id nobody issued finds nothing)."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+def known_id(value: str, message: str = "not found") -> uuid.UUID:
+    """``value`` as a UUID; :class:`NotFound` (``message``) when it is not one."""
+    found = uuid_or_none(value)
+    if found is None:
+        raise NotFound(message)
+    return found
 
 
 class ReadModel(BaseModel):
@@ -43,6 +62,16 @@ def as_model(model: type[M], record: asyncpg.Record | None) -> M | None:
 
 def as_models(model: type[M], records: Iterable[asyncpg.Record]) -> list[M]:
     return [model.model_validate(dict(record.items())) for record in records]
+
+
+async def fetch_model(conn: Conn, model: type[M], sql: str, *args: Any) -> M | None:
+    """One row of ``sql`` on ``conn`` (inside the caller's transaction) as ``model``, or ``None``."""
+    return as_model(model, await conn.fetchrow(sql, *args))
+
+
+async def fetch_models(conn: Conn, model: type[M], sql: str, *args: Any) -> list[M]:
+    """Every row of ``sql`` on ``conn`` as ``model``."""
+    return as_models(model, await conn.fetch(sql, *args))
 
 
 class Repository:
@@ -72,4 +101,17 @@ class Repository:
             return str(await conn.execute(sql, *args))
 
 
-__all__ = ["Conn", "ReadModel", "Repository", "Row", "as_model", "as_models", "as_row", "as_rows"]
+__all__ = [
+    "Conn",
+    "ReadModel",
+    "Repository",
+    "Row",
+    "as_model",
+    "as_models",
+    "as_row",
+    "as_rows",
+    "fetch_model",
+    "fetch_models",
+    "known_id",
+    "uuid_or_none",
+]

@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from core.errors import Conflict
-from db._base import Conn, Repository, as_model
+from db._base import Conn, Repository, as_model, fetch_model
 from db.ids import new_id
 from db.models.agents import Agent, AgentRevision
 
@@ -51,16 +51,15 @@ class Agents(Repository):
         self, tenant_id: str, name: str, description: str | None, fields: dict[str, Any]
     ) -> tuple[Agent, AgentRevision]:
         async with self.pool.acquire() as conn, conn.transaction():
-            agent = as_model(
+            agent = await fetch_model(
+                conn,
                 Agent,
-                await conn.fetchrow(
-                    "INSERT INTO agents (id, tenant_id, name, description) VALUES ($1, $2, $3, $4) "
-                    "ON CONFLICT (tenant_id, name) DO NOTHING RETURNING *",
-                    uuid.UUID(new_id()),
-                    uuid.UUID(tenant_id),
-                    name,
-                    description,
-                ),
+                "INSERT INTO agents (id, tenant_id, name, description) VALUES ($1, $2, $3, $4) "
+                "ON CONFLICT (tenant_id, name) DO NOTHING RETURNING *",
+                uuid.UUID(new_id()),
+                uuid.UUID(tenant_id),
+                name,
+                description,
             )
             if agent is None:
                 raise Conflict(f"an agent named '{name}' already exists")
@@ -85,9 +84,8 @@ class Agents(Repository):
             )
             if found is not None:
                 return as_model(Agent, found)
-        return as_model(
-            Agent,
-            await conn.fetchrow("SELECT * FROM agents WHERE tenant_id = $1 AND name = $2", uuid.UUID(tenant_id), ref),
+        return await fetch_model(
+            conn, Agent, "SELECT * FROM agents WHERE tenant_id = $1 AND name = $2", uuid.UUID(tenant_id), ref
         )
 
     async def revisions(self, agent_id: str) -> list[AgentRevision]:
@@ -96,12 +94,17 @@ class Agents(Repository):
         )
 
     async def latest_revision(self, conn: Conn, agent_id: str) -> AgentRevision | None:
-        return as_model(
+        return await fetch_model(
+            conn,
             AgentRevision,
-            await conn.fetchrow(
-                "SELECT * FROM agent_revisions WHERE agent_id = $1 ORDER BY rev DESC LIMIT 1", uuid.UUID(agent_id)
-            ),
+            "SELECT * FROM agent_revisions WHERE agent_id = $1 ORDER BY rev DESC LIMIT 1",
+            uuid.UUID(agent_id),
         )
+
+    async def latest_revision_of(self, agent_id: str) -> AgentRevision | None:
+        """The agent's latest revision, read on a connection of its own."""
+        async with self.pool.acquire() as conn:
+            return await self.latest_revision(conn, agent_id)
 
     async def append_revision(self, tenant_id: str, agent_id: str, changes: dict[str, Any]) -> AgentRevision:
         """Omitted fields inherit from the latest revision; the revision itself is never edited."""

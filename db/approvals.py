@@ -14,7 +14,7 @@ from core import events as ev
 from core.access import access_of
 from core.errors import Conflict, NotFound
 from core.states import RunStatus, accepts_work
-from db._base import Conn, ReadModel, as_model, as_models
+from db._base import Conn, ReadModel, as_model, as_models, fetch_model, fetch_models, known_id
 from db.ledger import Ledger
 from db.runs import Runs
 
@@ -110,22 +110,22 @@ class Approvals:
         rid = uuid.UUID(run_id)
         async with self.pool.acquire() as conn, conn.transaction():
             status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", rid)
-            row = as_model(
+            row = await fetch_model(
+                conn,
                 ApprovalRecord,
-                await conn.fetchrow(
-                    "UPDATE approvals SET status = 'pending', requested_at = now(),"
-                    " expires_at = now() + (expires_at - requested_at)"
-                    " WHERE session_id = $1 AND tool_call_id = $2 AND status = 'intent' RETURNING *",
-                    rid,
-                    tool_call_id,
-                ),
+                "UPDATE approvals SET status = 'pending', requested_at = now(),"
+                " expires_at = now() + (expires_at - requested_at)"
+                " WHERE session_id = $1 AND tool_call_id = $2 AND status = 'intent' RETURNING *",
+                rid,
+                tool_call_id,
             )
             if row is None:
-                existing = as_model(
+                existing = await fetch_model(
+                    conn,
                     ApprovalRecord,
-                    await conn.fetchrow(
-                        "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2", rid, tool_call_id
-                    ),
+                    "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2",
+                    rid,
+                    tool_call_id,
                 )
                 if existing is None:
                     raise NotFound("no such tool call")
@@ -157,17 +157,16 @@ class Approvals:
     async def _settle(
         self, conn: Conn, row: ApprovalRecord, decision: str, decided_by: str, source: str, reason: str
     ) -> ApprovalRecord:
-        settled = as_model(
+        settled = await fetch_model(
+            conn,
             ApprovalRecord,
-            await conn.fetchrow(
-                "UPDATE approvals SET status = $2, decided_at = now(), decided_by = $3, decision_source = $4,"
-                " decision_reason = $5 WHERE id = $1 AND status IN ('pending', 'intent') RETURNING *",
-                row.id,
-                decision,
-                decided_by,
-                source,
-                reason,
-            ),
+            "UPDATE approvals SET status = $2, decided_at = now(), decided_by = $3, decision_source = $4,"
+            " decision_reason = $5 WHERE id = $1 AND status IN ('pending', 'intent') RETURNING *",
+            row.id,
+            decision,
+            decided_by,
+            source,
+            reason,
         )
         if settled is None:
             raise Conflict("approval is not pending")
@@ -216,16 +215,14 @@ class Approvals:
         """The human decision: a CAS pending → decision; only the winner writes events.
         ``authorize`` sees the row with its authority facts (``ApprovalWithAuthority``) and raises
         to refuse before anything is written."""
-        try:
-            aid = uuid.UUID(approval_id)
-        except ValueError:
-            raise NotFound() from None
+        aid = known_id(approval_id)
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_model(
+            row = await fetch_model(
+                conn,
                 ApprovalWithAuthority,
-                await conn.fetchrow(
-                    f"{_APPROVALS_WITH_AUTHORITY} WHERE a.id = $1 AND a.tenant_id = $2", aid, uuid.UUID(tenant_id)
-                ),
+                f"{_APPROVALS_WITH_AUTHORITY} WHERE a.id = $1 AND a.tenant_id = $2",
+                aid,
+                uuid.UUID(tenant_id),
             )
             if row is None:
                 raise NotFound()
@@ -245,8 +242,8 @@ class Approvals:
 
     async def expire_approval(self, approval_id: str) -> ApprovalRecord:
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_model(
-                ApprovalRecord, await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id))
+            row = await fetch_model(
+                conn, ApprovalRecord, "SELECT * FROM approvals WHERE id = $1", uuid.UUID(approval_id)
             )
             if row is None:
                 raise NotFound()
@@ -261,12 +258,11 @@ class Approvals:
         """Settle every undecided call of a run that stopped accepting work (single emission via CAS)."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
-            rows = as_models(
+            rows = await fetch_models(
+                conn,
                 ApprovalRecord,
-                await conn.fetch(
-                    "SELECT * FROM approvals WHERE session_id = $1 AND status IN ('pending', 'intent')",
-                    uuid.UUID(run_id),
-                ),
+                "SELECT * FROM approvals WHERE session_id = $1 AND status IN ('pending', 'intent')",
+                uuid.UUID(run_id),
             )
             for row in rows:
                 await self._settle(conn, row, "denied", "system", "session_terminal", reason)

@@ -12,8 +12,9 @@ from typing import Any
 
 from core import events as ev
 from core.runspec import RunSpec
-from db._base import Repository, Row, as_row, as_rows
+from db._base import ReadModel, Repository, fetch_model, fetch_models
 from db.ids import new_id
+from db.models.deliveries import Delivery
 from db.store import Store
 
 TERMINAL = frozenset({"delivered", "failed", "skipped"})
@@ -34,12 +35,23 @@ def _iso(value: Any) -> Any:
     return value.isoformat() if hasattr(value, "isoformat") else value
 
 
+class PublishAuthority(ReadModel):
+    """A subscription's publish binding as it stands now (``trigger_subscriptions``, read, never written)."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    enabled: bool
+    token_generation: int
+    callback_url: str | None
+    callback_secret_sealed: bytes | None
+
+
 class Deliveries(Repository):
     def __init__(self, store: Store) -> None:
         self.store = store
         super().__init__(store.pool)
 
-    async def enqueue(self, spec: RunSpec) -> list[Row]:
+    async def enqueue(self, spec: RunSpec) -> list[Delivery]:
         """Insert a pending row per webhook destination (a retry inserts nothing); return them all."""
         rid = uuid.UUID(spec.run_id)
         async with self.pool.acquire() as conn, conn.transaction():
@@ -57,28 +69,30 @@ class Deliveries(Repository):
                     dest,
                     str(dest.get("url") or ""),
                 )
-            return as_rows(
-                await conn.fetch("SELECT * FROM deliveries WHERE session_id = $1 ORDER BY destination_index", rid)
+            return await fetch_models(
+                conn, Delivery, "SELECT * FROM deliveries WHERE session_id = $1 ORDER BY destination_index", rid
             )
 
-    async def get(self, delivery_id: str) -> Row | None:
-        return await self.one_row("SELECT * FROM deliveries WHERE id = $1", uuid.UUID(delivery_id))
+    async def get(self, delivery_id: str) -> Delivery | None:
+        return await self.one(Delivery, "SELECT * FROM deliveries WHERE id = $1", uuid.UUID(delivery_id))
 
-    async def for_run(self, run_id: str) -> list[Row]:
-        return await self.rows(
-            "SELECT * FROM deliveries WHERE session_id = $1 ORDER BY destination_index", uuid.UUID(run_id)
+    async def for_run(self, run_id: str) -> list[Delivery]:
+        return await self.many(
+            Delivery, "SELECT * FROM deliveries WHERE session_id = $1 ORDER BY destination_index", uuid.UUID(run_id)
         )
 
-    async def for_subscription(self, subscription_id: str, limit: int = 20) -> list[Row]:
-        return await self.rows(
+    async def for_subscription(self, subscription_id: str, limit: int = 20) -> list[Delivery]:
+        return await self.many(
+            Delivery,
             "SELECT * FROM deliveries WHERE subscription_id = $1 ORDER BY created_at DESC, id LIMIT $2",
             uuid.UUID(subscription_id),
             limit,
         )
 
-    async def subscription(self, subscription_id: str) -> Row | None:
+    async def subscription(self, subscription_id: str) -> PublishAuthority | None:
         """The publish authority as it stands now (H3's ``trigger_subscriptions``; read, never written)."""
-        return await self.one_row(
+        return await self.one(
+            PublishAuthority,
             "SELECT id, tenant_id, enabled, token_generation, callback_url, callback_secret_sealed "
             "FROM trigger_subscriptions WHERE id = $1",
             uuid.UUID(subscription_id),
@@ -111,28 +125,30 @@ class Deliveries(Repository):
 
     async def close(
         self, delivery_id: str, status: str, attempts: int, error: str | None, event: ev.NewEvent
-    ) -> Row | None:
+    ) -> Delivery | None:
         """pending → ``status`` with its ledger event, once. ``None`` when it was already closed."""
         if status not in TERMINAL:
             raise ValueError(f"not a final delivery status: {status}")
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    "UPDATE deliveries SET status = $2, last_error = coalesce($3, last_error),"
-                    " attempts = greatest(attempts, $4), next_attempt_at = NULL, updated_at = now(),"
-                    " delivered_at = CASE WHEN $2 = 'delivered' THEN now() ELSE delivered_at END"
-                    " WHERE id = $1 AND status = 'pending' RETURNING *",
-                    uuid.UUID(delivery_id),
-                    status,
-                    self.store.redactor.redact(error).value if error else None,
-                    attempts,
-                )
+            row = await fetch_model(
+                conn,
+                Delivery,
+                "UPDATE deliveries SET status = $2, last_error = coalesce($3, last_error),"
+                " attempts = greatest(attempts, $4), next_attempt_at = NULL, updated_at = now(),"
+                " delivered_at = CASE WHEN $2 = 'delivered' THEN now() ELSE delivered_at END"
+                " WHERE id = $1 AND status = 'pending' RETURNING *",
+                uuid.UUID(delivery_id),
+                status,
+                self.store.redactor.redact(error).value if error else None,
+                attempts,
             )
             if row is not None:
-                await self.store.append(conn, str(row["session_id"]), [event])
+                await self.store.ledger.append(conn, str(row.session_id), [event])
             return row
 
-    async def result_body(self, run_id: str, delivery_id: str | None = None, attempt: int | None = None) -> Row:
+    async def result_body(
+        self, run_id: str, delivery_id: str | None = None, attempt: int | None = None
+    ) -> dict[str, Any]:
         """The ``run.finished`` body (domain §10), also the trigger poll response (ids null there)."""
         rid = uuid.UUID(run_id)
         async with self.pool.acquire() as conn:
@@ -145,7 +161,7 @@ class Deliveries(Repository):
                 "ORDER BY created_at, kind, name",
                 rid,
             )
-        usage = await self.store.usage_totals(run_id)
+        usage = await self.store.runs.usage_totals(run_id)
         spec = run["run_spec"] or {}
         return {
             "event": "run.finished",

@@ -14,7 +14,7 @@ from core.digests import input_digest
 from core.gate import GateDecision, decide
 from core.redaction import Redactor
 from core.states import accepts_work
-from db._base import Conn, as_model
+from db._base import Conn, fetch_model
 from db.approvals import DECIDED_ALLOW, DECIDED_DENY, ApprovalRecord, GateOutcome
 from db.ids import new_id
 from db.ledger import Ledger
@@ -44,13 +44,12 @@ class Gate:
             # Separate statements after the lock: under READ COMMITTED they see what a concurrent
             # transaction we waited for committed (an intent, a cancel); a join inside the locking
             # query would keep the pre-wait snapshot of the joined tables.
-            existing = as_model(
+            existing = await fetch_model(
+                conn,
                 ApprovalRecord,
-                await conn.fetchrow(
-                    "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2",
-                    rid,
-                    tool_call_id,
-                ),
+                "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2",
+                rid,
+                tool_call_id,
             )
             winding_down = await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM session_finalizations WHERE session_id = $1)", rid
@@ -79,30 +78,29 @@ class Gate:
             status = {"allow": "auto_allowed", "deny": "auto_denied"}.get(decision.verdict, "intent")
             policy = decision.policy
             summary = str(self.redactor.redact(ev.summarize(tool, tool_input)).value)
-            row = as_model(
+            row = await fetch_model(
+                conn,
                 ApprovalRecord,
-                await conn.fetchrow(
-                    "INSERT INTO approvals (id, tenant_id, session_id, tool_call_id, tool, summary, input_digest,"
-                    " risk, scope, scope_key, status, decision_source, decision_reason, decided_at, decided_by,"
-                    " expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,"
-                    " CASE WHEN $11 = 'intent' THEN NULL ELSE now() END,"
-                    " CASE WHEN $11 = 'intent' THEN NULL ELSE 'gate' END,"
-                    " CASE WHEN $11 = 'intent' THEN now() + make_interval(secs => $14) END) RETURNING *",
-                    uuid.UUID(new_id()),
-                    uuid.UUID(spec.tenant_id),
-                    rid,
-                    tool_call_id,
-                    tool,
-                    summary,
-                    digest,
-                    policy.risk if policy else None,
-                    policy.scope if policy else None,
-                    policy.scope_key if policy else None,
-                    status,
-                    decision.source,
-                    decision.reason,
-                    float(policy.ttl_secs or 600) if policy else 600.0,
-                ),
+                "INSERT INTO approvals (id, tenant_id, session_id, tool_call_id, tool, summary, input_digest,"
+                " risk, scope, scope_key, status, decision_source, decision_reason, decided_at, decided_by,"
+                " expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,"
+                " CASE WHEN $11 = 'intent' THEN NULL ELSE now() END,"
+                " CASE WHEN $11 = 'intent' THEN NULL ELSE 'gate' END,"
+                " CASE WHEN $11 = 'intent' THEN now() + make_interval(secs => $14) END) RETURNING *",
+                uuid.UUID(new_id()),
+                uuid.UUID(spec.tenant_id),
+                rid,
+                tool_call_id,
+                tool,
+                summary,
+                digest,
+                policy.risk if policy else None,
+                policy.scope if policy else None,
+                policy.scope_key if policy else None,
+                status,
+                decision.source,
+                decision.reason,
+                float(policy.ttl_secs or 600) if policy else 600.0,
             )
             labels = {"via": via} if via else {}
             new = [

@@ -11,13 +11,14 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 from core.errors import BadRequest, Conflict, NotFound
 from core.tokens import token_digest
-from db._base import Conn, Repository, Row, as_row
+from db._base import Conn, ReadModel, Repository, fetch_model, known_id
 from db.ids import new_id
 from db.models.runs import Run
 from db.store import Store
@@ -60,6 +61,60 @@ def clamp_expiry(expires_in: int | None) -> int:
     return max(PAT_MIN_SECS, min(PAT_MAX_SECS, int(expires_in)))
 
 
+class Org(ReadModel):
+    """An org (``tenants``) as the admin API names it: ``display_name`` falls back to ``name``."""
+
+    id: uuid.UUID
+    slug: str
+    name: str
+    display_name: str
+    status: str
+    created_at: datetime
+
+
+class Member(ReadModel):
+    """A membership with its user's email, name and status (``org_memberships`` joined with ``users``)."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    user_id: uuid.UUID
+    roles: list[str]
+    status: str
+    deactivated_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    email: str
+    name: str
+    user_status: str
+
+
+class Pat(ReadModel):
+    """A personal access token as its owner may see it (never the token, nor its digest)."""
+
+    id: uuid.UUID
+    name: str | None
+    display_prefix: str | None
+    expires_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+    created_at: datetime
+
+
+class PatPrincipal(ReadModel):
+    """The live member behind a PAT: whose it is, their roles, and their org."""
+
+    token_id: uuid.UUID
+    tenant_id: uuid.UUID
+    membership_id: uuid.UUID
+    user_id: uuid.UUID
+    roles: list[str]
+    email: str
+    name: str
+    org_slug: str
+    org_display_name: str
+    read_only: bool
+
+
 class Identity(Repository):
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -67,8 +122,9 @@ class Identity(Repository):
 
     # ---- orgs ----------------------------------------------------------------------------------
 
-    async def org(self, slug: str) -> Row | None:
-        return await self.one_row(
+    async def org(self, slug: str) -> Org | None:
+        return await self.one(
+            Org,
             "SELECT id, slug, name, coalesce(display_name, name) AS display_name, status, created_at "
             "FROM tenants WHERE slug = $1",
             slug,
@@ -93,7 +149,7 @@ class Identity(Repository):
 
     async def add_user(
         self, tenant_id: str, email: str, name: str, roles: Iterable[str], *, actor: tuple[str, str | None]
-    ) -> Row:
+    ) -> Member:
         """A local user (no IdP identity yet) and their active membership, in one transaction."""
         canonical = check_roles(roles)
         address = email.strip()
@@ -124,48 +180,47 @@ class Identity(Repository):
             await self._audit(conn, tenant_id, actor, "user.add", str(membership_id), email=address, roles=canonical)
             return await self._member(conn, tenant_id, str(membership_id))
 
-    async def _member(self, conn: Conn, tenant_id: str, membership_id: str) -> Row:
-        try:
-            mid = uuid.UUID(membership_id)
-        except ValueError:
-            raise NotFound() from None
-        row = as_row(
-            await conn.fetchrow(
-                f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
-                "WHERE m.tenant_id = $1 AND m.id = $2",
-                uuid.UUID(tenant_id),
-                mid,
-            )
+    async def _member(self, conn: Conn, tenant_id: str, membership_id: str) -> Member:
+        mid = known_id(membership_id)
+        row = await fetch_model(
+            conn,
+            Member,
+            f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
+            "WHERE m.tenant_id = $1 AND m.id = $2",
+            uuid.UUID(tenant_id),
+            mid,
         )
         if row is None:
             raise NotFound()
         return row
 
-    async def member(self, tenant_id: str, membership_id: str) -> Row:
+    async def member(self, tenant_id: str, membership_id: str) -> Member:
         async with self.pool.acquire() as conn:
             return await self._member(conn, tenant_id, membership_id)
 
-    async def member_by_email(self, tenant_id: str, email: str) -> Row | None:
-        return await self.one_row(
+    async def member_by_email(self, tenant_id: str, email: str) -> Member | None:
+        return await self.one(
+            Member,
             f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
             "WHERE m.tenant_id = $1 AND u.email_normalized = $2 ORDER BY u.created_at LIMIT 1",
             uuid.UUID(tenant_id),
             normalize_email(email),
         )
 
-    async def members(self, tenant_id: str) -> list[Row]:
-        return await self.rows(
+    async def members(self, tenant_id: str) -> list[Member]:
+        return await self.many(
+            Member,
             f"SELECT {MEMBER_FIELDS} FROM org_memberships m JOIN users u ON u.id = m.user_id "
             "WHERE m.tenant_id = $1 ORDER BY u.email_normalized",
             uuid.UUID(tenant_id),
         )
 
-    async def deactivate(self, tenant_id: str, membership_id: str, *, actor: tuple[str, str | None]) -> Row:
+    async def deactivate(self, tenant_id: str, membership_id: str, *, actor: tuple[str, str | None]) -> Member:
         """The kill switch: from the next request on, the member's PATs are 401 and brokered calls
         under their personal connections are denied, including in runs already in flight."""
         async with self.pool.acquire() as conn, conn.transaction():
             current = await self._member(conn, tenant_id, membership_id)
-            if current["status"] == "deactivated":
+            if current.status == "deactivated":
                 raise Conflict("membership is already deactivated")
             await conn.execute(
                 "UPDATE org_memberships SET status = 'deactivated', deactivated_at = now(), updated_at = now() "
@@ -177,7 +232,7 @@ class Identity(Repository):
 
     async def set_roles(
         self, tenant_id: str, membership_id: str, roles: Iterable[str], *, actor: tuple[str, str | None]
-    ) -> Row:
+    ) -> Member:
         canonical = check_roles(roles)
         async with self.pool.acquire() as conn, conn.transaction():
             before = await self._member(conn, tenant_id, membership_id)
@@ -187,7 +242,7 @@ class Identity(Repository):
                 canonical,
             )
             await self._audit(
-                conn, tenant_id, actor, "membership.roles", membership_id, before=before["roles"], after=canonical
+                conn, tenant_id, actor, "membership.roles", membership_id, before=before.roles, after=canonical
             )
             return await self._member(conn, tenant_id, membership_id)
 
@@ -202,7 +257,7 @@ class Identity(Repository):
         *,
         actor: tuple[str, str | None],
         read_only: bool = False,
-    ) -> tuple[str, Row]:
+    ) -> tuple[str, Pat]:
         """A new PAT for an active membership: the token (shown once, never stored) and its row. A ``read_only``
         token (audience ``read``) is refused on every method that may change something."""
         label = name.strip()
@@ -211,36 +266,37 @@ class Identity(Repository):
         token = PAT_PREFIX + secrets.token_hex(32)
         async with self.pool.acquire() as conn, conn.transaction():
             member = await self._member(conn, tenant_id, membership_id)
-            if member["status"] != "active" or member["user_status"] != "active":
+            if member.status != "active" or member.user_status != "active":
                 raise Conflict("the membership is deactivated; it cannot get new tokens")
-            row = as_row(
-                await conn.fetchrow(
-                    "INSERT INTO api_tokens (id, token_sha256, tenant_id, kind, audience, expires_at, membership_id, "
-                    "user_id, name, display_prefix) VALUES ($1, $2, $3, 'pat', $9, "
-                    "now() + make_interval(secs => $4), $5, $6, $7, $8) "
-                    f"RETURNING {PAT_FIELDS}",
-                    uuid.UUID(new_id()),
-                    token_digest(token),
-                    uuid.UUID(tenant_id),
-                    float(clamp_expiry(expires_in)),
-                    uuid.UUID(membership_id),
-                    uuid.UUID(member["user_id"]),
-                    label,
-                    token[: len(PAT_PREFIX) + 8],
-                    "read" if read_only else "all",
-                )
+            row = await fetch_model(
+                conn,
+                Pat,
+                "INSERT INTO api_tokens (id, token_sha256, tenant_id, kind, audience, expires_at, membership_id, "
+                "user_id, name, display_prefix) VALUES ($1, $2, $3, 'pat', $9, "
+                "now() + make_interval(secs => $4), $5, $6, $7, $8) "
+                f"RETURNING {PAT_FIELDS}",
+                uuid.UUID(new_id()),
+                token_digest(token),
+                uuid.UUID(tenant_id),
+                float(clamp_expiry(expires_in)),
+                uuid.UUID(membership_id),
+                member.user_id,
+                label,
+                token[: len(PAT_PREFIX) + 8],
+                "read" if read_only else "all",
             )
             assert row is not None
-            await self._audit(conn, tenant_id, actor, "pat.mint", row["id"], membership_id=membership_id, name=label)
+            await self._audit(conn, tenant_id, actor, "pat.mint", str(row.id), membership_id=membership_id, name=label)
         return token, row
 
-    async def resolve_pat(self, token: str) -> Row | None:
+    async def resolve_pat(self, token: str) -> PatPrincipal | None:
         """The live principal behind a PAT, or None: unknown, revoked or expired token, or a user,
         membership or tenant that is no longer active. One statement, which also touches
         ``last_used_at`` at most once a minute."""
         if not token.startswith(PAT_PREFIX):
             return None
-        return await self.one_row(
+        return await self.one(
+            PatPrincipal,
             "WITH hit AS ("
             " SELECT t.id AS token_id, t.tenant_id, t.membership_id, t.user_id, t.last_used_at, m.roles,"
             " t.audience, u.email, u.name, n.slug AS org_slug,"
@@ -258,20 +314,17 @@ class Identity(Repository):
             float(LAST_USED_GRANULARITY_SECS),
         )
 
-    async def revoke_pat(self, tenant_id: str, token_id: str, *, actor: tuple[str, str | None]) -> Row:
+    async def revoke_pat(self, tenant_id: str, token_id: str, *, actor: tuple[str, str | None]) -> Pat:
         """Revoke one PAT (from the next request on it is 401); 409 the second time."""
-        try:
-            tid = uuid.UUID(token_id)
-        except ValueError:
-            raise NotFound() from None
+        tid = known_id(token_id)
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND tenant_id = $2 AND kind = 'pat' "
-                    f"AND revoked_at IS NULL RETURNING {PAT_FIELDS}",
-                    tid,
-                    uuid.UUID(tenant_id),
-                )
+            row = await fetch_model(
+                conn,
+                Pat,
+                "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND tenant_id = $2 AND kind = 'pat' "
+                f"AND revoked_at IS NULL RETURNING {PAT_FIELDS}",
+                tid,
+                uuid.UUID(tenant_id),
             )
             if row is None:
                 exists = await conn.fetchval(
@@ -283,9 +336,10 @@ class Identity(Repository):
             await self._audit(conn, tenant_id, actor, "pat.revoke", token_id)
             return row
 
-    async def tokens(self, membership_id: str) -> list[Row]:
+    async def tokens(self, membership_id: str) -> list[Pat]:
         """The member's PATs (never the token itself), newest first."""
-        return await self.rows(
+        return await self.many(
+            Pat,
             f"SELECT {PAT_FIELDS} FROM api_tokens WHERE kind = 'pat' AND membership_id = $1 ORDER BY created_at DESC",
             uuid.UUID(membership_id),
         )

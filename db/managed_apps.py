@@ -17,12 +17,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.errors import Conflict, Forbidden, NotFound
-from db._base import Repository, Row, as_row
+from db._base import ReadModel, Repository, Row, as_row, fetch_model
 from db.connections import CONNECTION_FIELDS
 from db.ids import new_id
 from db.store import Store
 
-__all__ = ["PROOF_TTL", "HeldGrant", "ManagedAppRecords"]
+__all__ = ["PROOF_TTL", "HeldGrant", "ManagedAppRecords", "ManagedFlow", "SpentProof"]
 
 PROOF_TTL = timedelta(minutes=5)
 
@@ -34,8 +34,46 @@ _HELD = (
     "o.discovery"
 )
 
-HeldGrant = Row
-"""A signed-in flow whose grant is waiting: sealed tokens, ``oauth`` document, and what activation compares."""
+
+class HeldGrant(ReadModel):
+    """A signed-in flow whose grant is waiting: sealed tokens, ``oauth`` document, and what activation compares."""
+
+    flow_id: uuid.UUID
+    tenant_id: uuid.UUID
+    managed_id: uuid.UUID
+    user_id: uuid.UUID
+    redirect_url: str | None
+    signed_in_at: datetime | None
+    credential_sealed: bytes | None
+    credential_key_id: str | None
+    access_token_sealed: bytes | None
+    access_token_key_id: str | None
+    access_expires_at: datetime | None
+    oauth: dict[str, Any] | None
+    connection_id: uuid.UUID
+    registration_id: uuid.UUID
+    expected_generation: int
+    flow_created_at: datetime
+    resource: str
+    discovery: dict[str, Any]
+
+
+class SpentProof(HeldGrant):
+    """A held grant looked up by its completion proof, with the proof's state."""
+
+    used: bool
+    expired: bool
+
+
+class ManagedFlow(ReadModel):
+    """A managed sign-in's app and destination (no secrets)."""
+
+    flow_id: uuid.UUID
+    tenant_id: uuid.UUID
+    user_id: uuid.UUID
+    redirect_url: str | None
+    app_id: str
+    connection_id: uuid.UUID
 
 
 class ManagedAppRecords(Repository):
@@ -126,9 +164,10 @@ class ManagedAppRecords(Repository):
             redirect_url,
         )
 
-    async def flow(self, flow_id: str) -> Row | None:
+    async def flow(self, flow_id: str) -> ManagedFlow | None:
         """A managed flow's app and destination (no secrets)."""
-        return await self.one_row(
+        return await self.one(
+            ManagedFlow,
             "SELECT f.flow_id, f.tenant_id, f.user_id, f.redirect_url, m.app_id, m.connection_id "
             "FROM managed_app_flows f JOIN managed_app_connections m ON m.id = f.managed_id "
             "WHERE f.flow_id = $1",
@@ -163,7 +202,8 @@ class ManagedAppRecords(Repository):
 
     async def waiting(self, tenant_id: str, managed_id: str, connection_id: str) -> HeldGrant | None:
         """The newest signed-in, unfinished grant of the account's current connection, if any."""
-        return await self.one_row(
+        return await self.one(
+            HeldGrant,
             f"SELECT {_HELD} FROM managed_app_flows f JOIN connector_oauth_flows o ON o.id = f.flow_id "
             "WHERE f.tenant_id = $1 AND f.managed_id = $2 AND o.connection_id = $3 "
             "AND f.signed_in_at IS NOT NULL AND f.finished_at IS NULL ORDER BY f.signed_in_at DESC LIMIT 1",
@@ -180,31 +220,29 @@ class ManagedAppRecords(Repository):
         the proof as it was: :class:`NotFound` (unknown, or expired), :class:`Conflict` (already used, or another
         connection than expected), :class:`Forbidden` (another account)."""
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    f"SELECT {_HELD}, f.proof_used_at IS NOT NULL AS used, f.proof_expires_at <= now() AS expired "
-                    "FROM managed_app_flows f JOIN connector_oauth_flows o ON o.id = f.flow_id "
-                    "WHERE f.proof_hash = $1 AND f.tenant_id = $2 FOR UPDATE OF f",
-                    proof_hash,
-                    uuid.UUID(tenant_id),
-                )
+            row = await fetch_model(
+                conn,
+                SpentProof,
+                f"SELECT {_HELD}, f.proof_used_at IS NOT NULL AS used, f.proof_expires_at <= now() AS expired "
+                "FROM managed_app_flows f JOIN connector_oauth_flows o ON o.id = f.flow_id "
+                "WHERE f.proof_hash = $1 AND f.tenant_id = $2 FOR UPDATE OF f",
+                proof_hash,
+                uuid.UUID(tenant_id),
             )
             if row is None:
                 raise NotFound("this completion proof is unknown")
-            if row["user_id"] != user_id:
+            if str(row.user_id) != user_id:
                 raise Forbidden("this completion proof was issued to another account")
-            if row["used"]:
+            if row.used:
                 raise Conflict("this completion proof was already used; read the connection's status instead")
-            if row["expired"]:
+            if row.expired:
                 raise NotFound("this completion proof expired (they last five minutes); connect the app again")
-            if expected_connection_id is not None and row["connection_id"] != expected_connection_id:
+            if expected_connection_id is not None and str(row.connection_id) != expected_connection_id:
                 raise Conflict(
                     "expected_server_id does not match the connection this sign-in completes "
-                    f"({row['connection_id']}); nothing was changed"
+                    f"({row.connection_id}); nothing was changed"
                 )
-            await conn.execute(
-                "UPDATE managed_app_flows SET proof_used_at = now() WHERE flow_id = $1", uuid.UUID(row["flow_id"])
-            )
+            await conn.execute("UPDATE managed_app_flows SET proof_used_at = now() WHERE flow_id = $1", row.flow_id)
         return row
 
     async def finish(self, flow_id: str) -> None:

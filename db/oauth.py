@@ -20,16 +20,23 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.errors import Conflict, Forbidden, NotFound
-from db._base import Repository, Row, as_row
+from db._base import ReadModel, Repository, Row, as_row, fetch_model, known_id
 from db.connections import CONNECTION_FIELDS, Connections
 from db.ids import new_id
+from db.models.oauth import OAuthClientRegistration
 from db.store import Store
 
 __all__ = [
     "FLOW_TTL",
     "SUPERSEDED",
+    "ClaimedFlow",
+    "FlowTarget",
     "GrantLock",
+    "GrantMaterial",
+    "LockedGrant",
+    "OAuthFlow",
     "OAuthRecords",
+    "OAuthSettings",
     "flow_verifier_context",
     "registration_secret_context",
 ]
@@ -61,6 +68,63 @@ def flow_verifier_context(tenant_id: str) -> str:
     return f"{tenant_id}:connector_oauth_flows.pkce_verifier"
 
 
+class FlowTarget(ReadModel):
+    """What activating a flow's grant compares: the connection, its generation and registration, and when the
+    flow started."""
+
+    connection_id: uuid.UUID
+    registration_id: uuid.UUID
+    expected_generation: int
+    created_at: datetime
+
+
+class OAuthFlow(FlowTarget):
+    """One browser leg (``connector_oauth_flows``) without its digests or sealed verifier."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    resource: str
+    discovery: dict[str, Any]
+    created_by_user_id: uuid.UUID | None
+    expires_at: datetime
+    consumed_at: datetime | None
+    browser_bound: bool
+
+
+class ClaimedFlow(OAuthFlow):
+    """A flow just claimed by its callback, with the sealed PKCE verifier the code exchange needs."""
+
+    pkce_verifier_sealed: bytes
+    pkce_verifier_key_id: str
+
+
+class OAuthSettings(ReadModel):
+    """An oauth connection's ``oauth`` document and registration (not in the public connection fields)."""
+
+    oauth: dict[str, Any] | None
+    registration_id: uuid.UUID | None
+
+
+class GrantMaterial(ReadModel):
+    """What revoking a connection's grant at its authorization server needs."""
+
+    credential_sealed: bytes
+    oauth: dict[str, Any] | None
+    registration_id: uuid.UUID
+
+
+class LockedGrant(ReadModel):
+    """A connection's grant as read under its row lock."""
+
+    status: str
+    authorization_generation: int
+    credential_sealed: bytes | None
+    access_token_sealed: bytes | None
+    access_expires_at: datetime | None
+    oauth: dict[str, Any] | None
+    registration_id: uuid.UUID | None
+
+
 class OAuthRecords(Repository):
     def __init__(self, store: Store) -> None:
         super().__init__(store.pool)
@@ -68,9 +132,12 @@ class OAuthRecords(Repository):
 
     # ---- registrations -------------------------------------------------------------------------
 
-    async def reusable_registration(self, tenant_id: str, issuer: str, redirect_uri: str) -> Row | None:
+    async def reusable_registration(
+        self, tenant_id: str, issuer: str, redirect_uri: str
+    ) -> OAuthClientRegistration | None:
         """The tenant's dynamic or metadata-document registration for (issuer, redirect URI), if any."""
-        return await self.one_row(
+        return await self.one(
+            OAuthClientRegistration,
             f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
             "WHERE tenant_id = $1 AND issuer = $2 AND redirect_uri = $3 AND source IN ('dcr', 'cimd')",
             uuid.UUID(tenant_id),
@@ -81,11 +148,11 @@ class OAuthRecords(Repository):
     async def save_registration(
         self,
         tenant_id: str,
-        fields: Row,
+        fields: dict[str, Any],
         *,
         client_secret: tuple[bytes, str] | None = None,
         registration_access_token: tuple[bytes, str] | None = None,
-    ) -> tuple[Row, bool]:
+    ) -> tuple[OAuthClientRegistration, bool]:
         """Store a registration; returns ``(row, created)``.
 
         ``fields``: ``issuer``, ``redirect_uri``, ``source``, ``client_id``, ``token_endpoint_auth_method``,
@@ -97,27 +164,27 @@ class OAuthRecords(Repository):
         secret = client_secret or (None, None)
         access = registration_access_token or (None, None)
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    "INSERT INTO oauth_client_registrations (id, tenant_id, issuer, redirect_uri, source, client_id, "
-                    "token_endpoint_auth_method, client_secret_sealed, client_secret_key_id, "
-                    "registration_access_token_sealed, registration_access_token_key_id, registration_client_uri) "
-                    "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12) "
-                    "ON CONFLICT (tenant_id, issuer, redirect_uri) WHERE source IN ('dcr', 'cimd') DO NOTHING "
-                    f"RETURNING {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS}",
-                    uuid.UUID(new_id()),
-                    uuid.UUID(tenant_id),
-                    fields["issuer"],
-                    fields["redirect_uri"],
-                    fields["source"],
-                    fields["client_id"],
-                    fields.get("token_endpoint_auth_method") or "none",
-                    secret[0],
-                    secret[1],
-                    access[0],
-                    access[1],
-                    fields.get("registration_client_uri"),
-                )
+            row = await fetch_model(
+                conn,
+                OAuthClientRegistration,
+                "INSERT INTO oauth_client_registrations (id, tenant_id, issuer, redirect_uri, source, client_id, "
+                "token_endpoint_auth_method, client_secret_sealed, client_secret_key_id, "
+                "registration_access_token_sealed, registration_access_token_key_id, registration_client_uri) "
+                "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12) "
+                "ON CONFLICT (tenant_id, issuer, redirect_uri) WHERE source IN ('dcr', 'cimd') DO NOTHING "
+                f"RETURNING {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS}",
+                uuid.UUID(new_id()),
+                uuid.UUID(tenant_id),
+                fields["issuer"],
+                fields["redirect_uri"],
+                fields["source"],
+                fields["client_id"],
+                fields.get("token_endpoint_auth_method") or "none",
+                secret[0],
+                secret[1],
+                access[0],
+                access[1],
+                fields.get("registration_client_uri"),
             )
         if row is not None:
             return row, True
@@ -126,33 +193,33 @@ class OAuthRecords(Repository):
             raise Conflict("a concurrent client registration could not be read back")
         return existing, False
 
-    async def registration(self, tenant_id: str, registration_id: str) -> Row | None:
+    async def registration(self, tenant_id: str, registration_id: str) -> OAuthClientRegistration | None:
         """One registration with its sealed secrets."""
-        return await self.one_row(
+        return await self.one(
+            OAuthClientRegistration,
             f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
             "WHERE tenant_id = $1 AND id = $2",
             uuid.UUID(tenant_id),
             uuid.UUID(registration_id),
         )
 
-    async def connection_settings(self, tenant_id: str, connection_id: str) -> Row:
+    async def connection_settings(self, tenant_id: str, connection_id: str) -> OAuthSettings:
         """An oauth connection's ``oauth`` document and ``registration_id`` (not in the public connection fields)."""
-        async with self.pool.acquire() as conn:
-            row = as_row(
-                await conn.fetchrow(
-                    "SELECT oauth, registration_id FROM integration_connections WHERE tenant_id = $1 AND id = $2",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(connection_id),
-                )
-            )
+        row = await self.one(
+            OAuthSettings,
+            "SELECT oauth, registration_id FROM integration_connections WHERE tenant_id = $1 AND id = $2",
+            uuid.UUID(tenant_id),
+            uuid.UUID(connection_id),
+        )
         if row is None:
             raise NotFound()
         return row
 
-    async def grant_material(self, tenant_id: str, connection_id: str) -> Row | None:
+    async def grant_material(self, tenant_id: str, connection_id: str) -> GrantMaterial | None:
         """An oauth connection's sealed refresh token, ``oauth`` document and registration (to revoke its grant at
         the authorization server), or None when it has no grant."""
-        return await self.one_row(
+        return await self.one(
+            GrantMaterial,
             "SELECT credential_sealed, oauth, registration_id FROM integration_connections "
             "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND credential_sealed IS NOT NULL "
             "AND registration_id IS NOT NULL",
@@ -189,61 +256,60 @@ class OAuthRecords(Repository):
         created_by_user_id: str | None = None,
         ttl: timedelta = FLOW_TTL,
         purpose: str = "connection",
-    ) -> Row:
+    ) -> OAuthFlow:
         """Record a new browser leg; it expires ``ttl`` after now (database time). ``discovery`` is what the
         callback needs to redeem the code (endpoints, resource; nothing secret). ``purpose`` names the callback
         that may claim it (``connection`` or ``managed_app``)."""
         async with self.pool.acquire() as conn:
-            row = as_row(
-                await conn.fetchrow(
-                    "INSERT INTO connector_oauth_flows (id, tenant_id, connection_id, registration_id, state_hash, "
-                    "pkce_verifier_sealed, pkce_verifier_key_id, resource, discovery, expected_generation, "
-                    "created_by_user_id, expires_at, purpose) "
-                    "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11, now() + $12::interval, $13) "
-                    f"RETURNING {FLOW_FIELDS}",
-                    uuid.UUID(new_id()),
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(connection_id),
-                    uuid.UUID(registration_id),
-                    state_hash,
-                    verifier[0],
-                    verifier[1],
-                    resource,
-                    discovery or {},
-                    expected_generation,
-                    uuid.UUID(created_by_user_id) if created_by_user_id else None,
-                    ttl,
-                    purpose,
-                )
+            row = await fetch_model(
+                conn,
+                OAuthFlow,
+                "INSERT INTO connector_oauth_flows (id, tenant_id, connection_id, registration_id, state_hash, "
+                "pkce_verifier_sealed, pkce_verifier_key_id, resource, discovery, expected_generation, "
+                "created_by_user_id, expires_at, purpose) "
+                "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11, now() + $12::interval, $13) "
+                f"RETURNING {FLOW_FIELDS}",
+                uuid.UUID(new_id()),
+                uuid.UUID(tenant_id),
+                uuid.UUID(connection_id),
+                uuid.UUID(registration_id),
+                state_hash,
+                verifier[0],
+                verifier[1],
+                resource,
+                discovery or {},
+                expected_generation,
+                uuid.UUID(created_by_user_id) if created_by_user_id else None,
+                ttl,
+                purpose,
             )
         assert row is not None
         return row
 
-    async def bind_browser(self, flow_id: str, browser_hash: str) -> Row:
+    async def bind_browser(self, flow_id: str, browser_hash: str) -> OAuthFlow:
         """Tie a live flow to the browser that opened its link (``/v1/oauth/go``).
 
         Opening the link again from the same browser is fine; from another browser it is :class:`Forbidden`.
         An unknown, expired or used flow is :class:`NotFound` / :class:`Conflict`.
         """
-        try:
-            fid = uuid.UUID(flow_id)
-        except ValueError:
-            raise NotFound("this sign-in link is unknown") from None
+        fid = known_id(flow_id, "this sign-in link is unknown")
         async with self.pool.acquire() as conn:
-            row = as_row(
-                await conn.fetchrow(
-                    "UPDATE connector_oauth_flows SET browser_hash = $2 WHERE id = $1 AND consumed_at IS NULL "
-                    "AND expires_at > now() AND (browser_hash IS NULL OR browser_hash = $2) AND purpose = 'connection' "
-                    f"RETURNING {FLOW_FIELDS}",
-                    fid,
-                    browser_hash,
-                )
+            row = await fetch_model(
+                conn,
+                OAuthFlow,
+                "UPDATE connector_oauth_flows SET browser_hash = $2 WHERE id = $1 AND consumed_at IS NULL "
+                "AND expires_at > now() AND (browser_hash IS NULL OR browser_hash = $2) AND purpose = 'connection' "
+                f"RETURNING {FLOW_FIELDS}",
+                fid,
+                browser_hash,
             )
             if row is not None:
                 return row
             raise await self._refusal(conn, "id = $1 AND purpose = 'connection'", fid)
 
-    async def claim_flow(self, state_hash: str, browser_hash: str | None, *, purpose: str = "connection") -> Row:
+    async def claim_flow(
+        self, state_hash: str, browser_hash: str | None, *, purpose: str = "connection"
+    ) -> ClaimedFlow:
         """Consume the flow whose ``state`` digest this is, exactly once, from the browser bound to it.
 
         Returns the flow with its sealed verifier. Refusals change nothing: :class:`NotFound` (unknown or
@@ -253,16 +319,16 @@ class OAuthRecords(Repository):
         ``browser_hash`` is not part of their claim.
         """
         async with self.pool.acquire() as conn:
-            row = as_row(
-                await conn.fetchrow(
-                    "UPDATE connector_oauth_flows SET consumed_at = now() WHERE state_hash = $1 "
-                    "AND consumed_at IS NULL AND expires_at > now() AND purpose = $3 "
-                    "AND ($3 = 'managed_app' OR browser_hash = $2) "
-                    f"RETURNING {FLOW_FIELDS}, pkce_verifier_sealed, pkce_verifier_key_id",
-                    state_hash,
-                    browser_hash,
-                    purpose,
-                )
+            row = await fetch_model(
+                conn,
+                ClaimedFlow,
+                "UPDATE connector_oauth_flows SET consumed_at = now() WHERE state_hash = $1 "
+                "AND consumed_at IS NULL AND expires_at > now() AND purpose = $3 "
+                "AND ($3 = 'managed_app' OR browser_hash = $2) "
+                f"RETURNING {FLOW_FIELDS}, pkce_verifier_sealed, pkce_verifier_key_id",
+                state_hash,
+                browser_hash,
+                purpose,
             )
             if row is not None:
                 return row
@@ -273,7 +339,7 @@ class OAuthRecords(Repository):
     async def activate(
         self,
         tenant_id: str,
-        flow: Row,
+        flow: FlowTarget,
         *,
         credential: tuple[bytes, str],
         oauth: dict[str, Any],
@@ -303,13 +369,13 @@ class OAuthRecords(Repository):
                     "AND authorization_generation = $3 AND (oauth_activated_at IS NULL OR oauth_activated_at < $4) "
                     f"RETURNING {CONNECTION_FIELDS}",
                     uuid.UUID(tenant_id),
-                    uuid.UUID(flow["connection_id"]),
-                    flow["expected_generation"],
-                    flow["created_at"],
+                    flow.connection_id,
+                    flow.expected_generation,
+                    flow.created_at,
                     credential[0],
                     credential[1],
                     oauth,
-                    uuid.UUID(flow["registration_id"]),
+                    flow.registration_id,
                     access_blob,
                     access_key,
                     access_expiry,
@@ -319,7 +385,7 @@ class OAuthRecords(Repository):
                 status = await conn.fetchval(
                     "SELECT status FROM integration_connections WHERE tenant_id = $1 AND id = $2",
                     uuid.UUID(tenant_id),
-                    uuid.UUID(flow["connection_id"]),
+                    flow.connection_id,
                 )
                 if status is None:
                     raise NotFound()
@@ -342,25 +408,24 @@ class OAuthRecords(Repository):
         :class:`NotFound` (revoked, in error, gone). Writes made through the lock commit when the block exits.
         """
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    "SELECT c.status, c.authorization_generation, c.credential_sealed, c.access_token_sealed, "
-                    "c.access_expires_at, c.oauth, c.registration_id FROM integration_connections c "
-                    "WHERE c.tenant_id = $1 AND c.id = $2 AND c.auth_kind = 'oauth' FOR UPDATE",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(connection_id),
-                )
+            row = await fetch_model(
+                conn,
+                LockedGrant,
+                "SELECT c.status, c.authorization_generation, c.credential_sealed, c.access_token_sealed, "
+                "c.access_expires_at, c.oauth, c.registration_id FROM integration_connections c "
+                "WHERE c.tenant_id = $1 AND c.id = $2 AND c.auth_kind = 'oauth' FOR UPDATE",
+                uuid.UUID(tenant_id),
+                uuid.UUID(connection_id),
             )
-            if row is None or row["status"] != "active" or row["credential_sealed"] is None:
+            if row is None or row.status != "active" or row.credential_sealed is None:
                 raise NotFound("the connection is not active")
-            if row["authorization_generation"] != generation:
+            if row.authorization_generation != generation:
                 raise Conflict("the connection was re-authorized; this binding is stale")
-            registration = as_row(
-                await conn.fetchrow(
-                    f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations "
-                    "WHERE id = $1",
-                    uuid.UUID(row["registration_id"]),
-                )
+            registration = await fetch_model(
+                conn,
+                OAuthClientRegistration,
+                f"SELECT {REGISTRATION_FIELDS}, {REGISTRATION_SECRETS} FROM oauth_client_registrations WHERE id = $1",
+                row.registration_id,
             )
             assert registration is not None  # registrations are never deleted
             yield GrantLock(conn, connection_id, row, registration)
@@ -414,7 +479,7 @@ class OAuthRecords(Repository):
 class GrantLock:
     """One connection's grant under its row lock (see :meth:`OAuthRecords.locked_grant`)."""
 
-    def __init__(self, conn: Any, connection_id: str, row: Row, registration: Row) -> None:
+    def __init__(self, conn: Any, connection_id: str, row: LockedGrant, registration: OAuthClientRegistration) -> None:
         self._conn = conn
         self.connection_id = connection_id
         self.row = row

@@ -64,13 +64,13 @@ class Parks(Repository):
             )
             actions.append(action)
             new.append(ev.NewEvent(type=ev.CONNECTION_REQUIRED, data=action))
-        await self.store.transition(spec.run_id, RunStatus.WAITING_FOR_CONNECTION, actions[0]["reason"], new, conn=conn)
+        await self.store.runs.transition(spec.run_id, RunStatus.WAITING_FOR_CONNECTION, actions[0]["reason"], new, conn=conn)
         await conn.execute("UPDATE sessions SET pending_action = $2 WHERE id = $1", uuid.UUID(spec.run_id), actions[0])
         return actions[0]
 
     async def park_call(self, run_id: str, tool_call_id: str, digest: str, reason: str) -> Row:
         """Park one brokered call (idempotent): its wait, ``authorization.required``, the run waiting."""
-        spec = await self.store.run_spec(run_id)
+        spec = await self.store.runs.run_spec(run_id)
         ttl = park_secs(spec.budgets.max_park_secs)
         async with self.pool.acquire() as conn, conn.transaction():
             status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
@@ -124,7 +124,7 @@ class Parks(Repository):
                 data={**action, "tool": claim["tool"], "challenge": action["authorization_url"]},
             )
             if status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
-                await self.store.transition(run_id, RunStatus.WAITING_FOR_CONNECTION, reason, [required], conn=conn)
+                await self.store.runs.transition(run_id, RunStatus.WAITING_FOR_CONNECTION, reason, [required], conn=conn)
                 status = RunStatus.WAITING_FOR_CONNECTION.value
             else:
                 await self.store.append(conn, run_id, [required])
@@ -180,7 +180,7 @@ class Parks(Repository):
                 type=ev.CONNECTION_RESUMED,
                 data={"slots": {b["slot"]: b["connection_id"] for b in bound}},
             )
-            await self.store.transition(run_id, RunStatus.CREATED, "every connection requirement is bound", [resumed],
+            await self.store.runs.transition(run_id, RunStatus.CREATED, "every connection requirement is bound", [resumed],
                                         conn=conn)  # fmt: skip
         return "resumed", None
 
@@ -242,7 +242,7 @@ class Parks(Repository):
             )
             if status == RunStatus.WAITING_FOR_CONNECTION and not others:
                 await conn.execute("UPDATE sessions SET pending_action = NULL WHERE id = $1", uuid.UUID(run_id))
-                await self.store.transition(run_id, RunStatus.RUNNING, "the connection is usable again", new, conn=conn)
+                await self.store.runs.transition(run_id, RunStatus.RUNNING, "the connection is usable again", new, conn=conn)
                 status = RunStatus.RUNNING.value
             else:
                 await self.store.append(conn, run_id, new)

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from core.errors import Conflict, NotFound
-from db._base import Conn, ReadModel, Repository, as_model, as_models
+from db._base import Conn, ReadModel, Repository, fetch_model, fetch_models
 from db.ids import new_id
 from db.models.policies import Policy
 
@@ -78,11 +78,12 @@ _HEAD = (
 
 
 async def _lock_by_name(conn: Conn, tenant_id: str, name: str) -> PolicyRef:
-    policy = as_model(
+    policy = await fetch_model(
+        conn,
         PolicyRef,
-        await conn.fetchrow(
-            "SELECT id, name FROM policies WHERE tenant_id = $1 AND name = $2 FOR UPDATE", uuid.UUID(tenant_id), name
-        ),
+        "SELECT id, name FROM policies WHERE tenant_id = $1 AND name = $2 FOR UPDATE",
+        uuid.UUID(tenant_id),
+        name,
     )
     if policy is None:
         raise NotFound()
@@ -120,13 +121,17 @@ class Policies(Repository):
         )
 
     async def policy_head_by_id(self, conn: Conn, policy_id: str) -> PolicyHead:
-        row = as_model(
-            PolicyHead,
-            await conn.fetchrow(f"{_HEAD} WHERE p.id = $1 ORDER BY v.version DESC LIMIT 1", uuid.UUID(policy_id)),
+        row = await fetch_model(
+            conn, PolicyHead, f"{_HEAD} WHERE p.id = $1 ORDER BY v.version DESC LIMIT 1", uuid.UUID(policy_id)
         )
         if row is None:
             raise NotFound("policy not found")
         return row
+
+    async def policy_head_of(self, policy_id: str) -> PolicyHead:
+        """The policy's head version, read on a connection of its own."""
+        async with self.pool.acquire() as conn:
+            return await self.policy_head_by_id(conn, policy_id)
 
     async def policy_names(self, tenant_id: str) -> dict[str, str]:
         async with self.pool.acquire() as conn:
@@ -190,21 +195,17 @@ class Policies(Repository):
     async def policy_detail(self, tenant_id: str, name: str) -> PolicyDetail | None:
         """Head, version history (newest first) and the agents whose latest revision names it."""
         async with self.pool.acquire() as conn:
-            policy = as_model(
-                Policy,
-                await conn.fetchrow(
-                    "SELECT * FROM policies WHERE tenant_id = $1 AND name = $2", uuid.UUID(tenant_id), name
-                ),
+            policy = await fetch_model(
+                conn, Policy, "SELECT * FROM policies WHERE tenant_id = $1 AND name = $2", uuid.UUID(tenant_id), name
             )
             if policy is None:
                 return None
-            versions = as_models(
+            versions = await fetch_models(
+                conn,
                 VersionSummary,
-                await conn.fetch(
-                    "SELECT version, author, summary, created_at, content FROM policy_versions"
-                    " WHERE policy_id = $1 ORDER BY version DESC",
-                    policy.id,
-                ),
+                "SELECT version, author, summary, created_at, content FROM policy_versions"
+                " WHERE policy_id = $1 ORDER BY version DESC",
+                policy.id,
             )
             agents = await conn.fetch(
                 "SELECT a.name FROM agents a WHERE a.tenant_id = $1 AND (SELECT r.policy_id FROM agent_revisions r"

@@ -13,7 +13,7 @@ from core import events as ev
 from core.errors import NotFound
 from core.runspec import RunSpec
 from core.states import RunStatus, check_transition, is_terminal
-from db._base import Conn, ReadModel, Repository, Row, as_model
+from db._base import Conn, ReadModel, Repository, Row, as_model, uuid_or_none
 from db.ids import new_id
 from db.ledger import Ledger
 from db.models.runs import Artifact, Run, RunFinalization
@@ -103,9 +103,8 @@ class Runs(Repository):
         return run
 
     async def get_run(self, tenant_id: str | None, run_id: str) -> Run | None:
-        try:
-            rid = uuid.UUID(run_id)
-        except ValueError:
+        rid = uuid_or_none(run_id)
+        if rid is None:
             return None
         if tenant_id is None:
             return await self.one(Run, "SELECT * FROM sessions WHERE id = $1", rid)
@@ -267,6 +266,32 @@ class Runs(Repository):
         return await self.one(
             RunFinalization, "SELECT * FROM session_finalizations WHERE session_id = $1", uuid.UUID(run_id)
         )
+
+    async def set_invoker(self, conn: Conn, run_id: str, user_id: str) -> None:
+        """Inside the run's insert transaction: the signed-in user who started it."""
+        await conn.execute(
+            "UPDATE sessions SET invoked_by_user_id = $2 WHERE id = $1", uuid.UUID(run_id), uuid.UUID(user_id)
+        )
+
+    async def stranded(self, older_than_secs: float, limit: int = 100) -> list[str]:
+        """Runs still ``created`` (or parked up front) ``older_than_secs`` after their insert with no wind-down
+        intent (oldest first):
+        the process that inserted them died before starting their workflow. A run waiting for sandbox capacity
+        has its workflow (the workflow wrote that reason), so it is not one."""
+        async with self.pool.acquire() as conn:
+            records = await conn.fetch(
+                # A run parked up front (no sandbox yet) also has no workflow if its starter died.
+                "SELECT s.id FROM sessions s WHERE (s.status = 'created' OR "
+                "(s.status = 'waiting_for_connection' AND s.sandbox_handle IS NULL)) "
+                "AND s.created_at < now() - make_interval(secs => $1) "
+                "AND coalesce(s.status_reason, '') NOT LIKE $2 "
+                "AND NOT EXISTS (SELECT 1 FROM session_finalizations f WHERE f.session_id = s.id) "
+                "ORDER BY s.created_at LIMIT $3",
+                float(older_than_secs),
+                f"{WAITING_FOR_CAPACITY}%",
+                limit,
+            )
+        return [str(r["id"]) for r in records]
 
     async def live_runs(self) -> list[LiveRun]:
         """Every run the liveness sweep watches: a running or waiting runner, or an intent not acted on yet."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -21,8 +22,10 @@ from core.errors import Conflict, NotFound
 from core.states import TERMINAL
 from core.tokens import token_digest
 from core.triggers import REPLACED_REASON
-from db._base import Conn, Repository, Row, as_row
+from db._base import Conn, ReadModel, Repository, fetch_model, uuid_or_none
 from db.ids import new_id
+from db.models.runs import Run
+from db.models.triggers import TriggerInvocation, TriggerSubscription
 from db.store import Store
 
 log = logging.getLogger("fluidbox.db.triggers")
@@ -58,13 +61,60 @@ MUTABLE = frozenset(SUBSCRIPTION_COLUMNS) - {"id", "tenant_id", "kind", "agent_i
 TERMINAL_STATUSES = sorted(s.value for s in TERMINAL)
 CHANGED = "the automation changed since it was loaded — reload and retry"
 
-BeforeCommit = Callable[[Row], Awaitable[None]]
+BeforeCommit = Callable[[TriggerSubscription], Awaitable[None]]
+
+
+class TriggerTokenGrant(ReadModel):
+    """Whose a live trigger token is: its subscription and tenant."""
+
+    subscription_id: uuid.UUID
+    tenant_id: uuid.UUID
+
+
+class SubscriptionRun(ReadModel):
+    """A run a subscription created, with the invocation that created it."""
+
+    id: uuid.UUID
+    status: str
+    status_reason: str | None
+    task: str
+    invoked_by_kind: str
+    created_at: datetime
+    finished_at: datetime | None
+    idempotency_key: str
+    invocation_kind: str
+
+
+class InvocationSummary(ReadModel):
+    """One invocation as a subscription's detail lists it (bound to a run, or skipped)."""
+
+    id: uuid.UUID
+    idempotency_key: str
+    kind: str
+    session_id: uuid.UUID | None
+    skip_reason: str | None
+    catch_up: bool
+    created_at: datetime
+
+
+class DeliverySummary(ReadModel):
+    """One result delivery as a subscription's detail lists it."""
+
+    id: uuid.UUID
+    session_id: uuid.UUID
+    url: str
+    status: str
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    created_at: datetime
+    delivered_at: datetime | None
 
 
 class Existing(Exception):
     """The idempotency key is already claimed (found under the subscription lock)."""
 
-    def __init__(self, claim: Row) -> None:
+    def __init__(self, claim: TriggerInvocation) -> None:
         super().__init__("claimed")
         self.claim = claim
 
@@ -89,7 +139,9 @@ class Triggers(Repository):
 
     # ---- subscriptions -------------------------------------------------------------------------
 
-    async def create(self, tenant_id: str, fields: Row, token: str, before_commit: BeforeCommit | None = None) -> Row:
+    async def create(
+        self, tenant_id: str, fields: dict[str, Any], token: str, before_commit: BeforeCommit | None = None
+    ) -> TriggerSubscription:
         """Insert the subscription and its first trigger token together; ``before_commit`` (e.g. the
         Temporal Schedule upsert) runs inside the transaction, so its failure stores nothing."""
         sid = fields.get("id") or new_id()
@@ -99,10 +151,11 @@ class Triggers(Repository):
         marks = ", ".join(f"${i}" for i in range(1, len(cols) + 1))
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                row = as_row(
-                    await conn.fetchrow(
-                        f"INSERT INTO trigger_subscriptions ({', '.join(cols)}) VALUES ({marks}) RETURNING *", *values
-                    )
+                row = await fetch_model(
+                    conn,
+                    TriggerSubscription,
+                    f"INSERT INTO trigger_subscriptions ({', '.join(cols)}) VALUES ({marks}) RETURNING *",
+                    *values,
                 )
                 assert row is not None
                 await self._insert_token(conn, tenant_id, sid, token)
@@ -112,29 +165,33 @@ class Triggers(Repository):
             raise _name_conflict(fields["name"]) from None
         return row
 
-    async def get(self, tenant_id: str, subscription_id: str) -> Row | None:
-        try:
-            sid = uuid.UUID(subscription_id)
-        except ValueError:
+    async def get(self, tenant_id: str, subscription_id: str) -> TriggerSubscription | None:
+        sid = uuid_or_none(subscription_id)
+        if sid is None:
             return None
-        return await self.one_row(
-            "SELECT * FROM trigger_subscriptions WHERE id = $1 AND tenant_id = $2", sid, uuid.UUID(tenant_id)
+        return await self.one(
+            TriggerSubscription,
+            "SELECT * FROM trigger_subscriptions WHERE id = $1 AND tenant_id = $2",
+            sid,
+            uuid.UUID(tenant_id),
         )
 
-    async def all(self, tenant_id: str) -> list[Row]:
-        return await self.rows(
-            "SELECT * FROM trigger_subscriptions WHERE tenant_id = $1 ORDER BY name", uuid.UUID(tenant_id)
+    async def all(self, tenant_id: str) -> list[TriggerSubscription]:
+        return await self.many(
+            TriggerSubscription,
+            "SELECT * FROM trigger_subscriptions WHERE tenant_id = $1 ORDER BY name",
+            uuid.UUID(tenant_id),
         )
 
     async def update(
         self,
         tenant_id: str,
         subscription_id: str,
-        changes: Row,
+        changes: dict[str, Any],
         *,
-        loaded_at: Any,
+        loaded_at: datetime,
         before_commit: BeforeCommit | None = None,
-    ) -> Row:
+    ) -> TriggerSubscription:
         """Compare-and-swap on ``updated_at`` as loaded: a concurrent edit makes this a 409."""
         unknown = set(changes) - MUTABLE
         if unknown:
@@ -143,15 +200,15 @@ class Triggers(Repository):
         sets.append("updated_at = clock_timestamp()")
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                row = as_row(
-                    await conn.fetchrow(
-                        f"UPDATE trigger_subscriptions SET {', '.join(sets)} "
-                        "WHERE id = $1 AND tenant_id = $2 AND updated_at = $3 RETURNING *",
-                        uuid.UUID(subscription_id),
-                        uuid.UUID(tenant_id),
-                        loaded_at,
-                        *[_param(c, v) for c, v in changes.items()],
-                    )
+                row = await fetch_model(
+                    conn,
+                    TriggerSubscription,
+                    f"UPDATE trigger_subscriptions SET {', '.join(sets)} "
+                    "WHERE id = $1 AND tenant_id = $2 AND updated_at = $3 RETURNING *",
+                    uuid.UUID(subscription_id),
+                    uuid.UUID(tenant_id),
+                    loaded_at,
+                    *[_param(c, v) for c, v in changes.items()],
                 )
                 if row is None:
                     raise Conflict(CHANGED)
@@ -173,16 +230,16 @@ class Triggers(Repository):
             uuid.UUID(subscription_id),
         )
 
-    async def rotate_token(self, tenant_id: str, subscription_id: str, token: str) -> tuple[Row, int]:
+    async def rotate_token(self, tenant_id: str, subscription_id: str, token: str) -> tuple[TriggerSubscription, int]:
         """Revoke every live token of the subscription, mint one, bump ``token_generation``."""
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    "UPDATE trigger_subscriptions SET token_generation = token_generation + 1, "
-                    "updated_at = clock_timestamp() WHERE id = $1 AND tenant_id = $2 RETURNING *",
-                    uuid.UUID(subscription_id),
-                    uuid.UUID(tenant_id),
-                )
+            row = await fetch_model(
+                conn,
+                TriggerSubscription,
+                "UPDATE trigger_subscriptions SET token_generation = token_generation + 1, "
+                "updated_at = clock_timestamp() WHERE id = $1 AND tenant_id = $2 RETURNING *",
+                uuid.UUID(subscription_id),
+                uuid.UUID(tenant_id),
             )
             if row is None:
                 raise NotFound()
@@ -194,9 +251,10 @@ class Triggers(Repository):
             await self._insert_token(conn, tenant_id, subscription_id, token)
         return row, int(status.split()[-1])
 
-    async def resolve_token(self, token: str) -> Row | None:
+    async def resolve_token(self, token: str) -> TriggerTokenGrant | None:
         """A live trigger token's subscription and tenant (None for anything else)."""
-        return await self.one_row(
+        return await self.one(
+            TriggerTokenGrant,
             "SELECT subscription_id, tenant_id FROM api_tokens WHERE token_sha256 = $1 "
             "AND kind = 'trigger' AND revoked_at IS NULL AND expires_at > now()",
             token_digest(token),
@@ -204,8 +262,9 @@ class Triggers(Repository):
 
     # ---- invocation claims ---------------------------------------------------------------------
 
-    async def claim(self, subscription_id: str, key: str) -> Row | None:
-        return await self.one_row(
+    async def claim(self, subscription_id: str, key: str) -> TriggerInvocation | None:
+        return await self.one(
+            TriggerInvocation,
             "SELECT * FROM trigger_invocations WHERE subscription_id = $1 AND idempotency_key = $2",
             uuid.UUID(subscription_id),
             key,
@@ -235,10 +294,12 @@ class Triggers(Repository):
         )
         if sub is None:
             raise NotFound()
-        existing = as_row(
-            await conn.fetchrow(
-                "SELECT * FROM trigger_invocations WHERE subscription_id = $1 AND idempotency_key = $2", sid, key
-            )
+        existing = await fetch_model(
+            conn,
+            TriggerInvocation,
+            "SELECT * FROM trigger_invocations WHERE subscription_id = $1 AND idempotency_key = $2",
+            sid,
+            key,
         )
         if existing is not None:
             raise Existing(existing)
@@ -291,23 +352,23 @@ class Triggers(Repository):
         reason: str,
         digest: str | None = None,
         catch_up: bool = False,
-    ) -> Row:
+    ) -> TriggerInvocation:
         """A visible skip row; if the key is already claimed, that claim is returned unchanged."""
         async with self.pool.acquire() as conn:
-            row = as_row(
-                await conn.fetchrow(
-                    "INSERT INTO trigger_invocations (id, tenant_id, subscription_id, idempotency_key, kind, "
-                    "request_digest, skip_reason, catch_up) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
-                    "ON CONFLICT (subscription_id, idempotency_key) DO NOTHING RETURNING *",
-                    uuid.UUID(new_id()),
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(subscription_id),
-                    key,
-                    kind,
-                    digest,
-                    reason[:500],
-                    catch_up,
-                )
+            row = await fetch_model(
+                conn,
+                TriggerInvocation,
+                "INSERT INTO trigger_invocations (id, tenant_id, subscription_id, idempotency_key, kind, "
+                "request_digest, skip_reason, catch_up) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+                "ON CONFLICT (subscription_id, idempotency_key) DO NOTHING RETURNING *",
+                uuid.UUID(new_id()),
+                uuid.UUID(tenant_id),
+                uuid.UUID(subscription_id),
+                key,
+                kind,
+                digest,
+                reason[:500],
+                catch_up,
             )
         if row is not None:
             return row
@@ -317,21 +378,22 @@ class Triggers(Repository):
 
     # ---- reads ---------------------------------------------------------------------------------
 
-    async def run_of(self, subscription_id: str, run_id: str) -> Row | None:
+    async def run_of(self, subscription_id: str, run_id: str) -> Run | None:
         """The run, only if this subscription created it."""
-        try:
-            rid = uuid.UUID(run_id)
-        except ValueError:
+        rid = uuid_or_none(run_id)
+        if rid is None:
             return None
-        return await self.one_row(
+        return await self.one(
+            Run,
             "SELECT s.* FROM trigger_invocations i JOIN sessions s ON s.id = i.session_id "
             "WHERE i.subscription_id = $1 AND i.session_id = $2",
             uuid.UUID(subscription_id),
             rid,
         )
 
-    async def runs(self, subscription_id: str, limit: int) -> list[Row]:
-        return await self.rows(
+    async def runs(self, subscription_id: str, limit: int) -> list[SubscriptionRun]:
+        return await self.many(
+            SubscriptionRun,
             "SELECT s.id, s.status, s.status_reason, s.task, s.invoked_by_kind, s.created_at, s.finished_at, "
             "i.idempotency_key, i.kind AS invocation_kind FROM trigger_invocations i "
             "JOIN sessions s ON s.id = i.session_id WHERE i.subscription_id = $1 "
@@ -340,19 +402,21 @@ class Triggers(Repository):
             limit,
         )
 
-    async def invocations(self, subscription_id: str, limit: int) -> list[Row]:
-        return await self.rows(
+    async def invocations(self, subscription_id: str, limit: int) -> list[InvocationSummary]:
+        return await self.many(
+            InvocationSummary,
             "SELECT id, idempotency_key, kind, session_id, skip_reason, catch_up, created_at "
             "FROM trigger_invocations WHERE subscription_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
             uuid.UUID(subscription_id),
             limit,
         )
 
-    async def deliveries(self, subscription_id: str, limit: int) -> list[Row]:
+    async def deliveries(self, subscription_id: str, limit: int) -> list[DeliverySummary]:
         """The subscription's result deliveries (table owned by the deliveries work); none while that
         table is not readable yet (a database migrated only part of the way)."""
         try:
-            return await self.rows(
+            return await self.many(
+                DeliverySummary,
                 "SELECT id, session_id, url, status, attempts, last_status_code, last_error, created_at, "
                 "delivered_at FROM deliveries WHERE subscription_id = $1 ORDER BY created_at DESC LIMIT $2",
                 uuid.UUID(subscription_id),
@@ -369,4 +433,15 @@ def _param(column: str, value: Any) -> Any:
     return value
 
 
-__all__ = ["CHANGED", "MUTABLE", "SUBSCRIPTION_COLUMNS", "Existing", "Refused", "Triggers"]
+__all__ = [
+    "CHANGED",
+    "MUTABLE",
+    "SUBSCRIPTION_COLUMNS",
+    "DeliverySummary",
+    "Existing",
+    "InvocationSummary",
+    "Refused",
+    "SubscriptionRun",
+    "TriggerTokenGrant",
+    "Triggers",
+]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,9 @@ from core.pricing import PriceTable
 from core.runspec import RunSpec
 from core.states import ACCEPTS_WORK, accepts_work
 from core.usage import Spend, Usage, admit, exhausted
-from db._base import Conn, Row
+from db._base import Conn, ReadModel
 from db.ids import new_id
+from db.runs import UsageTotals
 from db.store import Store
 
 log = logging.getLogger("fluidbox.usage")
@@ -38,6 +40,51 @@ def load_prices(path: Path = PRICING_FILE) -> PriceTable:
 
 def _money(value: Decimal | None) -> float | None:
     return None if value is None else float(value)
+
+
+class Reservation(ReadModel):
+    """One LLM reservation of a run (its cost as a float, like every other figure we answer)."""
+
+    id: uuid.UUID
+    model: str
+    state: str
+    reserved_input_tokens: int
+    reserved_output_tokens: int
+    reserved_cost_usd: float | None
+    created_at: datetime
+    expires_at: datetime
+    settled_at: datetime | None
+    settle_reason: str | None
+
+
+class CostLine(ReadModel):
+    """Usage of one model from one source (``cost_usd`` is None when any of it was unpriced)."""
+
+    model: str | None
+    source: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost_usd: float | None
+    requests: int
+
+
+class LiveReservations(ReadModel):
+    """The reservations still held: how many, their token bound and their cost bound."""
+
+    active: int
+    tokens: int
+    cost_usd: float | None
+
+
+class CostReport(ReadModel):
+    """A run's cost report, every figure read in one snapshot."""
+
+    usage: UsageTotals
+    tool_calls: int
+    breakdown: list[CostLine]
+    reservations: LiveReservations
 
 
 @dataclass(frozen=True)
@@ -143,7 +190,7 @@ class Metering:
 
     async def _stop(self, conn: Conn, run_id: str, budget: str, spend: Spend) -> bool:
         """Record the budget stop once: the wind-down intent and ``budget.exceeded`` (single emission)."""
-        spec = await self.store.run_spec(run_id)
+        spec = await self.store.runs.run_spec(run_id)
         limit = spec.budgets.max_cost_usd if budget == "max_cost_usd" else spec.budgets.max_tokens
         spent = f"{spend.used_cost:.6f}" if budget == "max_cost_usd" and spend.used_cost is not None else None
         created = await self.store.runs.record_finalization(
@@ -151,7 +198,7 @@ class Metering:
         )
         if created:
             data = {"budget": budget, "limit": str(limit), "spent": spent or str(spend.used_tokens)}
-            await self.store.append(conn, run_id, [ev.NewEvent(type=ev.BUDGET_EXCEEDED, data=data)])
+            await self.store.ledger.append(conn, run_id, [ev.NewEvent(type=ev.BUDGET_EXCEEDED, data=data)])
         return created
 
     async def charge(
@@ -180,7 +227,7 @@ class Metering:
             }
             if ttfb_ms is not None:
                 data["ttfb_ms"] = ttfb_ms
-            await self.store.append(conn, run_id, [ev.NewEvent(type=MODEL_RESPONSE, data=data)])
+            await self.store.ledger.append(conn, run_id, [ev.NewEvent(type=MODEL_RESPONSE, data=data)])
             return True
 
     async def _entry(
@@ -219,7 +266,7 @@ class Metering:
             f"model request without a usage report ({why}); reservation {reservation_id} stays held and is "
             f"charged conservatively when it expires"
         )
-        await self.store.append_events(run_id, [ev.system_message(note)])
+        await self.store.ledger.append_events(run_id, [ev.system_message(note)])
 
     async def expire_due(self, limit: int = 100) -> int:
         """Charge every expired reservation as its whole reservation (``source='reservation_timeout'``)
@@ -250,11 +297,11 @@ class Metering:
                     f"a model request never reported its usage (reservation {res['id']}); charged conservatively "
                     f"as its whole reservation: {usage.total} tokens, {price}"
                 )
-                await self.store.append(conn, str(res["session_id"]), [ev.system_message(note)])
+                await self.store.ledger.append(conn, str(res["session_id"]), [ev.system_message(note)])
                 converted += 1
         return converted
 
-    async def reservations(self, run_id: str) -> list[Row]:
+    async def reservations(self, run_id: str) -> list[Reservation]:
         async with self.store.pool.acquire() as conn:
             rows = await conn.fetch(
                 "SELECT id, model, state, reserved_input_tokens, reserved_output_tokens, reserved_cost_usd,"
@@ -262,9 +309,11 @@ class Metering:
                 " ORDER BY created_at, id",
                 uuid.UUID(run_id),
             )
-        return [{**dict(r), "id": str(r["id"]), "reserved_cost_usd": _money(r["reserved_cost_usd"])} for r in rows]
+        return [
+            Reservation.model_validate({**dict(r), "reserved_cost_usd": _money(r["reserved_cost_usd"])}) for r in rows
+        ]
 
-    async def report(self, run_id: str) -> Row:
+    async def report(self, run_id: str) -> CostReport:
         """The cost report: totals, per model and source, live reservations, and registered tool calls."""
         rid = uuid.UUID(run_id)
         # One snapshot for every figure: a reservation converted between two reads would otherwise show
@@ -285,34 +334,32 @@ class Metering:
             )
             tool_calls = await conn.fetchval("SELECT count(*) FROM approvals WHERE session_id = $1", rid)
         breakdown = [
-            {
-                "model": r["model"],
-                "source": r["source"],
-                "input_tokens": int(r["input_tokens"]),
-                "output_tokens": int(r["output_tokens"]),
-                "cache_read_tokens": int(r["cache_read_tokens"]),
-                "cache_write_tokens": int(r["cache_write_tokens"]),
-                "cost_usd": None if r["unpriced"] else _money(r["cost_usd"]),
-                "requests": int(r["requests"]),
-            }
+            CostLine(
+                model=r["model"],
+                source=r["source"],
+                input_tokens=int(r["input_tokens"]),
+                output_tokens=int(r["output_tokens"]),
+                cache_read_tokens=int(r["cache_read_tokens"]),
+                cache_write_tokens=int(r["cache_write_tokens"]),
+                cost_usd=None if r["unpriced"] else _money(r["cost_usd"]),
+                requests=int(r["requests"]),
+            )
             for r in by
         ]
         costs = [r["cost_usd"] for r in by if r["cost_usd"] is not None]
-        totals: Row = {
-            "input_tokens": sum(line["input_tokens"] for line in breakdown),
-            "output_tokens": sum(line["output_tokens"] for line in breakdown),
-            "cache_read_tokens": sum(line["cache_read_tokens"] for line in breakdown),
-            "cache_write_tokens": sum(line["cache_write_tokens"] for line in breakdown),
-            "cost_usd": float(sum(costs)) if costs else 0.0,
-            "requests": sum(line["requests"] for line in breakdown),
-        }
-        return {
-            "usage": totals,
-            "tool_calls": int(tool_calls),
-            "breakdown": breakdown,
-            "reservations": {
-                "active": int(live["active"]),
-                "tokens": int(live["tokens"]),
-                "cost_usd": _money(live["cost_usd"]),
-            },
-        }
+        totals = UsageTotals(
+            input_tokens=sum(line.input_tokens for line in breakdown),
+            output_tokens=sum(line.output_tokens for line in breakdown),
+            cache_read_tokens=sum(line.cache_read_tokens for line in breakdown),
+            cache_write_tokens=sum(line.cache_write_tokens for line in breakdown),
+            cost_usd=float(sum(costs)) if costs else 0.0,
+            requests=sum(line.requests for line in breakdown),
+        )
+        return CostReport(
+            usage=totals,
+            tool_calls=int(tool_calls),
+            breakdown=breakdown,
+            reservations=LiveReservations(
+                active=int(live["active"]), tokens=int(live["tokens"]), cost_usd=_money(live["cost_usd"])
+            ),
+        )

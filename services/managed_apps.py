@@ -34,8 +34,8 @@ from core.errors import BadRequest, Conflict, NotFound, Unavailable, UpstreamFai
 from core.tokens import token_digest
 from db.catalog import Catalog
 from db.connections import Connections, credential_context
-from db.managed_apps import HeldGrant, ManagedAppRecords
-from db.oauth import OAuthRecords
+from db.managed_apps import HeldGrant, ManagedAppRecords, ManagedFlow
+from db.oauth import FlowTarget, OAuthRecords
 from db.store import Row, Store
 from integrations import mcp_client
 from integrations.oauth import AuthorizationServer, InvalidGrant, OAuthClientError
@@ -206,7 +206,7 @@ class ManagedApps:
         )
         if connection["status"] == "active":
             return Outcome("connected", connection)
-        held = await self.records.waiting(tenant_id, managed_id, connection["id"])
+        held = await self.records.waiting(tenant_id, managed_id, str(connection["id"]))
         if held is not None:
             return await self.finish(tenant_id, held)
         if connection["status"] == "pending" and app.scopes:
@@ -221,31 +221,31 @@ class ManagedApps:
 
     # ---- the provider's redirect ---------------------------------------------------------------
 
-    async def callback(self, query: dict[str, str]) -> tuple[str | None, Row]:
+    async def callback(self, query: dict[str, str]) -> tuple[str | None, ManagedFlow]:
         """Claim the flow named by ``state`` once, redeem its code and hold the grant. Returns the client's
         ``redirect_url`` carrying ``app_id`` and ``completion_proof`` (``None`` when the flow named none) and the
         managed flow (``app_id``, …)."""
         self.require_configured()
         redeemed = await self.connect_legs.redeem(query, None, purpose="managed_app")
-        flow = await self.records.flow(redeemed.flow["id"])
+        flow = await self.records.flow(str(redeemed.flow.id))
         if flow is None:  # purpose managed_app flows are always recorded before their URL is handed out
             raise NotFound("this sign-in is unknown; connect the app again")
-        tenant_id, tokens = flow["tenant_id"], redeemed.tokens
+        tenant_id, tokens = str(flow.tenant_id), redeemed.tokens
         assert tokens.refresh_token is not None
         refresh = self.sealer.seal(tokens.refresh_token.get_secret_value(), context=credential_context(tenant_id))
         access = self.sealer.seal(tokens.access_token.get_secret_value(), context=access_context(tenant_id))
-        proof = secrets.token_urlsafe(32) if flow["redirect_url"] else None
+        proof = secrets.token_urlsafe(32) if flow.redirect_url else None
         await self.records.hold(
-            flow["flow_id"],
+            str(flow.flow_id),
             credential=(refresh, self.sealer.key_id),
             access=(access, self.sealer.key_id, tokens.expires_at),
             oauth=redeemed.grant,
             proof_hash=token_digest(proof) if proof else None,
         )
-        log.info("managed app %s: sign-in held for connection %s", flow["app_id"], flow["connection_id"])
-        if proof is None:
+        log.info("managed app %s: sign-in held for connection %s", flow.app_id, flow.connection_id)
+        if proof is None or flow.redirect_url is None:
             return None, flow
-        return _with_query(flow["redirect_url"], {"app_id": flow["app_id"], "completion_proof": proof}), flow
+        return _with_query(flow.redirect_url, {"app_id": flow.app_id, "completion_proof": proof}), flow
 
     # ---- completion ----------------------------------------------------------------------------
 
@@ -258,10 +258,10 @@ class ManagedApps:
     async def finish(self, tenant_id: str, held: HeldGrant) -> Outcome:
         """Photograph with the held grant and activate the connection; ``PROVISIONING`` while the server cannot be
         photographed (the grant stays held for the next call)."""
-        connection = await self.connections.get(tenant_id, held["connection_id"])
+        connection = await self.connections.get(tenant_id, str(held.connection_id))
         if connection is None:
             raise NotFound()
-        token = await self._access(tenant_id, held)
+        token, held = await self._access(tenant_id, held)
         try:
             admitted = await self.policy.admit(connection["base_url"])
             photo = await self.photographer(
@@ -270,42 +270,44 @@ class ManagedApps:
         except (mcp_client.McpClientError, UrlRefused) as err:
             log.warning("managed connection %s still provisioning: %s", connection["id"], err)
             return Outcome("PROVISIONING", connection, reason=f"the app's server could not be set up yet: {err}")
-        flow = {
-            "connection_id": held["connection_id"],
-            "expected_generation": held["expected_generation"],
-            "created_at": held["flow_created_at"],
-            "registration_id": held["registration_id"],
-        }
+        flow = FlowTarget(
+            connection_id=held.connection_id,
+            expected_generation=held.expected_generation,
+            created_at=held.flow_created_at,
+            registration_id=held.registration_id,
+        )
+        assert held.credential_sealed is not None and held.credential_key_id is not None
+        assert held.access_token_sealed is not None and held.access_token_key_id is not None
         try:
             row, _ = await self.oauth_records.activate(
                 tenant_id,
                 flow,
-                credential=(bytes(held["credential_sealed"]), held["credential_key_id"]),
-                access=(bytes(held["access_token_sealed"]), held["access_token_key_id"], held["access_expires_at"]),
-                oauth=held["oauth"] or {},
+                credential=(bytes(held.credential_sealed), held.credential_key_id),
+                access=(bytes(held.access_token_sealed), held.access_token_key_id, held.access_expires_at),
+                oauth=held.oauth or {},
                 photo={"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest},
             )
         except Conflict:
-            await self.records.finish(held["flow_id"])  # a newer sign-in won (or the connection was revoked)
-            current = await self.connections.get(tenant_id, held["connection_id"])
+            await self.records.finish(str(held.flow_id))  # a newer sign-in won (or the connection was revoked)
+            current = await self.connections.get(tenant_id, str(held.connection_id))
             if current is not None and current["status"] == "active":
                 return Outcome("connected", current)
             raise
-        await self.records.finish(held["flow_id"])
+        await self.records.finish(str(held.flow_id))
         if self.access_tokens is not None:
             self.access_tokens.evict(row["id"])
         log.info("managed connection %s active at generation %s", row["id"], row["authorization_generation"])
         return Outcome("connected", row)
 
-    async def _access(self, tenant_id: str, held: HeldGrant) -> SecretStr:
-        """The held grant's access token, refreshed first when it is (nearly) expired (rotation stored)."""
-        expires = held["access_expires_at"]
-        if held["access_token_sealed"] is not None and (expires is None or expires - _now() > _USABLE_FOR):
-            return SecretStr(
-                self.sealer.open(bytes(held["access_token_sealed"]), context=access_context(tenant_id)).decode()
-            )
-        oauth: dict[str, Any] = held["oauth"] or {}
-        registration = await self.oauth_records.registration(tenant_id, held["registration_id"])
+    async def _access(self, tenant_id: str, held: HeldGrant) -> tuple[SecretStr, HeldGrant]:
+        """The held grant's access token, refreshed first when it is (nearly) expired (rotation stored); and the
+        grant as it is now stored."""
+        expires = held.access_expires_at
+        if held.access_token_sealed is not None and (expires is None or expires - _now() > _USABLE_FOR):
+            token = self.sealer.open(bytes(held.access_token_sealed), context=access_context(tenant_id)).decode()
+            return SecretStr(token), held
+        oauth: dict[str, Any] = held.oauth or {}
+        registration = await self.oauth_records.registration(tenant_id, str(held.registration_id))
         if registration is None:
             raise NotFound("the client registration of this sign-in is gone; connect the app again")
         identity = self.connect_legs.identity_of(tenant_id, registration)
@@ -315,11 +317,12 @@ class ManagedApps:
             token_endpoint=oauth["token_endpoint"],
             revocation_endpoint=oauth.get("revocation_endpoint"),
         )
-        refresh = self.sealer.open(bytes(held["credential_sealed"]), context=credential_context(tenant_id)).decode()
+        assert held.credential_sealed is not None
+        refresh = self.sealer.open(bytes(held.credential_sealed), context=credential_context(tenant_id)).decode()
         try:
             tokens = await self.connect_legs.client.refresh(server, identity, SecretStr(refresh), oauth["resource"])
         except InvalidGrant as err:
-            await self.records.finish(held["flow_id"])
+            await self.records.finish(str(held.flow_id))
             raise Conflict(f"the provider refused this sign-in's grant ({err.reason}); connect the app again") from None
         except OAuthClientError as err:
             raise UpstreamFailed(f"could not refresh this sign-in's access token: {err}") from None
@@ -332,12 +335,12 @@ class ManagedApps:
         if tokens.rotated and tokens.refresh_token is not None:
             blob = self.sealer.seal(tokens.refresh_token.get_secret_value(), context=credential_context(tenant_id))
             rotated = (blob, self.sealer.key_id)
-        await self.records.refreshed(held["flow_id"], access, rotated)
-        held.update(
-            access_token_sealed=access[0], access_token_key_id=access[1], access_expires_at=access[2],
+        await self.records.refreshed(str(held.flow_id), access, rotated)
+        held = held.model_copy(update={
+            "access_token_sealed": access[0], "access_token_key_id": access[1], "access_expires_at": access[2],
             **({"credential_sealed": rotated[0], "credential_key_id": rotated[1]} if rotated else {}),
-        )  # fmt: skip
-        return tokens.access_token
+        })  # fmt: skip
+        return tokens.access_token, held
 
 
 def _status_of(row: Row) -> str:

@@ -17,6 +17,7 @@ Errors: the integration's (:mod:`integrations.oauth`, :mod:`integrations.mcp_cli
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,7 +28,8 @@ from pydantic import SecretStr
 from core.errors import BadRequest, Conflict, NotFound
 from core.tokens import token_digest
 from db.connections import Connections, credential_context
-from db.oauth import OAuthRecords, flow_verifier_context, registration_secret_context
+from db.models.oauth import OAuthClientRegistration
+from db.oauth import ClaimedFlow, OAuthFlow, OAuthRecords, flow_verifier_context, registration_secret_context
 from db.store import Row, Store
 from integrations import mcp_client
 from integrations.oauth import (
@@ -63,7 +65,7 @@ class StartedFlow:
 class Redeemed:
     """A claimed flow whose code was exchanged: the tokens are not stored anywhere yet."""
 
-    flow: Row
+    flow: ClaimedFlow
     connection: Row
     tokens: TokenSet
     grant: dict[str, Any]
@@ -120,7 +122,7 @@ class OAuthConnect:
             raise Conflict("connection is revoked")
         settings = await self.records.connection_settings(tenant_id, connection["id"])
         discovery = await self.client.discover(connection["base_url"])
-        requested = (settings["oauth"] or {}).get("requested_scope")
+        requested = (settings.oauth or {}).get("requested_scope")
         if requested:
             scopes = requested.split()
             # A connection lives on its refresh token: keep asking for one when the server offers the scope.
@@ -129,7 +131,7 @@ class OAuthConnect:
             ):
                 scopes.append("offline_access")
             discovery = discovery.model_copy(update={"scope": " ".join(scopes)})
-        own = await self._preregistered(tenant_id, settings.get("registration_id"), discovery)
+        own = await self._preregistered(tenant_id, settings.registration_id, discovery)
         identity, registration_id = own if own is not None else await self._identity(tenant_id, discovery)
         request = self.client.authorization_request(discovery, identity)
         verifier = self.sealer.seal(request.code_verifier.get_secret_value(), context=flow_verifier_context(tenant_id))
@@ -147,11 +149,11 @@ class OAuthConnect:
         )
         log.info(
             "oauth flow %s started for connection %s at %s",
-            flow["id"],
+            flow.id,
             connection["id"],
             discovery.authorization_server.issuer,
         )
-        return StartedFlow(flow["id"], request.url, flow["expires_at"])
+        return StartedFlow(str(flow.id), request.url, flow.expires_at)
 
     async def preregister(
         self,
@@ -185,23 +187,23 @@ class OAuthConnect:
                 },
                 client_secret=self._seal(tenant_id, "client_secret", client_secret),
             )
-            registration_id = row["id"]
+            registration_id = str(row.id)
         await self.records.configure_pending(
             tenant_id, connection["id"], oauth=document, registration_id=registration_id
         )
 
     async def _preregistered(
-        self, tenant_id: str, registration_id: Any, discovery: Discovery
+        self, tenant_id: str, registration_id: uuid.UUID | None, discovery: Discovery
     ) -> tuple[ClientIdentity, str] | None:
         """The connection's own pre-registered identity, if it has one at this authorization server."""
         if registration_id is None:
             return None
         row = await self.records.registration(tenant_id, str(registration_id))
-        if row is None or row["source"] != "preregistered":
+        if row is None or row.source != "preregistered":
             return None
-        if row["issuer"] != discovery.authorization_server.issuer:
+        if row.issuer != discovery.authorization_server.issuer:
             raise BadRequest("the server's authorization server changed since its client id was registered")
-        return self.identity_of(tenant_id, row), row["id"]
+        return self.identity_of(tenant_id, row), str(row.id)
 
     async def _identity(self, tenant_id: str, discovery: Discovery) -> tuple[ClientIdentity, str]:
         issuer = discovery.authorization_server.issuer
@@ -211,7 +213,7 @@ class OAuthConnect:
             discovery, self.redirect_uri, metadata_document_url=self.metadata_document_url, known=known
         )
         if known is not None and identity == known and known_row is not None:
-            return identity, known_row["id"]
+            return identity, str(known_row.id)
         secret = identity.client_secret
         access = identity.registration_access_token
         row, created = await self.records.save_registration(
@@ -228,8 +230,8 @@ class OAuthConnect:
             registration_access_token=self._seal(tenant_id, "registration_access_token", access),
         )
         if not created:  # a concurrent flow registered first: use its identity, ours is never used
-            return self.identity_of(tenant_id, row), row["id"]
-        return identity, row["id"]
+            return self.identity_of(tenant_id, row), str(row.id)
+        return identity, str(row.id)
 
     def _seal(self, tenant_id: str, column: str, secret: SecretStr | None) -> tuple[bytes, str] | None:
         if secret is None:
@@ -237,25 +239,24 @@ class OAuthConnect:
         context = registration_secret_context(tenant_id, column)
         return self.sealer.seal(secret.get_secret_value(), context=context), self.sealer.key_id
 
-    def identity_of(self, tenant_id: str, row: Row) -> ClientIdentity:
+    def identity_of(self, tenant_id: str, row: OAuthClientRegistration) -> ClientIdentity:
         """A stored registration as a client identity (its secrets unsealed)."""
 
-        def unseal(column: str) -> SecretStr | None:
-            blob = row.get(f"{column}_sealed")
+        def unseal(column: str, blob: bytes | None) -> SecretStr | None:
             if blob is None:
                 return None
             context = registration_secret_context(tenant_id, column)
             return SecretStr(self.sealer.open(bytes(blob), context=context).decode())
 
         return ClientIdentity(
-            issuer=row["issuer"],
-            client_id=row["client_id"],
-            client_secret=unseal("client_secret"),
-            token_endpoint_auth_method=row["token_endpoint_auth_method"],
-            source=row["source"],
-            redirect_uri=row["redirect_uri"],
-            registration_access_token=unseal("registration_access_token"),
-            registration_client_uri=row.get("registration_client_uri"),
+            issuer=row.issuer,
+            client_id=row.client_id,
+            client_secret=unseal("client_secret", row.client_secret_sealed),
+            token_endpoint_auth_method=row.token_endpoint_auth_method,
+            source=row.source,
+            redirect_uri=row.redirect_uri,
+            registration_access_token=unseal("registration_access_token", row.registration_access_token_sealed),
+            registration_client_uri=row.registration_client_uri,
         )
 
     # ---- revoke --------------------------------------------------------------------------------
@@ -266,8 +267,8 @@ class OAuthConnect:
         material = await self.records.grant_material(tenant_id, connection_id)
         if material is None:
             return None
-        oauth = material["oauth"] or {}
-        registration = await self.records.registration(tenant_id, str(material["registration_id"]))
+        oauth = material.oauth or {}
+        registration = await self.records.registration(tenant_id, str(material.registration_id))
         if registration is None or not oauth.get("revocation_endpoint"):
             return None
         identity = self.identity_of(tenant_id, registration)
@@ -278,7 +279,7 @@ class OAuthConnect:
             revocation_endpoint=oauth["revocation_endpoint"],
         )
         refresh = SecretStr(
-            self.sealer.open(bytes(material["credential_sealed"]), context=credential_context(tenant_id)).decode()
+            self.sealer.open(bytes(material.credential_sealed), context=credential_context(tenant_id)).decode()
         )
 
         async def revoke() -> bool:
@@ -295,7 +296,7 @@ class OAuthConnect:
 
     # ---- go ------------------------------------------------------------------------------------
 
-    async def open(self, flow_id: str, browser_hash: str) -> Row:
+    async def open(self, flow_id: str, browser_hash: str) -> OAuthFlow:
         """The browser opened the sign-in link: bind the flow to its cookie digest."""
         return await self.records.bind_browser(flow_id, browser_hash)
 
@@ -309,16 +310,16 @@ class OAuthConnect:
         if not state:
             raise BadRequest("the authorization response carries no state")
         flow = await self.records.claim_flow(token_digest(state), browser_hash, purpose=purpose)
-        tenant_id = flow["tenant_id"]
+        tenant_id = str(flow.tenant_id)
         code = parse_callback(query, state)
-        registration = await self.records.registration(tenant_id, flow["registration_id"])
-        connection = await self._connection(tenant_id, flow["connection_id"])
-        requested = (await self.records.connection_settings(tenant_id, flow["connection_id"]))["oauth"] or {}
+        registration = await self.records.registration(tenant_id, str(flow.registration_id))
+        connection = await self._connection(tenant_id, str(flow.connection_id))
+        requested = (await self.records.connection_settings(tenant_id, str(flow.connection_id))).oauth or {}
         if registration is None:
             raise NotFound("the client registration of this sign-in is gone; start again")
         identity = self.identity_of(tenant_id, registration)
-        discovery = Discovery.model_validate(flow["discovery"])
-        verifier = self.sealer.open(bytes(flow["pkce_verifier_sealed"]), context=flow_verifier_context(tenant_id))
+        discovery = Discovery.model_validate(flow.discovery)
+        verifier = self.sealer.open(bytes(flow.pkce_verifier_sealed), context=flow_verifier_context(tenant_id))
         tokens = await self.client.exchange_code(
             discovery.authorization_server, identity, code, SecretStr(verifier.decode()), discovery.resource
         )
@@ -330,7 +331,7 @@ class OAuthConnect:
         """Finish the flow named by the callback's ``state``; see the module docstring."""
         redeemed = await self.redeem(query, browser_hash)
         flow, connection, tokens = redeemed.flow, redeemed.connection, redeemed.tokens
-        tenant_id = flow["tenant_id"]
+        tenant_id = str(flow.tenant_id)
         assert tokens.refresh_token is not None
         transport = connection.get("transport") or "mcp_http"
         if transport == "mcp_http":

@@ -107,23 +107,24 @@ class AccessTokens:
         raise GrantLost(lost or "invalid_grant")
 
     def _stored_access(self, tenant_id: str, grant: GrantLock) -> _Cached | None:
-        blob = grant.row.get("access_token_sealed")
+        blob = grant.row.access_token_sealed
         if blob is None:
             return None
         token = self.sealer.open(bytes(blob), context=access_context(tenant_id)).decode()
-        return _Cached(SecretStr(token), grant.row.get("access_expires_at"))
+        return _Cached(SecretStr(token), grant.row.access_expires_at)
 
     async def _refresh(self, tenant_id: str, grant: GrantLock) -> _Cached:
-        oauth = grant.row["oauth"] or {}
+        oauth = grant.row.oauth or {}
         registration = grant.registration
-        refresh_token = self.sealer.open(bytes(grant.row["credential_sealed"]), context=credential_context(tenant_id))
+        assert grant.row.credential_sealed is not None  # locked_grant yields only a grant that has one
+        refresh_token = self.sealer.open(bytes(grant.row.credential_sealed), context=credential_context(tenant_id))
         server = AuthorizationServer(
             issuer=oauth["issuer"],
             authorization_endpoint=oauth["authorization_endpoint"],
             token_endpoint=oauth["token_endpoint"],
             revocation_endpoint=oauth.get("revocation_endpoint"),
         )
-        secret_blob = registration.get("client_secret_sealed")
+        secret_blob = registration.client_secret_sealed
         secret = (
             SecretStr(
                 self.sealer.open(
@@ -134,12 +135,12 @@ class AccessTokens:
             else None
         )
         identity = ClientIdentity(
-            issuer=registration["issuer"],
-            client_id=registration["client_id"],
+            issuer=registration.issuer,
+            client_id=registration.client_id,
             client_secret=secret,
-            token_endpoint_auth_method=registration["token_endpoint_auth_method"],
-            source=registration["source"],
-            redirect_uri=registration["redirect_uri"],
+            token_endpoint_auth_method=registration.token_endpoint_auth_method,
+            source=registration.source,
+            redirect_uri=registration.redirect_uri,
         )
         tokens = await self.client.refresh(server, identity, SecretStr(refresh_token.decode()), oauth["resource"])
         access = tokens.access_token.get_secret_value()

@@ -138,7 +138,7 @@ class RunControl:
 
     async def cancel(self, run_id: str, reason: str = "cancelled by user") -> bool:
         """Record the cancellation intent; True when this call created it (then the run is woken)."""
-        created, _ = await self.store.request_finalization(run_id, "cancelled", reason=reason, quiesce=True)
+        created, _ = await self.store.runs.request_finalization(run_id, "cancelled", reason=reason, quiesce=True)
         if created:
             try:
                 await (await self.handle(run_id)).signal(RunWorkflow.cancel)
@@ -152,7 +152,7 @@ class RunControl:
     ) -> tuple[bool, str]:
         """Record the runner's outcome as the wind-down intent and wake the run when this call created it.
         Returns ``(created, status)`` as ``Store.request_finalization`` does."""
-        created, status = await self.store.request_finalization(run_id, outcome, summary=summary, reason=reason)
+        created, status = await self.store.runs.request_finalization(run_id, outcome, summary=summary, reason=reason)
         if created and not is_terminal(status):
             try:
                 await (await self.handle(run_id)).signal(RunWorkflow.runner_finished)
@@ -169,7 +169,7 @@ class RunControl:
         authorize: Callable[[ApprovalWithAuthority], None],
     ) -> ApprovalRecord:
         """The compare-and-swap in PostgreSQL (exactly one winner), then the signal to the run."""
-        row = await self.store.decide_approval(tenant_id, approval_id, decision, decided_by, authorize)
+        row = await self.store.approvals.decide_approval(tenant_id, approval_id, decision, decided_by, authorize)
         try:
             await (await self.handle(str(row.session_id))).signal(
                 RunWorkflow.approval_decided, c.ApprovalDecided(tool_call_id=row.tool_call_id, status=decision)

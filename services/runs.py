@@ -171,14 +171,13 @@ class RunFactory:
         """Validate and freeze; nothing is written. Every refusal here is a 4xx naming the problem.
         ``invoker_user_id``: the signed-in user starting the run (None for the operator and triggers)."""
         store = self.store
-        agent = await store.find_agent(tenant_id, req.agent)
+        agent = await store.agents.find_agent(tenant_id, req.agent)
         if agent is None:
             raise BadRequest(f"unknown agent '{req.agent}'")
-        async with store.pool.acquire() as conn:
-            revision = await store.latest_revision(conn, str(agent.id))
-            if revision is None:
-                raise BadRequest("agent has no revisions")
-            policy_row = await store.policy_head_by_id(conn, str(revision.policy_id))
+        revision = await store.agents.latest_revision_of(str(agent.id))
+        if revision is None:
+            raise BadRequest("agent has no revisions")
+        policy_row = await store.policies.policy_head_of(str(revision.policy_id))
         capabilities = await self.freeze_capabilities(revision.capability_bundles or [], req.capabilities)
         brokered, pending = await self.resolve_bindings(
             tenant_id, revision.connection_requirements or [], req.bindings, invoker_user_id, req.when_unavailable
@@ -248,11 +247,7 @@ class RunFactory:
 
         async def _also(conn: Conn) -> None:
             if invoked_by_user_id is not None:
-                await conn.execute(
-                    "UPDATE sessions SET invoked_by_user_id = $2 WHERE id = $1",
-                    uuid.UUID(spec.run_id),
-                    uuid.UUID(invoked_by_user_id),
-                )
+                await store.runs.set_invoker(conn, spec.run_id, invoked_by_user_id)
             await self.connections.insert_bindings(conn, spec.tenant_id, spec.run_id, brokered)
             if spec.pending_requirements:
                 # Parked before anything provisions or spends: the workflow starts waiting.
@@ -261,9 +256,9 @@ class RunFactory:
                 await also(conn)
 
         parked: dict[str, Any] = {}
-        row = await store.create_run(spec, invoked_by_kind=invoked_by_kind, also=_also)
+        row = await store.runs.create_run(spec, invoked_by_kind=invoked_by_kind, also=_also)
         if parked:  # the row as committed: waiting_for_connection with its pending action
-            row = await store.get_run(None, spec.run_id) or row
+            row = await store.runs.get_run(None, spec.run_id) or row
         if invoked_by_user_id is not None:
             row.invoked_by_user_id = uuid.UUID(invoked_by_user_id)  # ``_also`` set it after the RETURNING
         try:
@@ -274,9 +269,9 @@ class RunFactory:
             log.exception("could not start the workflow of run %s", spec.run_id)
             reason = f"could not start the run workflow: {type(exc).__name__}"
             with contextlib.suppress(Exception):
-                await store.request_finalization(spec.run_id, "failed", reason=reason)
-                await store.transition(spec.run_id, RunStatus.FINALIZING, reason)
-                await store.finish(spec.run_id, RunStatus.FAILED, reason, None, "failed", [], [])
+                await store.runs.request_finalization(spec.run_id, "failed", reason=reason)
+                await store.runs.transition(spec.run_id, RunStatus.FINALIZING, reason)
+                await store.runs.finish(spec.run_id, RunStatus.FAILED, reason, None, "failed", [], [])
             raise Unavailable("the workflow engine is unavailable; the run was not started") from exc
         return row
 
@@ -291,23 +286,10 @@ class RunFactory:
         """Start the workflow of every run still ``created`` a while after its insert, with no wind-down
         intent: the process that inserted it died before (or while) starting the workflow. Starting
         twice is harmless (the workflow id is the run's), so every API replica may run this."""
-        async with self.store.pool.acquire() as conn:
-            ids = await conn.fetch(
-                # A run parked up front (no sandbox yet) also has no workflow if its starter died.
-                "SELECT s.id FROM sessions s WHERE (s.status = 'created' OR "
-                "(s.status = 'waiting_for_connection' AND s.sandbox_handle IS NULL)) "
-                "AND s.created_at < now() - make_interval(secs => $1) "
-                # A run waiting for sandbox capacity has its workflow (the workflow wrote that reason).
-                "AND coalesce(s.status_reason, '') NOT LIKE 'waiting for sandbox capacity%' "
-                "AND NOT EXISTS (SELECT 1 FROM session_finalizations f WHERE f.session_id = s.id) "
-                "ORDER BY s.created_at LIMIT 100",
-                float(older_than_secs),
-            )
         started = 0
-        for record in ids:
-            run_id = str(record["id"])
+        for run_id in await self.store.runs.stranded(older_than_secs):
             try:
-                await self._start_workflow(await self.store.run_spec(run_id))
+                await self._start_workflow(await self.store.runs.run_spec(run_id))
             except WorkflowAlreadyStartedError:
                 continue  # it has one (its worker may just be slow to move it on)
             log.warning("run %s was stranded in 'created' without a workflow; started it now", run_id)

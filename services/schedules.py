@@ -47,6 +47,7 @@ from config.settings import Settings
 from contracts import temporal as c
 from core.errors import BadRequest, Unavailable
 from core.schedule import DEFAULT_TIMEZONE, fire_time_text, temporal_crons
+from db.models.triggers import TriggerSubscription
 from workflows.schedule import ScheduleFireWorkflow
 
 # Fires the Temporal server itself missed (it was down) are caught up within this window; older
@@ -79,22 +80,22 @@ class Schedules:
     temporal: Callable[[], Awaitable[Client]]
     settings: Settings
 
-    def build(self, sub: dict[str, Any], state: ScheduleState) -> Schedule:
+    def build(self, sub: TriggerSubscription, state: ScheduleState) -> Schedule:
         """The Temporal Schedule of a subscription row (cron and timezone already validated)."""
-        sub_id = str(sub["id"])
+        sub_id = str(sub.id)
         return Schedule(
             action=ScheduleActionStartWorkflow(
                 ScheduleFireWorkflow.run,
-                c.ScheduleFireInput(tenant_id=str(sub["tenant_id"]), subscription_id=sub_id),
+                c.ScheduleFireInput(tenant_id=str(sub.tenant_id), subscription_id=sub_id),
                 id=fire_workflow_id(sub_id),
                 task_queue=self.settings.task_queue,
                 # No execution timeout: a fire whose worker is down waits for it (overlap SKIP holds
                 # back the fires behind it), so the gap is reported at its oldest missed time.
-                static_summary=f"trigger '{sub['name']}' fire",
+                static_summary=f"trigger '{sub.name}' fire",
             ),
             spec=ScheduleSpec(
-                cron_expressions=temporal_crons(str(sub["schedule_cron"])),
-                time_zone_name=sub.get("schedule_timezone") or DEFAULT_TIMEZONE,
+                cron_expressions=temporal_crons(str(sub.schedule_cron)),
+                time_zone_name=sub.schedule_timezone or DEFAULT_TIMEZONE,
             ),
             policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=CATCHUP_WINDOW),
             state=state,
@@ -106,17 +107,17 @@ class Schedules:
         except Exception as exc:
             raise Unavailable("the workflow engine is unavailable; the schedule was not changed") from exc
 
-    async def upsert(self, sub: dict[str, Any]) -> None:
+    async def upsert(self, sub: TriggerSubscription) -> None:
         """Create or update the schedule of a schedule-kind subscription row; paused iff not enabled.
 
         Re-enabling a paused schedule unpauses it and backfills the paused interval, so the missed-run
         policy sees the oldest fire time it missed. Disabling again keeps the original pause time.
         """
-        if sub.get("kind", "schedule") != "schedule":
+        if sub.kind != "schedule":
             raise BadRequest("only schedule subscriptions have a schedule")
         client = await self._client()
-        handle = client.get_schedule_handle(schedule_id(str(sub["id"])))
-        enabled = bool(sub["enabled"])
+        handle = client.get_schedule_handle(schedule_id(str(sub.id)))
+        enabled = bool(sub.enabled)
         try:
             try:
                 desc = await handle.describe()
@@ -131,23 +132,23 @@ class Schedules:
                 raise BadRequest(f"the schedule was refused by the workflow engine: {exc.message}") from exc
             raise Unavailable(f"the workflow engine refused the schedule change: {exc.message}") from exc
 
-    async def _create(self, client: Client, sub: dict[str, Any]) -> None:
+    async def _create(self, client: Client, sub: TriggerSubscription) -> None:
         # Created disabled: nothing was missed before its first enable (no time in the note).
-        state = ScheduleState(paused=not sub["enabled"], note="fluidbox: subscription created disabled")
-        if sub["enabled"]:
+        state = ScheduleState(paused=not sub.enabled, note="fluidbox: subscription created disabled")
+        if sub.enabled:
             state = ScheduleState(note="fluidbox: subscription enabled")
         await client.create_schedule(
-            schedule_id(str(sub["id"])),
+            schedule_id(str(sub.id)),
             self.build(sub, state),
             memo={
-                "subscription_id": str(sub["id"]),
-                "subscription_name": str(sub["name"]),
-                "tenant_id": str(sub["tenant_id"]),
+                "subscription_id": str(sub.id),
+                "subscription_name": str(sub.name),
+                "tenant_id": str(sub.tenant_id),
             },
         )
 
     async def _update(
-        self, handle: ScheduleHandle, desc: ScheduleDescription, sub: dict[str, Any], enabled: bool
+        self, handle: ScheduleHandle, desc: ScheduleDescription, sub: TriggerSubscription, enabled: bool
     ) -> None:
         current = desc.schedule.state
         paused_since = disabled_since(current.note) if current.paused else None
@@ -156,15 +157,21 @@ class Schedules:
             last = max(a.scheduled_at for a in desc.info.recent_actions)
             paused_since = max(paused_since, last + timedelta(milliseconds=1))
 
+        now = datetime.now(UTC)
+        # A disable pauses in the same request that rewrites the schedule: an update followed by a separate
+        # pause could be applied in the other order by the server, leaving the stale "enabled" state in place.
+        # An enable keeps the pause here; the backfill and unpause below run once the new spec is in place.
+        state = (
+            ScheduleState(paused=True, note=disabled_note(now))
+            if not enabled and not current.paused
+            else ScheduleState(paused=current.paused, note=current.note)
+        )
+
         def updater(_: ScheduleUpdateInput) -> ScheduleUpdate:
-            # Keep the current pause state and note here; pause/unpause below say why they changed.
-            return ScheduleUpdate(schedule=self.build(sub, ScheduleState(paused=current.paused, note=current.note)))
+            return ScheduleUpdate(schedule=self.build(sub, state))
 
         await handle.update(updater)
-        now = datetime.now(UTC)
-        if not enabled and not current.paused:
-            await handle.pause(note=disabled_note(now))
-        elif enabled and current.paused:
+        if enabled and current.paused:
             if paused_since is not None and paused_since < now:
                 # Backfilled while still paused, so no regular fire can crowd it out: with overlap
                 # SKIP only the oldest fire time of the interval starts; it is late, and the fire

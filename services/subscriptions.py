@@ -35,7 +35,8 @@ from core.triggers import (
 )
 from db.connections import Connections
 from db.ids import new_id
-from db.store import Row, Store
+from db.models.triggers import TriggerSubscription
+from db.store import Store
 from db.triggers import Triggers
 from integrations.sealing import Sealer
 from integrations.urls import UrlPolicy, UrlRefused
@@ -82,14 +83,14 @@ class SubscriptionDraft:
 
 @dataclass(frozen=True)
 class Created:
-    row: Row
+    row: TriggerSubscription
     token: str  # shown once
     callback_secret: str | None  # shown once
 
 
 @dataclass(frozen=True)
 class Patched:
-    row: Row
+    row: TriggerSubscription
     callback_secret: str | None  # a new callback URL's new secret, shown once
     changed: bool
 
@@ -106,21 +107,21 @@ class SubscriptionService:
     def db(self) -> Triggers:
         return Triggers(self.store)
 
-    async def get(self, tenant_id: str, subscription_id: str) -> Row:
+    async def get(self, tenant_id: str, subscription_id: str) -> TriggerSubscription:
         row = await self.db.get(tenant_id, subscription_id)
         if row is None:
             raise NotFound()
         return row
 
-    async def fire_times(self, row: Row) -> FireTimes | None:
+    async def fire_times(self, row: TriggerSubscription) -> FireTimes | None:
         """The Temporal Schedule is the clock, so its fire times are read from it, not stored."""
-        if row["kind"] != "schedule":
+        if row.kind != "schedule":
             return None
         try:
-            return await Schedules(self.temporal, self.settings).fire_times(str(row["id"]))
+            return await Schedules(self.temporal, self.settings).fire_times(str(row.id))
         except DomainError:
             # Reading a subscription must not fail because the engine is down; the times are unknown.
-            log.warning("could not read the Temporal Schedule of subscription %s", row["id"], exc_info=True)
+            log.warning("could not read the Temporal Schedule of subscription %s", row.id, exc_info=True)
             return None
 
     async def create(self, tenant_id: str, draft: SubscriptionDraft) -> Created:
@@ -133,7 +134,7 @@ class SubscriptionService:
         check_name(draft.name)
         check_policy(draft.concurrency_policy)
         check_template(kind, draft.task_template, draft.allow_task_override)
-        agent = await self.store.find_agent(tenant_id, draft.agent)
+        agent = await self.store.agents.find_agent(tenant_id, draft.agent)
         if agent is None:
             raise BadRequest(f"unknown agent '{draft.agent}'")
         agent_id = str(agent.id)
@@ -173,14 +174,14 @@ class SubscriptionService:
             fields["callback_url"] = await self._admit_callback(draft.callback_url)
             secret, fields["callback_secret_sealed"], fields["callback_key_id"] = self._seal_new_secret(sid)
         token = trigger_token(secrets.token_hex(32))
-        row = await self.db.create(tenant_id, fields, token, before_commit=self._schedule_sync({"kind": kind}))
+        row = await self.db.create(tenant_id, fields, token, before_commit=self._schedule_sync(kind))
         return Created(row, token, secret)
 
     async def patch(self, tenant_id: str, subscription_id: str, given: dict[str, Any]) -> Patched:
         """Apply the fields the caller set (``given``: field → value; ``schedule`` as a ScheduleDraft or
         None). A concurrent edit is a 409 from the repository."""
         row = await self.get(tenant_id, subscription_id)
-        sid = str(row["id"])
+        sid = str(row.id)
         changes: dict[str, Any] = {}
         for field in MUTABLE_AS_IS:
             if field in given:
@@ -192,17 +193,17 @@ class SubscriptionService:
             check_name(changes["name"])
         if "concurrency_policy" in given:
             changes["concurrency_policy"] = check_policy(given["concurrency_policy"] or "")
-        template = changes.get("task_template", row["task_template"]) or None
+        template = changes.get("task_template", row.task_template) or None
         if "task_template" in changes:
             changes["task_template"] = template
-        check_template(row["kind"], template, bool(changes.get("allow_task_override", row["allow_task_override"])))
+        check_template(row.kind, template, bool(changes.get("allow_task_override", row.allow_task_override)))
         if "schedule" in given:
             schedule: ScheduleDraft | None = given["schedule"]
-            if row["kind"] != "schedule" or schedule is None:
+            if row.kind != "schedule" or schedule is None:
                 raise BadRequest("schedule applies only to schedule subscriptions")
-            cron = schedule.cron or row["schedule_cron"]
-            timezone = schedule.timezone or row["schedule_timezone"]
-            policy = schedule.missed_run_policy or row["missed_run_policy"]
+            cron = schedule.cron or row.schedule_cron
+            timezone = schedule.timezone or row.schedule_timezone
+            policy = schedule.missed_run_policy or row.missed_run_policy
             validate_schedule(cron, timezone, policy, now=dt.datetime.now(dt.UTC))
             changes.update(schedule_cron=cron, schedule_timezone=timezone, missed_run_policy=policy)
         secret = None
@@ -212,33 +213,33 @@ class SubscriptionService:
             else:
                 self._custody()
                 url = await self._admit_callback(given["callback_url"])
-                if url != row["callback_url"]:
+                if url != row.callback_url:
                     changes["callback_url"] = url
                     secret, changes["callback_secret_sealed"], changes["callback_key_id"] = self._seal_new_secret(sid)
         if not changes:
             return Patched(row, None, changed=False)
-        sync = self._schedule_sync(row) if "schedule" in given or "name" in changes else None
-        new = await self.db.update(tenant_id, sid, changes, loaded_at=row["updated_at"], before_commit=sync)
+        sync = self._schedule_sync(row.kind) if "schedule" in given or "name" in changes else None
+        new = await self.db.update(tenant_id, sid, changes, loaded_at=row.updated_at, before_commit=sync)
         return Patched(new, secret, changed=True)
 
-    async def set_enabled(self, tenant_id: str, subscription_id: str, enabled: bool) -> Row:
+    async def set_enabled(self, tenant_id: str, subscription_id: str, enabled: bool) -> TriggerSubscription:
         """Enable or disable; a schedule is resumed or paused in the same transaction."""
         row = await self.get(tenant_id, subscription_id)
-        if row["enabled"] == enabled:
+        if row.enabled == enabled:
             return row
         return await self.db.update(
             tenant_id,
-            str(row["id"]),
+            str(row.id),
             {"enabled": enabled},
-            loaded_at=row["updated_at"],
-            before_commit=self._schedule_sync(row),
+            loaded_at=row.updated_at,
+            before_commit=self._schedule_sync(row.kind),
         )
 
-    async def rotate_token(self, tenant_id: str, subscription_id: str) -> tuple[Row, str, int]:
+    async def rotate_token(self, tenant_id: str, subscription_id: str) -> tuple[TriggerSubscription, str, int]:
         """Mint a new token (shown once) and revoke the old ones; returns (row, token, revoked)."""
         row = await self.get(tenant_id, subscription_id)
         token = trigger_token(secrets.token_hex(32))
-        new, revoked = await self.db.rotate_token(tenant_id, str(row["id"]), token)
+        new, revoked = await self.db.rotate_token(tenant_id, str(row.id), token)
         return new, token, revoked
 
     # ---- rules -----------------------------------------------------------------------------------
@@ -260,19 +261,19 @@ class SubscriptionService:
         secret = callback_secret(secrets.token_hex(32))
         return secret, sealer.seal(secret, context=callback_context(subscription_id)), sealer.key_id
 
-    def _schedule_sync(self, row: Row) -> Callable[[Row], Awaitable[None]] | None:
+    def _schedule_sync(self, kind: str) -> Callable[[TriggerSubscription], Awaitable[None]] | None:
         """Inside the subscription's transaction: make the Temporal Schedule match the row, so a
         Temporal failure stores nothing (503) instead of leaving the two disagreeing."""
-        if row["kind"] != "schedule":
+        if kind != "schedule":
             return None
 
-        async def sync(new_row: Row) -> None:
+        async def sync(new_row: TriggerSubscription) -> None:
             try:
                 await Schedules(self.temporal, self.settings).upsert(new_row)
             except DomainError:
                 raise
             except Exception as exc:
-                log.exception("could not sync the Temporal Schedule of subscription %s", new_row["id"])
+                log.exception("could not sync the Temporal Schedule of subscription %s", new_row.id)
                 raise Unavailable("the workflow engine is unavailable; the schedule was not changed") from exc
 
         return sync
@@ -280,8 +281,7 @@ class SubscriptionService:
     async def _check_capabilities(self, agent_id: str, keep: list[str] | None) -> None:
         if keep is None:
             return
-        async with self.store.pool.acquire() as conn:
-            revision = await self.store.latest_revision(conn, agent_id)
+        revision = await self.store.agents.latest_revision_of(agent_id)
         narrow_pins(revision.capability_bundles if revision is not None else [], keep)
 
     async def _event_connection(self, tenant_id: str, connection_id: str) -> str:

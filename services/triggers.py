@@ -29,7 +29,8 @@ from core.triggers import FireOutcome, check_task_override, is_within, narrow_wo
 from db.capabilities import Capabilities
 from db.connections import Connections
 from db.errors import UniqueViolation
-from db.store import Conn, Row, Store
+from db.models.triggers import TriggerInvocation, TriggerSubscription
+from db.store import Conn, Store
 from db.triggers import Existing, Refused, Triggers
 from integrations.sealing import Sealer
 from services.runs import RunFactory, RunRequest
@@ -95,7 +96,7 @@ class TriggerService:
         if existing is not None:
             return await self._existing(existing, body_digest)
         skip: dict[str, Any] = {"key": idempotency_key, "kind": kind, "catch_up": catch_up}
-        if not sub["enabled"]:
+        if not sub.enabled:
             return await self._skip(tenant_id, subscription_id, "disabled", body_digest, **skip)
         try:
             spec = await self.prepare(sub, kind, idempotency_key, variables, catch_up, overrides)
@@ -138,7 +139,7 @@ class TriggerService:
     def _binder(
         self,
         spec: RunSpec,
-        sub: Row,
+        sub: TriggerSubscription,
         kind: str,
         key: str,
         digest: str | None,
@@ -150,14 +151,14 @@ class TriggerService:
         async def bind(conn: Conn) -> None:
             replaced[:] = await self.db.bind(
                 conn,
-                str(sub["tenant_id"]),
-                str(sub["id"]),
+                str(sub.tenant_id),
+                str(sub.id),
                 run_id=spec.run_id,
                 key=key,
                 kind=kind,
                 digest=digest,
                 catch_up=catch_up,
-                policy=sub["concurrency_policy"],
+                policy=sub.concurrency_policy,
                 check_enabled=True,
             )
 
@@ -177,13 +178,13 @@ class TriggerService:
         row = await self.db.record_skip(
             tenant_id, subscription_id, key=idempotency_key, kind=kind, reason=reason, catch_up=catch_up
         )
-        return await self._existing(row, row.get("request_digest"))
+        return await self._existing(row, row.request_digest)
 
     # ---- building the run ----------------------------------------------------------------------
 
     async def prepare(
         self,
-        sub: Row,
+        sub: TriggerSubscription,
         kind: FireKind,
         key: str,
         variables: dict[str, str],
@@ -192,45 +193,44 @@ class TriggerService:
     ) -> RunSpec:
         overrides = overrides or Overrides()
         if overrides.task is not None:
-            if not sub["allow_task_override"]:
+            if not sub.allow_task_override:
                 raise BadRequest("this subscription does not allow task override")
             task = check_task_override(overrides.task)
-        elif sub["task_template"]:
-            task = render(sub["task_template"], variables)
+        elif sub.task_template:
+            task = render(sub.task_template, variables)
         else:
             raise BadRequest("this subscription has no task_template: the invocation must provide `task`")
-        workspace = sub["workspace"]
+        workspace = sub.workspace
         if overrides.workspace is not None:
-            if not sub["allow_workspace_override"]:
+            if not sub.allow_workspace_override:
                 raise BadRequest("this subscription does not allow workspace override")
             workspace = await self._narrow(sub, overrides.workspace)
         destinations = []
-        if sub["callback_url"]:
+        if sub.callback_url:
             destinations.append(
                 {
                     "kind": "webhook",
-                    "subscription_id": str(sub["id"]),
-                    "url": sub["callback_url"],
-                    "token_generation": sub["token_generation"],
+                    "subscription_id": str(sub.id),
+                    "url": sub.callback_url,
+                    "token_generation": sub.token_generation,
                 }
             )
         request = RunRequest(
-            agent=str(sub["agent_id"]),
+            agent=str(sub.agent_id),
             task=task,
             workspace=workspace,
-            autonomous=sub["autonomous"],
-            budgets=Budgets.model_validate(sub["budgets"]) if sub["budgets"] else None,
-            capabilities=sub["capabilities"],
+            autonomous=sub.autonomous,
+            budgets=Budgets.model_validate(sub.budgets) if sub.budgets else None,
+            capabilities=sub.capabilities,
             result_destinations=destinations,
-            when_unavailable=sub.get("when_unavailable") or "fail",
+            when_unavailable=sub.when_unavailable or "fail",
         )
-        return await self.runs.prepare(str(sub["tenant_id"]), request, invocation(sub, kind, key, variables, catch_up))
+        return await self.runs.prepare(str(sub.tenant_id), request, invocation(sub, kind, key, variables, catch_up))
 
-    async def _narrow(self, sub: Row, override: dict[str, Any]) -> dict[str, Any]:
-        base = sub["workspace"]
+    async def _narrow(self, sub: TriggerSubscription, override: dict[str, Any]) -> dict[str, Any]:
+        base = sub.workspace
         if base is None:
-            async with self.store.pool.acquire() as conn:
-                revision = await self.store.latest_revision(conn, str(sub["agent_id"]))
+            revision = await self.store.agents.latest_revision_of(str(sub.agent_id))
             base = revision.default_workspace if revision else None
         narrowed = narrow_workspace(base, override)
         assert base is not None
@@ -240,14 +240,14 @@ class TriggerService:
 
     # ---- outcomes ------------------------------------------------------------------------------
 
-    async def _existing(self, claim: Row, digest: str | None) -> FireOutcome:
-        if claim.get("request_digest") != digest:
+    async def _existing(self, claim: TriggerInvocation, digest: str | None) -> FireOutcome:
+        if claim.request_digest != digest:
             raise Unprocessable(BODY_DRIFT)
-        if claim.get("session_id"):
-            run = await self.store.get_run(None, str(claim["session_id"]))
+        if claim.session_id:
+            run = await self.store.runs.get_run(None, str(claim.session_id))
             return FireOutcome("replay", run=run, earlier=True)
-        if claim.get("skip_reason"):
-            return FireOutcome("skipped", reason=claim["skip_reason"], earlier=True)
+        if claim.skip_reason:
+            return FireOutcome("skipped", reason=claim.skip_reason, earlier=True)
         return FireOutcome("in_flight", earlier=True)
 
     async def _skip(
@@ -265,7 +265,7 @@ class TriggerService:
         row = await self.db.record_skip(
             tenant_id, subscription_id, key=key, kind=kind, reason=reason, digest=digest, catch_up=catch_up
         )
-        if row.get("skip_reason") == reason[:500] and not row.get("session_id"):
+        if row.skip_reason == reason[:500] and not row.session_id:
             return FireOutcome("skipped", reason=reason, active_run_id=active)
         return await self._existing(row, digest)  # somebody else claimed the key meanwhile
 
@@ -285,13 +285,15 @@ def _check_on_disk(base: str, wanted: str) -> str:
     return path
 
 
-def invocation(sub: Row, kind: FireKind, key: str, variables: dict[str, str], catch_up: bool) -> InvocationContext:
+def invocation(
+    sub: TriggerSubscription, kind: FireKind, key: str, variables: dict[str, str], catch_up: bool
+) -> InvocationContext:
     """Who fired the run and how, frozen into the RunSpec (domain §4: actors per invocation kind)."""
-    name, sid = sub["name"], str(sub["id"])
+    name, sid = sub.name, str(sub.id)
     if kind == "schedule":
         attributes: dict[str, Any] = {
-            "cron": sub["schedule_cron"],
-            "timezone": sub["schedule_timezone"],
+            "cron": sub.schedule_cron,
+            "timezone": sub.schedule_timezone,
             "fire_time": variables.get("fire_time"),
             "catch_up": catch_up,
         }

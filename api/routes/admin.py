@@ -16,7 +16,7 @@ from api import responses as out
 from api.deps import OperatorDep, ServicesDep
 from api.errors import errors
 from core.errors import NotFound
-from db.identity import Identity
+from db.identity import Identity, Member
 
 router = APIRouter(prefix="/v1/admin/orgs", tags=["admin"])
 
@@ -31,15 +31,15 @@ class RolesIn(BaseModel):
     roles: list[str]
 
 
-def member_public(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row.get(k) for k in MEMBER_PUBLIC}
+def member_public(row: Member) -> dict[str, Any]:
+    return row.model_dump(include=set(MEMBER_PUBLIC))
 
 
 async def _org_id(svc: ServicesDep, slug: str) -> str:
     org = await Identity(svc.store).org(slug)
     if org is None:
         raise NotFound()
-    return str(org["id"])
+    return str(org.id)
 
 
 @router.get(

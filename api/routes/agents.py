@@ -41,7 +41,7 @@ def requirements_doc(reqs: list[ConnectionRequirement] | None) -> list[dict[str,
 
 
 async def _policy_id(svc: ServicesDep, tenant_id: str, name: str) -> str:
-    head = await svc.store.policy_head(tenant_id, name)
+    head = await svc.store.policies.policy_head(tenant_id, name)
     if head is None:
         raise BadRequest(f"unknown policy '{name}'")
     return str(head.policy_id)
@@ -74,15 +74,15 @@ async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> 
         "tool_discovery": body.tool_discovery or "eager",
     }
     check_harness_config(body.harness, body.harness_config.model_dump(exclude_none=True) if body.harness_config else {})
-    agent, revision = await svc.store.create_agent(op.tenant_id, body.name, body.description, fields)
-    names = await svc.store.policy_names(op.tenant_id)
+    agent, revision = await svc.store.agents.create_agent(op.tenant_id, body.name, body.description, fields)
+    names = await svc.store.policies.policy_names(op.tenant_id)
     return {"agent": agent, "revision": _revision_out(revision, names)}
 
 
 @router.get("", summary="List agents", response_model=out.AgentList, responses=errors(401, 403))
 async def list_agents(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Every agent of the tenant, by name."""
-    return {"agents": await svc.store.list_agents(op.tenant_id)}
+    return {"agents": await svc.store.agents.list_agents(op.tenant_id)}
 
 
 @router.get(
@@ -93,11 +93,11 @@ async def list_agents(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
 )
 async def get_agent(ref: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Accepts the agent's id or its name."""
-    agent = await svc.store.find_agent(op.tenant_id, ref)
+    agent = await svc.store.agents.find_agent(op.tenant_id, ref)
     if agent is None:
         raise NotFound()
-    names = await svc.store.policy_names(op.tenant_id)
-    revisions = [_revision_out(r, names) for r in await svc.store.revisions(str(agent.id))]
+    names = await svc.store.policies.policy_names(op.tenant_id)
+    revisions = [_revision_out(r, names) for r in await svc.store.agents.revisions(str(agent.id))]
     return {"agent": agent, "revisions": revisions}
 
 
@@ -109,12 +109,12 @@ async def get_agent(ref: str, op: OperatorDep, svc: ServicesDep) -> dict[str, An
 )
 async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Omitted fields inherit from the latest revision; earlier revisions never change."""
-    agent = await svc.store.find_agent(op.tenant_id, ref)
+    agent = await svc.store.agents.find_agent(op.tenant_id, ref)
     if agent is None:
         raise NotFound()
     given = body.model_fields_set
     changes: dict[str, Any] = {}
-    latest = (await svc.store.revisions(str(agent.id)))[-1]
+    latest = (await svc.store.agents.revisions(str(agent.id)))[-1]
     harness = body.harness or latest.harness
     if "harness" in given or "model" in given:
         # A harness change re-defaults the model unless one is named.
@@ -139,6 +139,6 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
     if "harness_config" in given:
         changes["harness_config"] = body.harness_config.model_dump(exclude_none=True) if body.harness_config else {}
     check_harness_config(harness, dict(changes.get("harness_config", latest.harness_config) or {}))
-    revision = await svc.store.append_revision(op.tenant_id, str(agent.id), changes)
-    names = await svc.store.policy_names(op.tenant_id)
+    revision = await svc.store.agents.append_revision(op.tenant_id, str(agent.id), changes)
+    names = await svc.store.policies.policy_names(op.tenant_id)
     return {"revision": _revision_out(revision, names)}

@@ -75,7 +75,7 @@ async def inbox(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     and whether the caller may decide it (``can_decide``). A member sees only what it may decide; the
     operator sees every pending approval, personal ones included but marked ``can_decide: false``."""
     shown = []
-    for row in await svc.store.list_approvals(who.tenant_id):
+    for row in await svc.store.approvals.list_approvals(who.tenant_id):
         try:
             classified = classify(row)
             authority, can_decide = classified.public, refusal(who, row, classified) is None

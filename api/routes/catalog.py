@@ -104,12 +104,12 @@ async def _covering(svc: Services, tenant_id: str, url: str | None) -> dict[str,
 )
 async def catalog(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Each entry with the connection that covers it (if any) and whether it can be connected now."""
-    listed = []
-    for row in await svc.catalog.visible(op.tenant_id):
-        connectable = row["auth_mode"] == "api_key" or bool(row["sandbox_launch"]) or bool(row.get("transport_config"))
-        listed.append({**entry_public(row), "connection": await _covering(svc, op.tenant_id, row["url"]),
-                       "connectable": connectable})  # fmt: skip
-    return {"connectors": listed}
+    return {"connectors": [await _listed(svc, op.tenant_id, row) for row in await svc.catalog.visible(op.tenant_id)]}
+
+
+async def _listed(svc: Services, tenant_id: str, row: dict[str, Any]) -> dict[str, Any]:
+    connectable = row["auth_mode"] == "api_key" or bool(row["sandbox_launch"]) or bool(row.get("transport_config"))
+    return {**entry_public(row), "connection": await _covering(svc, tenant_id, row["url"]), "connectable": connectable}
 
 
 @router.get(

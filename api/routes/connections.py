@@ -106,6 +106,13 @@ def require_manage(who: Principal, row: dict[str, Any], action: str) -> None:
         raise Forbidden(f"{action} an organization connection requires the admin or owner role")
 
 
+async def manageable(svc: Services, who: Principal, connection_id: str, action: str) -> dict[str, Any]:
+    """The connection if the caller may see it (:func:`visible`) and manage it (:func:`require_manage`)."""
+    row = await visible(svc, who, connection_id)
+    require_manage(who, row, action)
+    return row
+
+
 @router.post(
     "",
     summary="Connect a server over MCP, OpenAPI, HTTP endpoints or stdio MCP (credential sealed, tools photographed)",
@@ -447,8 +454,7 @@ async def replace_credential(
 async def oauth_start(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """A one-time ``go_url`` (600 s) to open in the browser that signs in; reconnecting bumps the generation."""
     svc.connection_service.oauth_connect()
-    row = await visible(svc, who, connection_id)
-    require_manage(who, row, "connecting")
+    row = await manageable(svc, who, connection_id, "connecting")
     if row["auth_kind"] != "oauth":
         raise BadRequest("this connection does not use OAuth")
     if row["status"] == "revoked":
@@ -493,7 +499,7 @@ async def edit_connection(
 )
 async def revoke(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The sealed credential is destroyed; in-flight runs fail closed on their next brokered call."""
-    require_manage(who, await visible(svc, who, connection_id), "revoking")
+    await manageable(svc, who, connection_id, "revoking")
     # An OAuth grant is also revoked at its authorization server (RFC 7009), best effort, after ours is gone.
     upstream = await svc.oauth.revocation(who.tenant_id, connection_id) if svc.oauth is not None else None
     revoked = await svc.connections.revoke(who.tenant_id, connection_id)
@@ -541,8 +547,7 @@ async def _classified(svc: Services, row: dict[str, Any], snapshot: dict[str, An
 async def refresh(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Appends snapshot v+1 for future runs; runs in flight keep the snapshot they froze."""
     svc.connection_service.custody()
-    row = await visible(svc, who, connection_id)
-    require_manage(who, row, "refreshing")
+    row = await manageable(svc, who, connection_id, "refreshing")
     snapshot = await svc.connection_service.refresh(who.tenant_id, row)
     return {"snapshot": await _classified(svc, row, snapshot)}
 

@@ -23,7 +23,7 @@ router = APIRouter(tags=["deliveries"])
 )
 async def session_deliveries(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """One row per webhook destination: status ``pending|delivered|failed|skipped``, attempts, last error."""
-    if await svc.store.get_run(op.tenant_id, run_id) is None:
+    if await svc.store.runs.get_run(op.tenant_id, run_id) is None:
         raise NotFound()
     rows = await Deliveries(svc.store).for_run(run_id)
     return {"deliveries": rows}

@@ -50,7 +50,7 @@ async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> Permiss
     moves (the decision's ``approval.decided`` wakes it through LISTEN/NOTIFY). The row is the
     authority either way: a human decision is a compare-and-swap there before the workflow hears
     of it, so answering from it as soon as it settles skips a workflow task on the wake path."""
-    outcome = await svc.store.gate(run_id, req.tool_call_id, req.tool, req.input, req.via)
+    outcome = await svc.store.gates.decide_call(run_id, req.tool_call_id, req.tool, req.input, req.via)
     if outcome.verdict == "allow":
         return PermissionResponse(decision="allow")
     if outcome.verdict == "deny":
@@ -60,7 +60,7 @@ async def gate(svc: ServicesDep, run_id: str, req: PermissionRequest) -> Permiss
         try:
             while True:
                 moved.clear()  # before the read: a decision committed after it still wakes the wait
-                settled = await svc.store.settled_verdict(run_id, req.tool_call_id)
+                settled = await svc.store.approvals.settled_verdict(run_id, req.tool_call_id)
                 if settled is not None:
                     return PermissionResponse(decision=settled.verdict, message=settled.message)
                 woken = asyncio.create_task(moved.wait())
@@ -116,7 +116,7 @@ async def _deferred_spec(svc: ServicesDep, run_id: str, request: Request) -> Run
     principal = await run_token(request, svc, run_id, Audience.TOOL)
     if not accepts_work(principal.status):
         raise BadRequest("session is not active")
-    spec = await svc.store.run_spec(run_id)
+    spec = await svc.store.runs.run_spec(run_id)
     if spec.tool_discovery != "deferred":
         raise BadRequest("this run sees its brokered tools directly: tool discovery is not deferred")
     return spec
@@ -207,7 +207,7 @@ async def propose_connection(
     principal = await run_token(request, svc, run_id, Audience.TOOL)
     if not accepts_work(principal.status):
         raise BadRequest("session is not active")
-    spec = await svc.store.run_spec(run_id)
+    spec = await svc.store.runs.run_spec(run_id)
     proposal = check_proposal(spec.harness_config, req.connection)
     proposal["base_url"] = (await svc.connection_service.admit(proposal["base_url"])).url
     await svc.connections.record_proposal(run_id, req.tool_call_id, proposal)
@@ -232,7 +232,7 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
     principal = await run_token(request, svc, run_id, Audience.TOOL)
     if not accepts_work(principal.status):
         raise BadRequest("session is not active")
-    spec = await svc.store.run_spec(run_id)
+    spec = await svc.store.runs.run_spec(run_id)
     split = split_mcp(req.tool)
     surface = next((b for b in spec.brokered if split and b["slot"] == split[0]), None)
     if (
@@ -288,14 +288,14 @@ async def post_event(run_id: str, body: EventPost, request: Request, svc: Servic
         raise BadRequest("session is not active")
     actor = body.actor if body.actor in RUNNER_ACTORS else "agent"  # a runner never speaks as a human
     event = ev.NewEvent(type=body.body.type, actor=actor, data=body.body.data)
-    return {"seq": await svc.store.append_events(run_id, [event])}
+    return {"seq": await svc.store.ledger.append_events(run_id, [event])}
 
 
 @router.post("/sessions/{run_id}/heartbeat", summary="Runner liveness", responses=refusals())
 async def heartbeat(run_id: str, request: Request, svc: ServicesDep) -> HeartbeatResponse:
     """``action: quiesce`` while the run is being cancelled (level-triggered)."""
     await run_token(request, svc, run_id, Audience.CONTROL)
-    status = await svc.store.heartbeat(run_id)
+    status = await svc.store.runs.heartbeat(run_id)
     return HeartbeatResponse(action="quiesce" if status == RunStatus.CANCELLING else None)
 
 
@@ -327,7 +327,7 @@ async def renew(
 ) -> dict[str, Any]:
     """Extends all four tokens of the run (at most 3 h from now)."""
     token = bearer(request) or ""
-    row = await svc.store.resolve_token(token)
+    row = await svc.store.tokens.resolve_token(token)
     if row is None:
         raise Unauthorized()
     principal = await run_token(request, svc, str(row.session_id), Audience.CONTROL)
@@ -337,5 +337,5 @@ async def renew(
     ttl = min(ttl, svc.settings.token_ttl_secs)
     if not accepts_work(principal.status):
         raise BadRequest("session is not active — token cannot be renewed")
-    await svc.store.renew_tokens(principal.run_id, ttl)
+    await svc.store.tokens.renew_tokens(principal.run_id, ttl)
     return {"renewed": True, "ttl_secs": ttl}

@@ -222,7 +222,7 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
     known = fac.tokens.get(digest)
     if known is None:
         # First sight of this token in this process: resolve it (and check it) now.
-        row = await svc.store.resolve_token(token)
+        row = await svc.store.tokens.resolve_token(token)
         if row is None or row.expired or row.revoked:
             return llm_error(guess, 401, "unauthorized")
         known = (str(row.session_id), row.audience)
@@ -230,7 +230,7 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
     run_id, audience = known
     if audience != Audience.LLM.value:
         return wrong_audience_response()
-    spec = await svc.store.run_spec(run_id)
+    spec = await svc.store.runs.run_spec(run_id)
     dialect = dialect_of(spec)
     upstream_path = ROUTES[dialect].get(path)
     if upstream_path is None:

@@ -90,15 +90,13 @@ async def apps(request: Request, who: PrincipalDep, svc: ServicesDep) -> dict[st
     """App ids with name, icon, description, scopes and ``connected``; a read-only token may read."""
     managed = managed_of(request)
     user_id = account(who)
-    statuses = {row["app_id"]: row for row in await managed.statuses(who.tenant_id, user_id)}
-    listed = []
-    for app in await managed.apps(who.tenant_id):
-        row = statuses.get(app.app_id)
-        listed.append({
-            "app_id": app.app_id, "name": app.name, "icon": app.icon, "description": app.description,
-            "scopes": app.scopes, "connected": row is not None and row["managed_status"] == "connected",
-        })  # fmt: skip
-    return {"apps": listed}
+    connected = {row["app_id"] for row in await managed.statuses(who.tenant_id, user_id)
+                 if row["managed_status"] == "connected"}  # fmt: skip
+    return {"apps": [
+        {"app_id": app.app_id, "name": app.name, "icon": app.icon, "description": app.description,
+         "scopes": app.scopes, "connected": app.app_id in connected}
+        for app in await managed.apps(who.tenant_id)
+    ]}  # fmt: skip
 
 
 @router.get(
@@ -152,7 +150,7 @@ async def callback(request: Request) -> Response:
         return RedirectResponse(target, status_code=302, headers=headers)
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>Signed in</title></head><body>"
-        f"<h1>Signed in</h1><p>{html.escape(str(flow['app_id']))} is being set up; return to the app that sent "
+        f"<h1>Signed in</h1><p>{html.escape(flow.app_id)} is being set up; return to the app that sent "
         "you here. You can close this window.</p></body></html>"
     )
     return HTMLResponse(page, headers=headers)

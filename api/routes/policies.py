@@ -19,7 +19,7 @@ from api.errors import errors
 from core.errors import BadRequest, NotFound, Unprocessable
 from core.policy import Policy, parse_policy
 from core.policy_views import autonomy_summary, overview
-from db.policies import PolicyMeta
+from db.policies import NamedPolicyVersion, PolicyMeta, VersionSummary
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
@@ -91,6 +91,15 @@ def _meta(row: PolicyMeta) -> dict[str, Any]:
     return out
 
 
+def _version(row: VersionSummary | NamedPolicyVersion) -> dict[str, Any]:
+    return {
+        "version": row.version,
+        "author": row.author,
+        "summary": row.summary,
+        "created_at": row.created_at.isoformat(),
+    }
+
+
 @router.post(
     "",
     summary="Import a policy from YAML",
@@ -104,7 +113,7 @@ async def import_policy(body: PolicyImport, op: OperatorDep, svc: ServicesDep) -
     doc = load_yaml(body.yaml)
     if parse_policy(doc).name != body.name:
         raise BadRequest("policy name must match yaml `name`")
-    row, appended = await svc.store.import_policy(op.tenant_id, doc, body.yaml)
+    row, appended = await svc.store.policies.import_policy(op.tenant_id, doc, body.yaml)
     return {"policy": _meta(row), "appended": appended}
 
 
@@ -117,7 +126,7 @@ async def import_policy(body: PolicyImport, op: OperatorDep, svc: ServicesDep) -
 )
 async def list_policies(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Every policy: head version, autonomy summary and how many agents use it."""
-    rows = await svc.store.list_policies(op.tenant_id)
+    rows = await svc.store.policies.list_policies(op.tenant_id)
     return {
         "policies": [
             {
@@ -151,7 +160,7 @@ async def validate(body: PolicyYaml, op: OperatorDep) -> dict[str, Any]:
 async def preview(body: PolicyPreview, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Strict-parses the draft and returns its per-tool verdict matrix; persists nothing."""
     policy = parse_policy(body.content)
-    head = await svc.store.policy_head(op.tenant_id, body.name) if body.name is not None else None
+    head = await svc.store.policies.policy_head(op.tenant_id, body.name) if body.name is not None else None
     if body.name is not None and head is None:
         raise NotFound()
     # The brokered (mcp__) tools of the agents using it (every agent's, for an unnamed draft), with their
@@ -176,7 +185,7 @@ async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[st
         content = {"name": body.name, **BLANK_RULES}
         summary = "created blank"
     else:
-        detail = await svc.store.policy_detail(op.tenant_id, body.from_)
+        detail = await svc.store.policies.policy_detail(op.tenant_id, body.from_)
         if detail is None:
             raise BadRequest(f"unknown source policy '{body.from_}'")
         wanted = body.from_version or detail.versions[0].version
@@ -186,7 +195,7 @@ async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[st
         content = {**source.content, "name": body.name}
         summary = f"cloned from '{body.from_}' v{wanted}"
     parse_policy(content)
-    row = await svc.store.create_policy(op.tenant_id, content, summary, "api")
+    row = await svc.store.policies.create_policy(op.tenant_id, content, summary, "api")
     return {"policy": _meta(row)}
 
 
@@ -199,7 +208,7 @@ async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[st
 )
 async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Versions are newest first; the matrix shows what the head does to every tool."""
-    detail = await svc.store.policy_detail(op.tenant_id, name)
+    detail = await svc.store.policies.policy_detail(op.tenant_id, name)
     if detail is None:
         raise NotFound()
     head = detail.versions[0]
@@ -208,15 +217,7 @@ async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, 
     return {
         "policy": _meta(PolicyMeta(id=row.id, name=row.name, version=head.version, updated_at=row.updated_at)),
         "content": head.content,
-        "versions": [
-            {
-                "version": v.version,
-                "author": v.author,
-                "summary": v.summary,
-                "created_at": v.created_at.isoformat(),
-            }
-            for v in detail.versions
-        ],
+        "versions": [_version(v) for v in detail.versions],
         "agents_using": detail.agents_using,
         **overview(policy, await svc.connections.requirement_classes(op.tenant_id, str(row.id))),
     }
@@ -232,17 +233,12 @@ async def get_version(
     name: str, op: OperatorDep, svc: ServicesDep, version: int = Path(ge=1, le=INT4_MAX)
 ) -> dict[str, Any]:
     """``yaml`` is the imported source when there is one, otherwise generated from the content."""
-    row = await svc.store.policy_version(op.tenant_id, name, version)
+    row = await svc.store.policies.policy_version(op.tenant_id, name, version)
     if row is None:
         raise NotFound()
     return {
         "policy": {"id": str(row.policy_id), "name": row.name},
-        "version": {
-            "version": row.version,
-            "author": row.author,
-            "summary": row.summary,
-            "created_at": row.created_at.isoformat(),
-        },
+        "version": _version(row),
         "content": row.content,
         "yaml": row.yaml_source or yaml.safe_dump(row.content, sort_keys=False, allow_unicode=True),
     }
@@ -263,7 +259,7 @@ async def publish(name: str, body: PolicyPublish, op: OperatorDep, svc: Services
     summary = body.summary.strip()
     if not summary or len(summary) > 500:
         raise BadRequest("a publish needs a non-empty summary — say what changed and why")
-    row = await svc.store.append_policy_version(
+    row = await svc.store.policies.append_policy_version(
         op.tenant_id, name, body.content, base_version=body.base_version, summary=summary, author="api"
     )
     return {"policy": _meta(row)}
@@ -278,10 +274,10 @@ async def publish(name: str, body: PolicyPublish, op: OperatorDep, svc: Services
 )
 async def revert(name: str, body: PolicyRevert, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Moves forward: appends the old version's content as a new head."""
-    old = await svc.store.policy_version(op.tenant_id, name, body.version)
+    old = await svc.store.policies.policy_version(op.tenant_id, name, body.version)
     if old is None:
         raise NotFound()
-    row = await svc.store.append_policy_version(
+    row = await svc.store.policies.append_policy_version(
         op.tenant_id,
         name,
         old.content,
@@ -301,5 +297,5 @@ async def revert(name: str, body: PolicyRevert, op: OperatorDep, svc: ServicesDe
 )
 async def delete(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """409 while any agent revision, historical ones included, names it."""
-    deleted = await svc.store.delete_policy(op.tenant_id, name)
+    deleted = await svc.store.policies.delete_policy(op.tenant_id, name)
     return {"deleted": {"id": str(deleted.id), "name": deleted.name}}

@@ -32,7 +32,7 @@ KEEPALIVE_SECS = 15.0
 
 
 async def _run(svc: Services, tenant_id: str, run_id: str) -> Run:
-    row = await svc.store.get_run(tenant_id, run_id)
+    row = await svc.store.runs.get_run(tenant_id, run_id)
     if row is None:
         raise NotFound()
     return row
@@ -87,7 +87,7 @@ async def list_sessions(
     if status is not None and status not in {s.value for s in RunStatus}:
         raise BadRequest(f"unknown status '{status}' (known: {', '.join(s.value for s in RunStatus)})")
     if who.reads_all_runs:
-        rows = await svc.store.list_runs(who.tenant_id, limit, status)
+        rows = await svc.store.runs.list_runs(who.tenant_id, limit, status)
     else:
         rows = await Identity(svc.store).runs_invoked_by(who.tenant_id, who.user_id or "", limit, status)
     return {"sessions": rows}
@@ -99,7 +99,7 @@ async def list_sessions(
 async def get_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """404 when the run does not exist or is not visible to the caller."""
     row = await _visible_run(svc, who, run_id)
-    return {"session": row, "usage": await svc.store.usage_totals(run_id)}
+    return {"session": row, "usage": await svc.store.runs.usage_totals(run_id)}
 
 
 @router.post(
@@ -121,14 +121,14 @@ async def cancel_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> di
 async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The diff against the pristine workspace, the summary, and whether the gate was ever consulted."""
     row = await _visible_run(svc, who, run_id)
-    arts = await svc.store.artifacts(run_id)
+    arts = await svc.store.runs.artifacts(run_id)
     by_kind = {a.kind: a for a in arts}
     diff = by_kind.get("diff")
     return {
         "status": row.status,
         "diff": diff.content if diff else None,
         "summary": row.result_summary,
-        "gate_consulted": await svc.store.has_gate_calls(run_id),
+        "gate_consulted": await svc.store.runs.has_gate_calls(run_id),
         "artifacts": arts,
     }
 
@@ -139,7 +139,7 @@ async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str,
 async def artifacts(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """The diff (``changes.patch``) and the summary (``summary.md``)."""
     await _visible_run(svc, who, run_id)
-    return {"artifacts": await svc.store.artifacts(run_id)}
+    return {"artifacts": await svc.store.runs.artifacts(run_id)}
 
 
 @router.get(
@@ -151,7 +151,7 @@ async def artifacts(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[st
 async def session_approvals(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """Includes auto-decided intents, not only human approvals."""
     await _visible_run(svc, who, run_id)
-    rows = await svc.store.list_approvals(who.tenant_id, run_id=run_id)
+    rows = await svc.store.approvals.list_approvals(who.tenant_id, run_id=run_id)
     return {"approvals": [approval_public(r.model_dump()) for r in rows]}
 
 
@@ -170,7 +170,7 @@ async def events(
 ) -> dict[str, Any]:
     """Ordered by ``seq``, strictly greater than ``after``."""
     await _visible_run(svc, who, run_id)
-    rows = await svc.store.events_after(run_id, after, limit)
+    rows = await svc.store.ledger.events_after(run_id, after, limit)
     return {"events": rows}
 
 
@@ -212,7 +212,7 @@ async def stream(run_id: str, request: Request, who: PrincipalDep, svc: Services
         if pat is None:
             return True
         now = await user_principal(svc, pat)
-        row = await svc.store.get_run(who.tenant_id, run_id)
+        row = await svc.store.runs.get_run(who.tenant_id, run_id)
         return now is not None and row is not None and now.sees_run_invoked_by(row.invoked_by_user_id)
 
     async def body() -> AsyncIterator[str]:
@@ -224,7 +224,7 @@ async def stream(run_id: str, request: Request, who: PrincipalDep, svc: Services
                 if not await still_allowed():
                     return
                 woken.clear()
-                rows = await svc.store.events_after(run_id, last, STREAM_BATCH)
+                rows = await svc.store.ledger.events_after(run_id, last, STREAM_BATCH)
                 for row in rows:
                     yield _sse(row)
                     last = row.seq

@@ -22,7 +22,7 @@ from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
 from core.policy import Budgets
 from core.triggers import check_idempotency_key, context_variables, request_digest
 from db.deliveries import Deliveries
-from db.store import Row
+from db.models.triggers import TriggerSubscription
 from db.triggers import Triggers
 from services.schedules import FireTimes
 from services.subscriptions import ScheduleDraft, SubscriptionDraft
@@ -107,28 +107,28 @@ def _json(value: Any) -> Any:
     return value.isoformat() if isinstance(value, dt.datetime) else value
 
 
-def public(row: Row) -> dict[str, Any]:
+def public(row: TriggerSubscription) -> dict[str, Any]:
     """A subscription as the API shows it: never the sealed secret, only whether one exists."""
-    out = {k: _json(v) for k, v in row.items() if k not in SECRET_COLUMNS}
-    out["trigger_kind"] = row["kind"]
-    out["has_callback_secret"] = row.get("callback_secret_sealed") is not None
+    out = {k: _json(v) for k, v in row.model_dump(exclude=set(SECRET_COLUMNS)).items()}
+    out["trigger_kind"] = row.kind
+    out["has_callback_secret"] = row.callback_secret_sealed is not None
     return out
 
 
-def schedule_view(row: Row, times: FireTimes | None) -> dict[str, Any] | None:
-    if row["kind"] != "schedule":
+def schedule_view(row: TriggerSubscription, times: FireTimes | None) -> dict[str, Any] | None:
+    if row.kind != "schedule":
         return None
     return {
-        "subscription_id": str(row["id"]),
-        "cron": row["schedule_cron"],
-        "timezone": row["schedule_timezone"],
-        "missed_run_policy": row["missed_run_policy"],
+        "subscription_id": str(row.id),
+        "cron": row.schedule_cron,
+        "timezone": row.schedule_timezone,
+        "missed_run_policy": row.missed_run_policy,
         "next_fire_at": _json(times.next_fire_at) if times else None,
         "last_fired_at": _json(times.last_fired_at) if times else None,
     }
 
 
-async def schedule_of(svc: Services, row: Row) -> dict[str, Any] | None:
+async def schedule_of(svc: Services, row: TriggerSubscription) -> dict[str, Any] | None:
     return schedule_view(row, await svc.subscriptions.fire_times(row))
 
 
@@ -146,7 +146,7 @@ def urls(svc: Services, subscription_id: str) -> dict[str, Any]:
     }
 
 
-async def _subscription(svc: Services, tenant_id: str, subscription_id: str) -> Row:
+async def _subscription(svc: Services, tenant_id: str, subscription_id: str) -> TriggerSubscription:
     return await svc.subscriptions.get(tenant_id, subscription_id)
 
 
@@ -209,7 +209,7 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) 
         "token": created.token,
         "callback_secret": created.callback_secret,
         "ingress_path": None,
-        **urls(svc, str(row["id"])),
+        **urls(svc, str(row.id)),
     }
 
 
@@ -222,7 +222,7 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) 
 async def list_triggers(op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """Ordered by name; schedules listed alongside."""
     rows = await Triggers(svc.store).all(op.tenant_id)
-    scheduled = [r for r in rows if r["kind"] == "schedule"]
+    scheduled = [r for r in rows if r.kind == "schedule"]
     views = await asyncio.gather(*(schedule_of(svc, r) for r in scheduled))
     return {
         "subscriptions": [public(r) for r in rows],
@@ -241,14 +241,14 @@ async def get_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) ->
     """Sessions (20), deliveries (20), invocations incl. skip rows (30); never a secret."""
     row = await _subscription(svc, op.tenant_id, subscription_id)
     db = Triggers(svc.store)
-    deliveries = await db.deliveries(str(row["id"]), 20)
+    sid = str(row.id)
     return {
         "subscription": public(row),
         "schedule": await schedule_of(svc, row),
-        "sessions": [{k: _json(v) for k, v in r.items()} for r in await db.runs(str(row["id"]), 20)],
-        "deliveries": [{k: _json(v) for k, v in r.items()} for r in deliveries],
-        "invocations": [{k: _json(v) for k, v in r.items()} for r in await db.invocations(str(row["id"]), 30)],
-        **urls(svc, str(row["id"])),
+        "sessions": await db.runs(sid, 20),
+        "deliveries": await db.deliveries(sid, 20),
+        "invocations": await db.invocations(sid, 30),
+        **urls(svc, sid),
     }
 
 
@@ -319,7 +319,7 @@ async def disable_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep
 async def rotate_token(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """The new token (shown once) still polls runs created before the rotation."""
     new, token, revoked = await svc.subscriptions.rotate_token(op.tenant_id, subscription_id)
-    return {"token": token, "revoked": revoked, "subscription": public(new), **urls(svc, str(new["id"]))}
+    return {"token": token, "revoked": revoked, "subscription": public(new), **urls(svc, str(new.id))}
 
 
 @router.post(
@@ -331,11 +331,11 @@ async def rotate_token(subscription_id: str, op: ManagerDep, svc: ServicesDep) -
 async def run_now(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     """``{{fire_time}}`` renders as now; the concurrency policy applies."""
     row = await _subscription(svc, op.tenant_id, subscription_id)
-    if row["kind"] == "event":
+    if row.kind == "event":
         raise BadRequest(EVENT_ONLY)
     outcome = await svc.triggers.fire(
         op.tenant_id,
-        str(row["id"]),
+        str(row.id),
         kind="manual",
         idempotency_key=f"run-now:{uuid.uuid4()}",
         variables={"fire_time": _now_iso()},
@@ -366,14 +366,14 @@ async def invoke(
     key = check_idempotency_key(idempotency_key) if idempotency_key is not None else f"auto-{uuid.uuid4()}"
     variables = context_variables(body.context)
     row = await _subscription(svc, principal.tenant_id, principal.subscription_id)
-    if row["kind"] == "event":
+    if row.kind == "event":
         raise BadRequest(EVENT_ONLY)
-    if row["kind"] == "schedule":
+    if row.kind == "schedule":
         # The clock is the server's: a caller cannot make an invoke pass for another fire time.
         variables["fire_time"] = _now_iso()
-    if body.task is not None and not row["allow_task_override"]:
+    if body.task is not None and not row.allow_task_override:
         raise BadRequest("this subscription does not allow task override")
-    if body.workspace is not None and not row["allow_workspace_override"]:
+    if body.workspace is not None and not row.allow_workspace_override:
         raise BadRequest("this subscription does not allow workspace override")
     outcome = await svc.triggers.fire(
         principal.tenant_id,
@@ -406,4 +406,4 @@ async def poll_run(subscription_id: str, session_id: str, principal: TriggerDep,
     run = await Triggers(svc.store).run_of(principal.subscription_id, session_id)
     if run is None:
         raise NotFound()
-    return await Deliveries(svc.store).result_body(str(run["id"]))
+    return await Deliveries(svc.store).result_body(str(run.id))

@@ -53,7 +53,7 @@ async def bootstrap(run_id: str, request: Request, svc: ServicesDep) -> Bootstra
     if is_terminal(grant.status):
         raise Conflict(f"the run is {grant.status}: no tokens for it", session_status=grant.status)
     randoms = {aud.value: secrets.token_hex(16) for aud in RUN_AUDIENCES}
-    tokens = await svc.store.mint_tokens(str(grant.tenant_id), run_id, svc.settings.token_ttl_secs, randoms)
+    tokens = await svc.store.tokens.mint_tokens(str(grant.tenant_id), run_id, svc.settings.token_ttl_secs, randoms)
     return BootstrapTokens(
         control=tokens["control"], tool=tokens["tool"], llm=tokens.get("llm"), workspace=tokens["workspace"]
     )

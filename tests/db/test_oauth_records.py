@@ -12,7 +12,7 @@ import pytest
 from core.errors import Conflict, Forbidden, NotFound
 from core.tokens import token_digest
 from db.ids import new_id
-from db.oauth import SUPERSEDED, OAuthRecords, flow_verifier_context, registration_secret_context
+from db.oauth import SUPERSEDED, ClaimedFlow, OAuthRecords, flow_verifier_context, registration_secret_context
 from db.store import Row, Store
 from integrations.sealing import Sealer, generate_key, parse_key
 
@@ -59,14 +59,14 @@ async def start(records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
     flow = await records.start_flow(
         tenant,
         await pending_connection(store, tenant),
-        registration["id"],
+        str(registration.id),
         state_hash=token_digest(state),
         verifier=(sealer.seal("the-verifier", context=flow_verifier_context(tenant)), sealer.key_id),
         resource="https://mcp.example.com/mcp",
         expected_generation=1,
         **kw,  # type: ignore[arg-type]
     )
-    return flow["id"], state
+    return str(flow.id), state
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -75,21 +75,23 @@ async def start(records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
 
 async def test_a_dynamic_registration_is_reused_per_issuer_and_redirect_uri(records: OAuthRecords, tenant: str) -> None:
     first, created = await records.save_registration(tenant, dcr("client-a"))
-    assert created and first["client_id"] == "client-a"
-    assert (await records.reusable_registration(tenant, ISSUER, REDIRECT) or {})["id"] == first["id"]
+    assert created and first.client_id == "client-a"
+    reusable = await records.reusable_registration(tenant, ISSUER, REDIRECT)
+    assert reusable is not None and reusable.id == first.id
 
     again, created_again = await records.save_registration(tenant, dcr("client-b"))
-    assert not created_again and again["id"] == first["id"] and again["client_id"] == "client-a"
+    assert not created_again and again.id == first.id and again.client_id == "client-a"
 
     other, created_other = await records.save_registration(tenant, dcr("client-c", redirect_uri=REDIRECT + "2"))
-    assert created_other and other["id"] != first["id"]
+    assert created_other and other.id != first.id
 
 
 async def test_a_preregistered_client_never_takes_the_shared_slot(records: OAuthRecords, tenant: str) -> None:
     shared, _ = await records.save_registration(tenant, dcr("shared"))
     own, created = await records.save_registration(tenant, dcr("mine", source="preregistered"))
-    assert created and own["id"] != shared["id"]
-    assert (await records.reusable_registration(tenant, ISSUER, REDIRECT) or {})["client_id"] == "shared"
+    assert created and own.id != shared.id
+    reusable = await records.reusable_registration(tenant, ISSUER, REDIRECT)
+    assert reusable is not None and reusable.client_id == "shared"
 
 
 async def test_registrations_are_per_tenant(records: OAuthRecords, tenant: str, store: Store) -> None:
@@ -105,7 +107,7 @@ async def test_registrations_are_per_tenant(records: OAuthRecords, tenant: str, 
 async def test_concurrent_registrations_settle_on_one_winner(records: OAuthRecords, tenant: str) -> None:
     results = await asyncio.gather(*(records.save_registration(tenant, dcr(f"racer-{i}")) for i in range(5)))
     assert sum(created for _, created in results) == 1
-    assert len({row["id"] for row, _ in results}) == 1
+    assert len({row.id for row, _ in results}) == 1
 
 
 async def test_registration_secrets_are_stored_sealed(records: OAuthRecords, tenant: str, sealer: Sealer) -> None:
@@ -115,9 +117,10 @@ async def test_registration_secrets_are_stored_sealed(records: OAuthRecords, ten
         dcr("confidential") | {"token_endpoint_auth_method": "client_secret_basic"},
         client_secret=(sealer.seal("s3cret-value", context=context), sealer.key_id),
     )
-    stored = await records.registration(tenant, row["id"])
-    assert stored is not None and b"s3cret-value" not in bytes(stored["client_secret_sealed"])
-    assert sealer.open(bytes(stored["client_secret_sealed"]), context=context) == b"s3cret-value"
+    stored = await records.registration(tenant, str(row.id))
+    assert stored is not None and stored.client_secret_sealed is not None
+    assert b"s3cret-value" not in bytes(stored.client_secret_sealed)
+    assert sealer.open(bytes(stored.client_secret_sealed), context=context) == b"s3cret-value"
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -131,7 +134,7 @@ async def test_a_flow_is_claimed_once_by_the_browser_that_opened_it(
     mine, theirs = token_digest("cookie-mine"), token_digest("cookie-theirs")
 
     bound = await records.bind_browser(flow_id, mine)
-    assert bound["browser_bound"] and bound["consumed_at"] is None
+    assert bound.browser_bound and bound.consumed_at is None
     await records.bind_browser(flow_id, mine)  # opening the link again in the same browser is fine
     with pytest.raises(Forbidden, match="another browser"):
         await records.bind_browser(flow_id, theirs)
@@ -142,8 +145,8 @@ async def test_a_flow_is_claimed_once_by_the_browser_that_opened_it(
         await records.claim_flow(token_digest(state), None)
 
     claimed = await records.claim_flow(token_digest(state), mine)  # the refusals above did not burn it
-    assert claimed["id"] == flow_id and claimed["expected_generation"] == 1
-    verifier = sealer.open(bytes(claimed["pkce_verifier_sealed"]), context=flow_verifier_context(tenant))
+    assert str(claimed.id) == flow_id and claimed.expected_generation == 1
+    verifier = sealer.open(bytes(claimed.pkce_verifier_sealed), context=flow_verifier_context(tenant))
     assert verifier == b"the-verifier"
 
     with pytest.raises(Conflict, match="already completed"):
@@ -161,8 +164,8 @@ async def test_concurrent_callbacks_consume_a_flow_exactly_once(
     outcomes = await asyncio.gather(
         *(records.claim_flow(token_digest(state), browser) for _ in range(4)), return_exceptions=True
     )
-    assert sum(isinstance(o, dict) for o in outcomes) == 1
-    assert all(isinstance(o, Conflict) for o in outcomes if not isinstance(o, dict))
+    assert sum(isinstance(o, ClaimedFlow) for o in outcomes) == 1
+    assert all(isinstance(o, Conflict) for o in outcomes if not isinstance(o, ClaimedFlow))
 
 
 async def test_an_expired_flow_cannot_be_opened_or_claimed(
@@ -192,7 +195,9 @@ PHOTO = {"protocol_version": "2025-11-25", "tools": [{"name": "add"}], "digest":
 GRANT = {"issuer": ISSUER, "resource": "https://mcp.example.com/mcp", "scope": "mcp:tools offline_access"}
 
 
-async def claimed_flow(records: OAuthRecords, store: Store, sealer: Sealer, tenant: str, connection_id: str) -> Row:
+async def claimed_flow(
+    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str, connection_id: str
+) -> ClaimedFlow:
     """Start a flow for ``connection_id`` at its current generation and claim it from the right browser."""
     async with store.pool.acquire() as conn:
         generation = await conn.fetchval(
@@ -203,13 +208,13 @@ async def claimed_flow(records: OAuthRecords, store: Store, sealer: Sealer, tena
     flow = await records.start_flow(
         tenant,
         connection_id,
-        registration["id"],
+        str(registration.id),
         state_hash=token_digest(state),
         verifier=(sealer.seal("v", context=flow_verifier_context(tenant)), sealer.key_id),
         resource=GRANT["resource"],
         expected_generation=generation,
     )
-    await records.bind_browser(flow["id"], token_digest("cookie"))
+    await records.bind_browser(str(flow.id), token_digest("cookie"))
     return await records.claim_flow(token_digest(state), token_digest("cookie"))
 
 
@@ -232,7 +237,7 @@ async def test_activation_stores_the_sealed_grant_and_the_photograph(
             "SELECT credential_sealed, oauth, registration_id FROM integration_connections WHERE id = $1",
             uuid.UUID(cid),
         )
-    assert stored["oauth"] == GRANT and str(stored["registration_id"]) == flow["registration_id"]
+    assert stored["oauth"] == GRANT and stored["registration_id"] == flow.registration_id
     assert b"rt-1" not in bytes(stored["credential_sealed"])
 
 

@@ -174,8 +174,10 @@ async def test_a_decision_whose_signal_was_lost_still_reaches_the_run(api: httpx
     pending = await wait_pending(api, run_id)
     pool = await create_pool(stack.database_url or "", min_size=1, max_size=1)
     try:
-        spec = await Store(pool, Redactor()).run_spec(run_id)
-        await Store(pool, Redactor()).decide_approval(spec.tenant_id, pending["id"], "approved_once", "operator")
+        spec = await Store(pool, Redactor()).runs.run_spec(run_id)
+        await Store(pool, Redactor()).approvals.decide_approval(
+            spec.tenant_id, pending["id"], "approved_once", "operator"
+        )
     finally:
         await pool.close()
     # FLUIDBOX_APPROVAL_RECHECK_SECS is 1 s in the test stack: the workflow re-reads the row.
@@ -330,7 +332,7 @@ async def test_a_run_whose_starter_died_before_starting_its_workflow_is_started_
         agent = await make_agent(api, [{"sleep_ms": 1}])
         tenant_id = await store.boot_tenant()
         spec = await factory.prepare(tenant_id, RunRequest(agent=agent, task="stranded"), InvocationContext())
-        await store.create_run(spec, invoked_by_kind="operator")
+        await store.runs.create_run(spec, invoked_by_kind="operator")
     finally:
         await pool.close()
     assert (await run_row(api, spec.run_id))["status"] == "created"

@@ -153,7 +153,9 @@ async def test_a_revoked_grant_moves_the_connection_to_error_with_the_providers_
         registration_id = await conn.fetchval(
             "SELECT registration_id FROM integration_connections WHERE id = $1", uuid.UUID(cid)
         )
-    identity = connect.identity_of(tenant, (await connect.records.registration(tenant, str(registration_id))) or {})
+    registration = await connect.records.registration(tenant, str(registration_id))
+    assert registration is not None
+    identity = connect.identity_of(tenant, registration)
     await server.revoke(discovery.authorization_server, identity, done.tokens.refresh_token)
 
     with pytest.raises(GrantLost) as lost:

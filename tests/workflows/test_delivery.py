@@ -193,9 +193,9 @@ async def _never() -> Client:
 async def finished_run(env: Env, url: str, *, enabled: bool = True, rotated: bool = False) -> Delivery:
     """A subscription with a sealed callback secret, and a finished run it invoked with one webhook destination."""
     store = env.store
-    policy = await store.policy_head(env.tenant_id, "demo")
+    policy = await store.policies.policy_head(env.tenant_id, "demo")
     assert policy is not None
-    agent, _ = await store.create_agent(
+    agent, _ = await store.agents.create_agent(
         env.tenant_id,
         f"agent-{uuid.uuid4().hex[:8]}",
         None,
@@ -224,12 +224,12 @@ async def finished_run(env: Env, url: str, *, enabled: bool = True, rotated: boo
         RunRequest(agent=agent.name, task="deliver me", result_destinations=[dest]),
         InvocationContext(kind="api", actor="trigger", subscription_id=sub_id),
     )
-    await store.create_run(spec, invoked_by_kind="trigger")
-    await store.request_finalization(spec.run_id, "completed", reason="done")
-    await store.transition(spec.run_id, RunStatus.FINALIZING)
-    await store.finish(spec.run_id, RunStatus.COMPLETED, None, "all good", "completed", [], [])
+    await store.runs.create_run(spec, invoked_by_kind="trigger")
+    await store.runs.request_finalization(spec.run_id, "completed", reason="done")
+    await store.runs.transition(spec.run_id, RunStatus.FINALIZING)
+    await store.runs.finish(spec.run_id, RunStatus.COMPLETED, None, "all good", "completed", [], [])
     (row,) = await Deliveries(store).enqueue(spec)
-    return Delivery(spec.run_id, str(row["id"]), sub_id, secret)
+    return Delivery(spec.run_id, str(row.id), sub_id, secret)
 
 
 async def deliver(env: Env, d: Delivery) -> tuple[str, Any]:
@@ -244,7 +244,7 @@ async def deliver(env: Env, d: Delivery) -> tuple[str, Any]:
 
 
 async def ledger(env: Env, run_id: str, prefix: str = "callback.") -> list[dict[str, Any]]:
-    rows = await env.store.events_after(run_id, 0, 1000)
+    rows = await env.store.ledger.events_after(run_id, 0, 1000)
     return [r.payload for r in rows if r.type.startswith(prefix)]
 
 
@@ -289,14 +289,14 @@ async def test_a_dead_receiver_gets_six_attempts_on_the_fixed_schedule_then_the_
         assert_signed(req, d.secret)
     row = await Deliveries(env.store).get(d.delivery_id)
     assert row is not None
-    assert (row["status"], row["attempts"], row["last_status_code"]) == ("failed", 6, 503)
-    assert row["next_attempt_at"] is None
+    assert (row.status, row.attempts, row.last_status_code) == ("failed", 6, 503)
+    assert row.next_attempt_at is None
     (failed,) = await ledger(env, d.run_id)
     assert failed["type"] == "callback.failed"
     assert failed["data"]["attempts"] == 6 and "HTTP 503" in failed["data"]["error"]
     assert failed["data"]["delivery_id"] == d.delivery_id
     # The run itself is untouched by its receiver's death.
-    run = await env.store.get_run(None, d.run_id)
+    run = await env.store.runs.get_run(None, d.run_id)
     assert run is not None and run.status == "completed"
 
 
@@ -336,8 +336,8 @@ async def test_a_receiver_that_fails_once_gets_the_same_delivery_id_twice_and_a_
     assert isinstance(body["artifacts"], list)
     row = await Deliveries(env.store).get(d.delivery_id)
     assert row is not None
-    assert (row["status"], row["attempts"], row["last_status_code"]) == ("delivered", 2, 200)
-    assert row["delivered_at"] is not None and row["payload_digest"].startswith("sha256:")
+    assert (row.status, row.attempts, row.last_status_code) == ("delivered", 2, 200)
+    assert row.delivered_at is not None and row.payload_digest.startswith("sha256:")
     assert await ledger(env, d.run_id) == [
         {"type": "callback.delivered", "data": {"delivery_id": d.delivery_id, "url": rx.url, "attempt": 2}}
     ]
@@ -355,7 +355,7 @@ async def test_a_forbidden_address_is_refused_at_once_and_nothing_is_sent(env: E
     assert failed["type"] == "callback.failed"
     assert failed["data"]["attempts"] == 0 and "unspecified address" in failed["data"]["error"]
     row = await Deliveries(env.store).get(d.delivery_id)
-    assert row is not None and row["status"] == "failed" and "0.0.0.0" in row["last_error"]
+    assert row is not None and row.status == "failed" and "0.0.0.0" in row.last_error
 
 
 async def test_a_metadata_address_is_refused(env: Env) -> None:
@@ -380,7 +380,7 @@ async def test_lost_publish_authority_skips_the_delivery_without_sending(
     assert status == "skipped"
     assert rx.requests == []
     row = await Deliveries(env.store).get(d.delivery_id)
-    assert row is not None and row["status"] == "skipped" and reason in row["last_error"]
+    assert row is not None and row.status == "skipped" and reason in row.last_error
     (event,) = await ledger(env, d.run_id)
     assert event["type"] == "callback.failed" and event["data"]["skipped"] is True
     assert reason in event["data"]["error"]
@@ -389,9 +389,9 @@ async def test_lost_publish_authority_skips_the_delivery_without_sending(
 async def test_a_repeated_enqueue_adds_no_second_row(env: Env) -> None:
     async with Receiver() as rx:
         d = await finished_run(env, rx.url)
-    spec = await env.store.run_spec(d.run_id)
+    spec = await env.store.runs.run_spec(d.run_id)
     again = await Deliveries(env.store).enqueue(spec)
-    assert [str(r["id"]) for r in again] == [d.delivery_id]
+    assert [str(r.id) for r in again] == [d.delivery_id]
 
 
 async def test_the_recorded_delivery_history_replays_deterministically() -> None:
@@ -506,7 +506,7 @@ async def test_a_receiver_streaming_an_endless_body_is_delivered_without_the_wor
     assert_signed(req, d.secret)
     row = await Deliveries(env.store).get(d.delivery_id)
     assert row is not None
-    assert (row["status"], row["attempts"], row["last_status_code"]) == ("delivered", 1, 200)
+    assert (row.status, row.attempts, row.last_status_code) == ("delivered", 1, 200)
 
 
 @pytest.mark.timeout(120)
@@ -520,8 +520,8 @@ async def test_a_receiver_that_never_finishes_its_answer_fails_the_attempt_at_th
     assert len(rx.requests) == 1
     row = await Deliveries(env.store).get(d.delivery_id)
     assert row is not None
-    assert (row["status"], row["attempts"]) == ("pending", 1)
-    assert row["last_error"] == out.error and row["next_attempt_at"] is not None
+    assert (row.status, row.attempts) == ("pending", 1)
+    assert row.last_error == out.error and row.next_attempt_at is not None
 
 
 async def test_the_request_goes_to_the_admitted_address_with_the_original_host(env: Env) -> None:

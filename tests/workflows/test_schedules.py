@@ -47,8 +47,9 @@ from core.schedule import MISSED_AFTER, fire_key, fire_time_text, next_fire, par
 from db.capabilities import Capabilities
 from db.connections import Connections
 from db.engine import create_pool, migrate
+from db.models.triggers import TriggerSubscription
 from db.store import Store
-from db.triggers import Triggers
+from db.triggers import InvocationSummary, Triggers
 from services.schedules import Schedules, schedule_id
 from services.triggers import TriggerService
 from tests.helpers import eventually
@@ -105,9 +106,9 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
         store = Store(pool, Redactor())
         tenant_id = await store.boot_tenant()
         await seed_policies(store, tenant_id)
-        policy = await store.policy_head(tenant_id, "demo")
+        policy = await store.policies.policy_head(tenant_id, "demo")
         assert policy is not None
-        agent, _ = await store.create_agent(
+        agent, _ = await store.agents.create_agent(
             tenant_id,
             "scheduled-agent",
             None,
@@ -153,7 +154,7 @@ async def subscription(
     enabled: bool = True,
     template: str = "report for {{fire_time}}",
     timezone: str = "UTC",
-) -> dict[str, Any]:
+) -> TriggerSubscription:
     """A schedule subscription created the way the routes do it: the Temporal Schedule is upserted
     inside the row's transaction."""
     fields = {
@@ -170,27 +171,27 @@ async def subscription(
     return await env.triggers.create(env.tenant_id, fields, token, before_commit=env.schedules.upsert)
 
 
-async def set_enabled(env: Env, sub: dict[str, Any], enabled: bool) -> dict[str, Any]:
-    fresh = await env.triggers.get(env.tenant_id, str(sub["id"]))
+async def set_enabled(env: Env, sub: TriggerSubscription, enabled: bool) -> TriggerSubscription:
+    fresh = await env.triggers.get(env.tenant_id, str(sub.id))
     assert fresh is not None
     return await env.triggers.update(
         env.tenant_id,
-        str(sub["id"]),
+        str(sub.id),
         {"enabled": enabled},
-        loaded_at=fresh["updated_at"],
+        loaded_at=fresh.updated_at,
         before_commit=env.schedules.upsert,
     )
 
 
-async def pause_all(env: Env, *subs: dict[str, Any]) -> None:
+async def pause_all(env: Env, *subs: TriggerSubscription) -> None:
     """Stop a test's fast schedules from firing on into later tests."""
     for sub in subs:
-        await env.schedules.delete(str(sub["id"]))
+        await env.schedules.delete(str(sub.id))
 
 
-async def invocations(env: Env, sub: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = await env.triggers.invocations(str(sub["id"]), 500)
-    return sorted(rows, key=lambda r: r["idempotency_key"])
+async def invocations(env: Env, sub: TriggerSubscription) -> list[InvocationSummary]:
+    rows = await env.triggers.invocations(str(sub.id), 500)
+    return sorted(rows, key=lambda r: r.idempotency_key)
 
 
 async def wait_for(what: str, check: Callable[[], Awaitable[Any]], timeout: float = DEADLINE) -> Any:
@@ -198,10 +199,10 @@ async def wait_for(what: str, check: Callable[[], Awaitable[Any]], timeout: floa
     return await eventually(check, timeout=timeout, interval=0.2, message=f"timed out waiting for {what}")
 
 
-async def fire_results(env: Env, sub: dict[str, Any]) -> list[c.ScheduleFireOut]:
+async def fire_results(env: Env, sub: TriggerSubscription) -> list[c.ScheduleFireOut]:
     """The results of every closed fire workflow of the subscription's schedule."""
     out = []
-    query = f'TemporalScheduledById = "{schedule_id(str(sub["id"]))}" AND ExecutionStatus = "Completed"'
+    query = f'TemporalScheduledById = "{schedule_id(str(sub.id))}" AND ExecutionStatus = "Completed"'
     async for wf in env.client.list_workflows(query):
         handle = env.client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=c.ScheduleFireOut)
         out.append(await handle.result())
@@ -232,10 +233,10 @@ async def test_the_time_skipping_server_has_no_schedules() -> None:
 
 async def test_a_subscription_gets_a_named_schedule_that_follows_its_edits(env: Env) -> None:
     sub = await subscription(env, "0 0 9 * * MON-FRI", timezone="Europe/Berlin")
-    handle = env.client.get_schedule_handle(schedule_id(str(sub["id"])))
+    handle = env.client.get_schedule_handle(schedule_id(str(sub.id)))
     desc = await handle.describe()
     assert not desc.schedule.state.paused
-    assert await desc.memo_value("subscription_name") == sub["name"]
+    assert await desc.memo_value("subscription_name") == sub.name
     action = desc.schedule.action
     assert isinstance(action, ScheduleActionStartWorkflow)
     assert action.task_queue == env.fires_queue
@@ -245,29 +246,29 @@ async def test_a_subscription_gets_a_named_schedule_that_follows_its_edits(env: 
     assert first == next_fire(parse_cron("0 0 9 * * MON-FRI"), parse_timezone("Europe/Berlin"), datetime.now(UTC))
 
     # A cadence-neutral edit keeps the next fire times; a new cadence moves them.
-    fresh = await env.triggers.get(env.tenant_id, str(sub["id"]))
+    fresh = await env.triggers.get(env.tenant_id, str(sub.id))
     assert fresh is not None
     renamed = await env.triggers.update(
         env.tenant_id,
-        str(sub["id"]),
-        {"name": sub["name"] + "-x"},
-        loaded_at=fresh["updated_at"],
+        str(sub.id),
+        {"name": sub.name + "-x"},
+        loaded_at=fresh.updated_at,
         before_commit=env.schedules.upsert,
     )
     assert (await handle.describe()).info.next_action_times[:3] == desc.info.next_action_times[:3]
     await env.triggers.update(
         env.tenant_id,
-        str(sub["id"]),
+        str(sub.id),
         {"schedule_cron": "0 30 7 * * *"},
-        loaded_at=renamed["updated_at"],
+        loaded_at=renamed.updated_at,
         before_commit=env.schedules.upsert,
     )
     moved = (await handle.describe()).info.next_action_times[0].astimezone(parse_timezone("Europe/Berlin"))
     assert (moved.hour, moved.minute) == (7, 30)
 
-    await env.schedules.delete(str(sub["id"]))
-    assert await env.schedules.describe(str(sub["id"])) is None
-    await env.schedules.delete(str(sub["id"]))  # deleting twice is fine
+    await env.schedules.delete(str(sub.id))
+    assert await env.schedules.describe(str(sub.id)) is None
+    await env.schedules.delete(str(sub.id))  # deleting twice is fine
 
 
 async def test_temporal_fires_where_the_cron_says_across_dst(env: Env) -> None:
@@ -280,18 +281,19 @@ async def test_temporal_fires_where_the_cron_says_across_dst(env: Env) -> None:
         (datetime(2026, 10, 31, tzinfo=UTC), datetime(2026, 11, 3, tzinfo=UTC)),
     ]
     for n, cron in enumerate(["0 9 * * *", "0 */30 1-3 * * *", "0 0 12 7 * MON", "15 30 2 * * *"]):
-        sub = {
-            "id": f"dst-{n}-{uuid.uuid4().hex[:6]}",
-            "tenant_id": env.tenant_id,
-            "name": "dst",
-            "schedule_cron": cron,
-            "schedule_timezone": "America/New_York",
-            "enabled": False,
-        }
+        sub = TriggerSubscription(
+            id=uuid.uuid4(),
+            tenant_id=uuid.UUID(env.tenant_id),
+            name=f"dst-{n}",
+            kind="schedule",
+            schedule_cron=cron,
+            schedule_timezone="America/New_York",
+            enabled=False,
+        )
         schedule = env.schedules.build(sub, ScheduleState(paused=True))
         assert isinstance(schedule.action, ScheduleActionStartWorkflow)
         schedule.action.task_queue = f"nobody-{uuid.uuid4().hex[:6]}"  # started fires just wait there
-        sid = schedule_id(sub["id"])
+        sid = schedule_id(str(sub.id))
         handle = await env.client.create_schedule(sid, schedule)
         expected: list[datetime] = []
         for a, b in ranges:
@@ -320,12 +322,12 @@ async def test_temporal_fires_where_the_cron_says_across_dst(env: Env) -> None:
 
 async def test_a_fire_creates_a_run_with_the_fire_time_rendered(env: Env) -> None:
     sub = await subscription(env, "0 0 0 1 1 *")  # yearly: only the trigger below fires now
-    handle = env.client.get_schedule_handle(schedule_id(str(sub["id"])))
+    handle = env.client.get_schedule_handle(schedule_id(str(sub.id)))
     await handle.trigger()
     (row,) = await wait_for("the fire's invocation", lambda: invocations(env, sub))
-    fired = at(row["idempotency_key"].removeprefix("sched:"))
-    assert row["idempotency_key"] == fire_key(fired) and row["kind"] == "schedule" and not row["catch_up"]
-    run = await env.store.get_run(env.tenant_id, str(row["session_id"]))
+    fired = at(row.idempotency_key.removeprefix("sched:"))
+    assert row.idempotency_key == fire_key(fired) and row.kind == "schedule" and not row.catch_up
+    run = await env.store.runs.get_run(env.tenant_id, str(row.session_id))
     assert run is not None
     assert run.task == f"report for {fire_time_text(fired)}"
     assert run.trigger is not None and run.trigger["kind"] == "schedule"
@@ -341,7 +343,7 @@ async def test_a_fire_is_exactly_once_across_a_worker_restart(env: Env) -> None:
     """A fire that waited for a worker runs once one starts; the same fire time reaching the
     activity again (a new worker after the old one stopped) replays the first run."""
     sub = await subscription(env, "0 0 0 1 1 *", policy="catch_up")
-    handle = env.client.get_schedule_handle(schedule_id(str(sub["id"])))
+    handle = env.client.get_schedule_handle(schedule_id(str(sub.id)))
     fired = datetime(2026, 1, 1, tzinfo=UTC)  # a real fire time of the cron, long past: a missed fire
     once = ScheduleBackfill(start_at=fired, end_at=fired, overlap=ScheduleOverlapPolicy.ALLOW_ALL)
     await env.stop_worker()
@@ -354,8 +356,8 @@ async def test_a_fire_is_exactly_once_across_a_worker_restart(env: Env) -> None:
     await wait_for("the fire waiting for a worker", pending)
     await env.start_worker()
     (row,) = await wait_for("the first run", lambda: invocations(env, sub))
-    assert row["session_id"] is not None and row["catch_up"] is True
-    assert row["idempotency_key"] == fire_key(fired) == "sched:2026-01-01T00:00:00Z"
+    assert row.session_id is not None and row.catch_up is True
+    assert row.idempotency_key == fire_key(fired) == "sched:2026-01-01T00:00:00Z"
 
     # Worker restart, and the same scheduled time fires again (a re-delivered fire).
     await env.stop_worker()
@@ -363,9 +365,9 @@ async def test_a_fire_is_exactly_once_across_a_worker_restart(env: Env) -> None:
     await env.start_worker()
     results = await wait_for("both fires to finish", lambda: _at_least(fire_results(env, sub), 2))
     assert sorted(r.outcome for r in results) == ["created", "replay"]
-    assert {r.session_id for r in results} == {str(row["session_id"])}
-    assert [(r["idempotency_key"], str(r["session_id"]), r["skip_reason"]) for r in await invocations(env, sub)] == [
-        (fire_key(fired), str(row["session_id"]), None)
+    assert {r.session_id for r in results} == {str(row.session_id)}
+    assert [(r.idempotency_key, str(r.session_id), r.skip_reason) for r in await invocations(env, sub)] == [
+        (fire_key(fired), str(row.session_id), None)
     ]
     await pause_all(env, sub)
 
@@ -398,7 +400,7 @@ async def test_a_gap_is_one_skip_row_or_one_catch_up_run_and_a_disabled_schedule
     off_catch = await set_enabled(env, off_catch, False)
     stopping_at = datetime.now(UTC)
     await env.stop_worker()
-    assert (await env.client.get_schedule_handle(schedule_id(str(off_skip["id"]))).describe()).schedule.state.paused
+    assert (await env.client.get_schedule_handle(schedule_id(str(off_skip.id))).describe()).schedule.state.paused
 
     # Wait (by the clock) until every fire time after the outage began is late.
     late_at = stopping_at + MISSED_AFTER + timedelta(seconds=3)
@@ -408,7 +410,7 @@ async def test_a_gap_is_one_skip_row_or_one_catch_up_run_and_a_disabled_schedule
 
     await wait_for("a gap longer than 30 s", gap_is_late, timeout=MISSED_AFTER.total_seconds() + 20)
     for sub in (off_skip, off_catch):
-        keys = [r["idempotency_key"] for r in await invocations(env, sub)]
+        keys = [r.idempotency_key for r in await invocations(env, sub)]
         assert all(at(k.removeprefix("sched:")) <= stopping_at for k in keys), "a disabled schedule fired"
 
     restarted_at = datetime.now(UTC)
@@ -416,13 +418,13 @@ async def test_a_gap_is_one_skip_row_or_one_catch_up_run_and_a_disabled_schedule
     off_skip = await set_enabled(env, off_skip, True)
     off_catch = await set_enabled(env, off_catch, True)
 
-    def when(row: dict[str, Any]) -> datetime:
-        return at(row["idempotency_key"].removeprefix("sched:"))
+    def when(row: InvocationSummary) -> datetime:
+        return at(row.idempotency_key.removeprefix("sched:"))
 
-    def is_missed(row: dict[str, Any]) -> bool:
-        return bool(row["skip_reason"] or row["catch_up"])
+    def is_missed(row: InvocationSummary) -> bool:
+        return bool(row.skip_reason or row.catch_up)
 
-    async def gap_handled(sub: dict[str, Any]) -> list[dict[str, Any]] | None:
+    async def gap_handled(sub: TriggerSubscription) -> list[InvocationSummary] | None:
         rows = await invocations(env, sub)
         missed = [r for r in rows if is_missed(r)]
         # Done once the late fire is recorded and the schedule has fired on time after it.
@@ -431,7 +433,7 @@ async def test_a_gap_is_one_skip_row_or_one_catch_up_run_and_a_disabled_schedule
     for sub, since in ((skip, stopping_at), (catch, stopping_at), (off_skip, disabling_at), (off_catch, disabling_at)):
         # After the worker's restart Temporal hands over the held late fire when it next looks; on a busy
         # machine that has taken longer than the default deadline.
-        rows = await wait_for(f"the gap of {sub['missed_run_policy']}", lambda s=sub: gap_handled(s), timeout=150)
+        rows = await wait_for(f"the gap of {sub.missed_run_policy}", lambda s=sub: gap_handled(s), timeout=150)
         missed = [r for r in rows if is_missed(r)]
         assert len(missed) == 1, rows
         (gap,) = missed
@@ -439,21 +441,21 @@ async def test_a_gap_is_one_skip_row_or_one_catch_up_run_and_a_disabled_schedule
         last_on_time = max(when(r) for r in rows if when(r) < when(gap))
         expected_oldest = next_fire(parse_cron(cron), parse_timezone("UTC"), last_on_time)
         assert expected_oldest is not None and last_on_time <= since + timedelta(seconds=2)
-        assert gap["idempotency_key"] == fire_key(expected_oldest)
-        if sub["missed_run_policy"] == "skip":
-            assert gap["skip_reason"] == "missed" and gap["session_id"] is None
+        assert gap.idempotency_key == fire_key(expected_oldest)
+        if sub.missed_run_policy == "skip":
+            assert gap.skip_reason == "missed" and gap.session_id is None
         else:
-            assert gap["catch_up"] is True and gap["skip_reason"] is None
-            run = await env.store.get_run(env.tenant_id, str(gap["session_id"]))
+            assert gap.catch_up is True and gap.skip_reason is None
+            run = await env.store.runs.get_run(env.tenant_id, str(gap.session_id))
             assert run is not None and run.trigger is not None and run.trigger["attributes"]["catch_up"] is True
             assert run.task == f"report for {fire_time_text(expected_oldest)}"
         # Nothing between the oldest missed time and the resumption: the schedule jumped ahead to
         # the next future time (Temporal's processing of a fire time may trail it a little).
         later = sorted(when(r) for r in rows if when(r) > when(gap))
-        assert later[0] > restarted_at - timedelta(seconds=2), (sub["missed_run_policy"], later, restarted_at)
-        assert all(r["session_id"] is not None for r in rows if r is not gap)
+        assert later[0] > restarted_at - timedelta(seconds=2), (sub.missed_run_policy, later, restarted_at)
+        assert all(r.session_id is not None for r in rows if r is not gap)
     await pause_all(env, skip, catch, off_skip, off_catch)
 
 
-async def _all_fired(env: Env, *subs: dict[str, Any]) -> bool:
+async def _all_fired(env: Env, *subs: TriggerSubscription) -> bool:
     return all([await invocations(env, s) for s in subs])
