@@ -100,7 +100,9 @@ class ParkActivities:
         if inp.outcome == "expired":
             created, _status = await self.store.runs.request_finalization(inp.run_id, "failed", reason=reason)
             if created:
-                await self.store.ledger.append_events(inp.run_id, [ev.NewEvent(type=ev.RUN_ERROR, data={"message": reason})])
+                await self.store.ledger.append_events(
+                    inp.run_id, [ev.NewEvent(type=ev.RUN_ERROR, data={"message": reason})]
+                )
         return await self._out(inp.run_id, inp.tool_call_id, inp.outcome, reason)
 
     async def _refuse(self, inp: c.EndParkIn, reason: str) -> None:

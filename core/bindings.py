@@ -40,7 +40,9 @@ def park_secs(max_park_secs: int | None) -> int:
 def bindable_tools(candidate: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The candidate's latest-snapshot tools whose definition an admin approved: a new tool, or one whose
     description or input schema changed since its approval, is quarantined (not bound into new runs)."""
-    approved = candidate.get("approved") or {}
+    approved = candidate.get("approved")
+    if approved is None:  # a row read without its approvals (not from ``Connections.candidates``): none held
+        return list(candidate["tools_json"])
     return [t for t in candidate["tools_json"] if approved.get(t["name"]) == definition(t)]
 
 

@@ -197,7 +197,8 @@ class Approvals:
                     "verdict": verdict,
                     "source": source,
                     "reason": reason,
-                    "access": access,
+                    # A brokered tool's class; a built-in tool (Bash, Write, …) has none to record.
+                    **({"access": access} if access is not None else {}),
                 },
             )
         )

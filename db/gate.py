@@ -142,7 +142,7 @@ class Gate:
                 "verdict": "deny",
                 "source": "protocol_violation",
                 "reason": message,
-                "access": access,
+                **({"access": access} if access is not None else {}),
             }
             await self.ledger.append(conn, run_id, [ev.NewEvent(type=ev.TOOL_DECISION, data=data)])
             return GateOutcome("deny", message)

@@ -64,7 +64,9 @@ class Parks(Repository):
             )
             actions.append(action)
             new.append(ev.NewEvent(type=ev.CONNECTION_REQUIRED, data=action))
-        await self.store.runs.transition(spec.run_id, RunStatus.WAITING_FOR_CONNECTION, actions[0]["reason"], new, conn=conn)
+        await self.store.runs.transition(
+            spec.run_id, RunStatus.WAITING_FOR_CONNECTION, actions[0]["reason"], new, conn=conn
+        )
         await conn.execute("UPDATE sessions SET pending_action = $2 WHERE id = $1", uuid.UUID(spec.run_id), actions[0])
         return actions[0]
 
@@ -124,7 +126,9 @@ class Parks(Repository):
                 data={**action, "tool": claim["tool"], "challenge": action["authorization_url"]},
             )
             if status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
-                await self.store.runs.transition(run_id, RunStatus.WAITING_FOR_CONNECTION, reason, [required], conn=conn)
+                await self.store.runs.transition(
+                    run_id, RunStatus.WAITING_FOR_CONNECTION, reason, [required], conn=conn
+                )
                 status = RunStatus.WAITING_FOR_CONNECTION.value
             else:
                 await self.store.append(conn, run_id, [required])
@@ -180,8 +184,9 @@ class Parks(Repository):
                 type=ev.CONNECTION_RESUMED,
                 data={"slots": {b["slot"]: b["connection_id"] for b in bound}},
             )
-            await self.store.runs.transition(run_id, RunStatus.CREATED, "every connection requirement is bound", [resumed],
-                                        conn=conn)  # fmt: skip
+            await self.store.runs.transition(
+                run_id, RunStatus.CREATED, "every connection requirement is bound", [resumed], conn=conn
+            )
         return "resumed", None
 
     async def unpark_call(self, run_id: str, tool_call_id: str, usable: bool, reason: str | None) -> tuple[str, str]:
@@ -242,7 +247,9 @@ class Parks(Repository):
             )
             if status == RunStatus.WAITING_FOR_CONNECTION and not others:
                 await conn.execute("UPDATE sessions SET pending_action = NULL WHERE id = $1", uuid.UUID(run_id))
-                await self.store.runs.transition(run_id, RunStatus.RUNNING, "the connection is usable again", new, conn=conn)
+                await self.store.runs.transition(
+                    run_id, RunStatus.RUNNING, "the connection is usable again", new, conn=conn
+                )
                 status = RunStatus.RUNNING.value
             else:
                 await self.store.append(conn, run_id, new)

@@ -63,7 +63,7 @@ def test_a_search_lists_name_one_line_description_connection_access_and_authoriz
         "name": "mcp__big__archive_invoice",
         "description": "Archive an invoice: it leaves the active list but can be restored.",
         "connection": "big",
-        "access": None,  # no class declared on a binding frozen before access classes
+        "access": "write",  # a binding frozen before access classes: a write left to the policy (core.access)
         "needsAuthorization": False,
     }
 

@@ -74,6 +74,7 @@ def test_defaults_and_budgets_match_the_spec_table_exactly(seeded: dict[str, Pol
         "max_tokens": tokens,
         "max_cost_usd": cost,
         "max_tool_calls": calls,
+        "max_park_secs": None,  # a park's TTL: the default (core.bindings.DEFAULT_PARK_SECS) unless set
     }
 
 

@@ -53,21 +53,38 @@ def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 async def connect(api: httpx.AsyncClient, url: str) -> dict[str, Any]:
     r = await api.post(
-        "/v1/connections", json={"provider": "mcp_http", "base_url": url, "token": "tok-" + secrets.token_hex(8)}
+        "/v1/connections",
+        json={
+            "provider": "mcp_http",
+            "base_url": url,
+            "token": "tok-" + secrets.token_hex(8),
+            "access": {"read": True},
+        },
     )
     assert r.status_code == 200, r.text
     return dict(r.json())
 
 
 async def discovery_agent(
-    api: httpx.AsyncClient, url: str, script: list[dict[str, Any]], mode: str, tools: list[str] = FROZEN
+    api: httpx.AsyncClient,
+    url: str,
+    script: list[dict[str, Any]],
+    mode: str,
+    tools: list[str] = FROZEN,
+    when_unavailable: str = "park",
 ) -> str:
+    requirement = {
+        "slot": "big",
+        "connector": {"url": url},
+        "required_tools": tools,
+        "when_unavailable": when_unavailable,
+    }
     return await make_agent(
         api,
         policy=await make_policy(api, POLICY),
         tool_discovery=mode,
         harness_config={"script": script, "delay_ms": 0},
-        connection_requirements=[{"slot": "big", "connector": {"url": url}, "required_tools": tools}],
+        connection_requirements=[requirement],
     )
 
 
@@ -129,7 +146,7 @@ async def test_a_deferred_run_finds_describes_and_calls_tools_of_a_300_tool_serv
         "name": "mcp__big__archive_invoice",
         "description": "Archive an invoice: it leaves the active list but can be restored.",
         "connection": "big",
-        "access": None,
+        "access": "read",
         "needsAuthorization": False,
     }
     described = answer(messages[1], "tool_describe")
@@ -177,7 +194,8 @@ async def test_a_revoked_connection_is_listed_as_needing_authorization_not_omitt
             search("ticket"),
             describe("mcp__big__get_ticket"),
         ]
-        agent = await discovery_agent(api, srv.url, script, "deferred")
+        # ``fail``: the revoked call is refused (a parked call would hold the script before its search).
+        agent = await discovery_agent(api, srv.url, script, "deferred", when_unavailable="fail")
         run_id = await start_run(api, agent)
         pending = await wait_pending(api, run_id)
         r = await api.post(f"/v1/connections/{created['connection']['id']}/revoke")

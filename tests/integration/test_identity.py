@@ -226,6 +226,7 @@ async def test_invoking_user_binds_the_invokers_connection_and_deactivation_cuts
         cid = r.json()["connection"]["id"]
         requirement = {
             "slot": "calc", "connector": {"url": srv.url}, "required_tools": ["add"], "binding_mode": "invoking_user",
+            "when_unavailable": "fail",  # refused at creation, as before parked runs (the default parks)
         }  # fmt: skip
         agent = await make_agent(
             api, [{"sleep_ms": 600000}], policy=await make_policy(api, BROKER_POLICY),
@@ -321,6 +322,7 @@ async def test_only_the_owner_decides_an_approval_that_would_run_under_their_per
         name = r.json()["connection"]["display_name"]
         requirement = {
             "slot": "calc", "connector": {"url": srv.url}, "required_tools": ["add"], "binding_mode": "invoking_user",
+            "when_unavailable": "fail",  # refused at creation, as before parked runs (the default parks)
         }  # fmt: skip
         policy = {
             "defaults": {"tool_action": "deny"},

@@ -249,7 +249,12 @@ async def test_environment_credentials_are_configuration_and_a_missing_one_is_na
     async with serve(bearer(FAST["PARKTEST_MCP_TOKEN"])) as srv:
         r = await api.post(
             "/v1/connections",
-            json={"provider": "mcp_http", "base_url": srv.url, "credential_env": "PARKTEST_MCP_TOKEN"},
+            json={
+                "provider": "mcp_http",
+                "base_url": srv.url,
+                "credential_env": "PARKTEST_MCP_TOKEN",
+                "access": {"read": True},
+            },
         )
         assert r.status_code == 200, r.text
         assert FAST["PARKTEST_MCP_TOKEN"] not in r.text

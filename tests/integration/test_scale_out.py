@@ -264,7 +264,10 @@ def _activity_workers(evs: list[Any]) -> list[tuple[Any, int]]:
 
 async def brokered_run(api: httpx.AsyncClient, srv: RunningServer) -> str:
     """A run whose one step is a brokered call of ``add`` on ``srv`` (connected first)."""
-    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "tok-x"})
+    r = await api.post(
+        "/v1/connections",
+        json={"provider": "mcp_http", "base_url": srv.url, "token": "tok-x", "access": {"read": True}},
+    )
     assert r.status_code == 200, r.text
     policy = await make_policy(
         api, {"defaults": {"tool_action": "deny"}, "tools": [{"match": ["mcp__*"], "action": "allow"}]}

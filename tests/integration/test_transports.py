@@ -35,6 +35,8 @@ async def connect_openapi(api: httpx.AsyncClient, app: RunningApp, token: str, *
             "transport": "openapi",
             "base_url": app.url,
             "token": token,
+            # Reads as their methods say; the one write the tests make is left to the policy.
+            "access": {"write": {"tools": ["createItem"], "approval": "policy"}},
             "transport_config": {"document_url": app.url + "/openapi.json", **config},
         },
     )
@@ -49,6 +51,7 @@ async def connect_stdio(api: httpx.AsyncClient, name: str, **config: Any) -> dic
         json={
             "transport": "stdio",
             "display_name": name,
+            "access": {"read": True},
             "transport_config": {"command": "node", "args": [str(EVERYTHING), "stdio"], **config},
         },
     )
@@ -125,6 +128,8 @@ async def test_duplicate_calls_execute_exactly_once_on_every_transport(api: http
         r = await api.post(
             "/v1/connections",
             json={"transport": "http", "base_url": app.url + "/", "token": "tok-http-1",
+                  # A POST is a write by default, and a default write always asks a human: left to the policy.
+                  "access": {"write": {"tools": ["create"], "approval": "policy"}},
                   "transport_config": {"endpoints": endpoints}},
         )  # fmt: skip
         assert r.status_code == 200, r.text
@@ -215,7 +220,7 @@ async def test_stopping_the_worker_ends_its_stdio_processes() -> None:
     async with own_stack("fbxs-", dict(FAST)) as (st, api):
         r = await api.post(
             "/v1/connections",
-            json={"transport": "stdio", "display_name": marker,
+            json={"transport": "stdio", "display_name": marker, "access": {"read": True},
                   "transport_config": {"command": "node", "args": [str(EVERYTHING), "stdio", marker]}},
         )  # fmt: skip
         assert r.status_code == 200, r.text

@@ -287,13 +287,23 @@ async def test_overrides_are_opt_in_and_only_narrow(
     assert r.status_code == 200, r.text
     run = await run_row(api, r.json()["session_id"])
     assert run["task"] == "Only look at pkg"
-    assert run["repo_source"] == {"kind": "local_copy", "path": os.path.realpath(tree / "pkg")}
+    assert run["repo_source"] == {
+        "kind": "local_copy",
+        "path": os.path.realpath(tree / "pkg"),
+        "url": None,
+        "ref": None,
+    }
     await wait_status(api, run["id"], TERMINAL)
     # An in-tree symlink is followed once, here: the run records (and copies) the directory it named then.
     r = await invoke(anon, sid, token, {"context": {"item": "x"}, "workspace": {"path": str(tree / "inner")}})
     assert r.status_code == 200, r.text
     run = await run_row(api, r.json()["session_id"])
-    assert run["repo_source"] == {"kind": "local_copy", "path": os.path.realpath(tree / "pkg")}
+    assert run["repo_source"] == {
+        "kind": "local_copy",
+        "path": os.path.realpath(tree / "pkg"),
+        "url": None,
+        "ref": None,
+    }
     await wait_status(api, run["id"], TERMINAL)
 
 
