@@ -122,92 +122,128 @@ async def manageable(svc: Services, who: Principal, connection_id: str, action: 
 )
 async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     """A rejected credential or a refused photograph stores nothing. ``owner: personal`` makes a
-    connection only its creator can see or use (any signed-in user; never the operator)."""
+    connection only its creator can see or use (any signed-in user; never the operator). A usable new
+    connection wakes every run parked for a connection to its URL, whatever its transport."""
     transport = body.transport or body.provider or "mcp_http"
     if body.transport is not None and body.provider not in (None, body.transport, "mcp_http"):
         raise BadRequest(f"`provider` '{body.provider}' and `transport` '{body.transport}' disagree")
     if transport not in TRANSPORTS:
         raise BadRequest(f"unsupported provider '{transport}' (supported: {', '.join(TRANSPORTS)})")
+    access = parse_access(body.access) if body.access is not None else None
     if transport in ("relay", "sandbox_cli"):
-        return await _create_transport(body, transport, who, svc)
-    if body.tools is not None:
-        raise BadRequest("`tools` apply to sandbox_cli connections only")
-    svc.connection_service.custody()
-    if transport != "mcp_http":
-        return await _create_transport_connection(body, transport, who, svc)
-    if body.transport_config is not None:
-        raise BadRequest("`transport_config` applies to openapi, http, stdio and relay connections only")
-    if body.base_url is None:
-        raise BadRequest("an mcp_http connection needs a `base_url`")
+        row, snapshot = await _create_device_or_cli(body, transport, who, svc, access)
+    else:
+        if body.tools is not None:
+            raise BadRequest("`tools` apply to sandbox_cli connections only")
+        svc.connection_service.custody()
+        if transport == "mcp_http":
+            row, snapshot = await _create_mcp_http(body, who, svc, access)
+        else:
+            row, snapshot = await _create_described(body, transport, who, svc, access)
+    if snapshot is None:  # a pending oauth connection: usable after its first sign-in
+        return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
+    await svc.run_control.wake_parked(who.tenant_id, row)
+    return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
+
+
+Created = tuple[dict[str, Any], dict[str, Any] | None]  # the row, and its first snapshot (None: pending oauth)
+
+
+def _check_owner(body: ConnectionCreate, who: Principal) -> None:
     if body.owner == "personal" and who.is_operator:
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
     if body.owner == "organization" and not who.mutates_resources:
         raise Forbidden("creating an organization connection requires the admin or owner role")
-    access = parse_access(body.access) if body.access is not None else None
+
+
+def _owner_user_id(body: ConnectionCreate, who: Principal) -> str | None:
+    return who.user_id if body.owner == "personal" else None
+
+
+def _check_oauth_client(body: ConnectionCreate) -> None:
+    if body.token is not None:
+        raise BadRequest("an oauth connection takes no `token`: it is obtained by signing in")
+    if body.client_secret is not None and body.client_id is None:
+        raise BadRequest("`client_secret` needs the `client_id` it was issued with")
+    if body.scopes is not None and not all(_SCOPE.fullmatch(scope) for scope in body.scopes):
+        raise BadRequest("`scopes` must be non-empty OAuth scope tokens (no spaces or quotes)")
+
+
+def _check_no_oauth_client(body: ConnectionCreate) -> None:
+    if body.client_id is not None or body.client_secret is not None or body.scopes is not None:
+        raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
+
+
+async def _preregistered(svc: Services, who: Principal, body: ConnectionCreate, row: dict[str, Any]) -> Created:
+    """A pending oauth connection, with the client id (or scopes) it was given registered first; a client id
+    the server will not take removes the connection again."""
+    if body.client_id is not None or body.scopes:
+        try:
+            await svc.connection_service.oauth_connect().preregister(
+                who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
+            )
+        except (OAuthClientError, UrlRefused) as err:
+            await svc.connections.discard_pending_oauth(who.tenant_id, row["id"])
+            raise BadRequest(f"cannot use this client id with this server: {err}") from None
+    return row, None
+
+
+async def _create_mcp_http(
+    body: ConnectionCreate, who: Principal, svc: Services, access: dict[str, Any] | None
+) -> Created:
+    if body.transport_config is not None:
+        raise BadRequest("`transport_config` applies to openapi, http, stdio and relay connections only")
+    if body.base_url is None:
+        raise BadRequest("an mcp_http connection needs a `base_url`")
+    _check_owner(body, who)
     if body.auth_kind == "oauth":
-        if body.token is not None:
-            raise BadRequest("an oauth connection takes no `token`: it is obtained by signing in")
+        _check_oauth_client(body)
         if body.header_name is not None or body.scheme != "Bearer":
             raise BadRequest(
                 "an oauth connection sends `Authorization: Bearer`; `header_name` and `scheme` do not apply"
             )
-        if body.client_secret is not None and body.client_id is None:
-            raise BadRequest("`client_secret` needs the `client_id` it was issued with")
-        if body.scopes is not None and not all(_SCOPE.fullmatch(scope) for scope in body.scopes):
-            raise BadRequest("`scopes` must be non-empty OAuth scope tokens (no spaces or quotes)")
         row = await svc.connection_service.connect_oauth(
             who.tenant_id,
             base_url=body.base_url,
             display_name=body.display_name,
-            owner_user_id=who.user_id if body.owner == "personal" else None,
+            owner_user_id=_owner_user_id(body, who),
             created_by_user_id=who.user_id,
             access=access,
         )
-        if body.client_id is not None or body.scopes:
-            try:
-                await svc.connection_service.oauth_connect().preregister(
-                    who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
-                )
-            except (OAuthClientError, UrlRefused) as err:
-                await svc.connections.discard_pending_oauth(who.tenant_id, row["id"])
-                raise BadRequest(f"cannot use this client id with this server: {err}") from None
-        return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
-    if body.client_id is not None or body.client_secret is not None or body.scopes is not None:
-        raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
+        return await _preregistered(svc, who, body, row)
+    _check_no_oauth_client(body)
     if body.credential_env is not None:
         if body.token is not None:
             raise BadRequest("give either `token` or `credential_env`, not both")
-        row, snapshot = await svc.connection_service.connect_env(
+        return await svc.connection_service.connect_env(
             who.tenant_id,
             base_url=body.base_url,
             credential_env=body.credential_env,
             header_name=body.header_name,
             scheme=body.scheme,
             display_name=body.display_name,
-            owner_user_id=who.user_id if body.owner == "personal" else None,
+            owner_user_id=_owner_user_id(body, who),
             created_by_user_id=who.user_id,
             access=access,
         )
-        await svc.run_control.wake_parked(who.tenant_id, row)
-        return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a static connection needs a `token` (or `credential_env`)")
-    row, snapshot = await svc.connection_service.connect_static(
+    return await svc.connection_service.connect_static(
         who.tenant_id,
         base_url=body.base_url,
         token=body.token.get_secret_value(),
         header_name=body.header_name,
         scheme=body.scheme,
         display_name=body.display_name,
-        owner_user_id=who.user_id if body.owner == "personal" else None,
+        owner_user_id=_owner_user_id(body, who),
         created_by_user_id=who.user_id,
         access=access,
     )
-    await svc.run_control.wake_parked(who.tenant_id, row)  # runs parked for a connection to this URL
-    return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
 
-async def _create_transport(body: ConnectionCreate, transport: str, who: Principal, svc: Services) -> dict[str, Any]:
+async def _create_device_or_cli(
+    body: ConnectionCreate, transport: str, who: Principal, svc: Services, access: dict[str, Any] | None
+) -> Created:
     """A relay (a sealed credential, admitted https URL, bounded timeout) or a sandbox CLI (declared tools, no
     credential at all)."""
     if body.owner == "personal" and who.is_operator:
@@ -218,7 +254,6 @@ async def _create_transport(body: ConnectionCreate, transport: str, who: Princip
         raise BadRequest(f"a {transport} connection takes no OAuth settings")
     if body.header_name is not None or body.scheme != "Bearer":
         raise BadRequest(f"a {transport} connection sends no custom header or scheme")
-    access = parse_access(body.access) if body.access is not None else None
     if body.base_url is None:
         raise BadRequest(f"a {transport} connection needs a `base_url`")
     if transport == "sandbox_cli":
@@ -231,33 +266,33 @@ async def _create_transport(body: ConnectionCreate, transport: str, who: Princip
             raise BadRequest("a sandbox_cli connection declares its `tools`; it has no `transport_config`")
         if body.owner == "personal":
             raise BadRequest("a sandbox_cli connection is an organization connection")
-        row, snapshot = await svc.connection_service.connect_sandbox_cli(
+        return await svc.connection_service.connect_sandbox_cli(
             who.tenant_id, base_url=body.base_url, tools=body.tools, display_name=body.display_name,
             created_by_user_id=who.user_id, access=access,
         )  # fmt: skip
-        return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
     if body.tools is not None:
         raise BadRequest("a relay connection photographs its tools; it takes no `tools`")
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a relay connection needs the relay's `token`")
-    row, snapshot = await svc.connection_service.connect_relay(
+    return await svc.connection_service.connect_relay(
         who.tenant_id,
         base_url=body.base_url,
         token=body.token.get_secret_value(),
         config=body.transport_config,
         display_name=body.display_name,
-        owner_user_id=who.user_id if body.owner == "personal" else None,
+        owner_user_id=_owner_user_id(body, who),
         created_by_user_id=who.user_id,
         access=access,
     )
-    return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
 
-async def _create_transport_connection(
-    body: ConnectionCreate, transport: str, who: Principal, svc: Services
-) -> dict[str, Any]:
+async def _create_described(
+    body: ConnectionCreate, transport: str, who: Principal, svc: Services, access: dict[str, Any] | None
+) -> Created:
     """An ``openapi``, ``http`` or ``stdio`` connection: its configuration is checked, its tools photographed
-    through its provider, then it is stored like any static connection (the credential sealed)."""
+    through its provider, then it is stored like any static connection (the credential sealed). An ``openapi``
+    or ``http`` one may sign in with the OAuth connect of MCP connections instead (the API's base URL must
+    answer 401 and publish its protected resource metadata, RFC 9728)."""
     config = dict(body.transport_config or {})
     if transport == "stdio":
         # A command runs on every worker host: only trusted configuration may name one.
@@ -270,14 +305,11 @@ async def _create_transport_connection(
         problem = auth_problem(config.get("auth"))
         if problem is not None:
             raise Unprocessable(problem)
-        if body.owner == "personal" and who.is_operator:
-            raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
-        if body.owner == "organization" and not who.mutates_resources:
-            raise Forbidden("creating an organization connection requires the admin or owner role")
+        _check_owner(body, who)
     if body.auth_kind == "oauth" and transport == "stdio":
         raise BadRequest("a stdio connection takes its credential through `credential_env`, not OAuth")
-    if body.auth_kind != "oauth" and (body.client_id is not None or body.client_secret is not None or body.scopes):
-        raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
+    if body.auth_kind != "oauth":
+        _check_no_oauth_client(body)
     base_url = body.base_url
     if transport == "stdio":
         name = re.sub(r"[^a-z0-9-]+", "-", (body.display_name or str(config.get("command", ""))).lower()).strip("-")
@@ -294,60 +326,37 @@ async def _create_transport_connection(
     if base_url is None:
         raise BadRequest(f"an {transport} connection needs a `base_url`")
     if body.auth_kind == "oauth":
-        return await _create_oauth_transport_connection(body, transport, who, svc, base_url, config)
+        _check_oauth_client(body)
+        if config.get("auth", {"type": "oauth"}).get("type") != "oauth":
+            raise Unprocessable("an oauth connection's `auth` must be {type: oauth} (or left out)")
+        row = await svc.connection_service.connect_oauth(
+            who.tenant_id,
+            base_url=base_url,
+            display_name=body.display_name,
+            owner_user_id=_owner_user_id(body, who),
+            created_by_user_id=who.user_id,
+            transport=transport,
+            transport_config={**config, "auth": {"type": "oauth"}},
+            access=access,
+        )
+        return await _preregistered(svc, who, body, row)
     auth = config.get("auth") or {}
     token = body.token.get_secret_value() if body.token is not None else ""
     if not token and transport != "stdio" and auth.get("type", "bearer") != "none":
         raise BadRequest(f"this connection's auth ({auth.get('type', 'bearer')}) needs a `token`")
-    scheme = "Basic" if auth.get("type") == "basic" else body.scheme
-    row, snapshot = await svc.connection_service.connect_static(
+    return await svc.connection_service.connect_static(
         who.tenant_id,
         base_url=base_url,
         token=token,
         header_name=body.header_name,
-        scheme=scheme,
+        scheme="Basic" if auth.get("type") == "basic" else body.scheme,
         display_name=body.display_name,
-        owner_user_id=who.user_id if body.owner == "personal" else None,
+        owner_user_id=_owner_user_id(body, who),
         created_by_user_id=who.user_id,
         transport=transport,
         transport_config=config,
-        access=parse_access(body.access) if body.access is not None else None,
+        access=access,
     )
-    return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
-
-
-async def _create_oauth_transport_connection(
-    body: ConnectionCreate, transport: str, who: Principal, svc: Services, base_url: str, config: dict[str, Any]
-) -> dict[str, Any]:
-    """A pending ``openapi`` / ``http`` connection signed in with the OAuth connect of MCP connections: the API's
-    base URL must answer 401 and publish its protected resource metadata (RFC 9728)."""
-    if body.token is not None:
-        raise BadRequest("an oauth connection takes no `token`: it is obtained by signing in")
-    if config.get("auth", {"type": "oauth"}).get("type") != "oauth":
-        raise Unprocessable("an oauth connection's `auth` must be {type: oauth} (or left out)")
-    if body.client_secret is not None and body.client_id is None:
-        raise BadRequest("`client_secret` needs the `client_id` it was issued with")
-    if body.scopes is not None and not all(_SCOPE.fullmatch(scope) for scope in body.scopes):
-        raise BadRequest("`scopes` must be non-empty OAuth scope tokens (no spaces or quotes)")
-    row = await svc.connection_service.connect_oauth(
-        who.tenant_id,
-        base_url=base_url,
-        display_name=body.display_name,
-        owner_user_id=who.user_id if body.owner == "personal" else None,
-        created_by_user_id=who.user_id,
-        transport=transport,
-        transport_config={**config, "auth": {"type": "oauth"}},
-        access=parse_access(body.access) if body.access is not None else None,
-    )
-    if body.client_id is not None or body.scopes:
-        try:
-            await svc.connection_service.oauth_connect().preregister(
-                who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
-            )
-        except (OAuthClientError, UrlRefused) as err:
-            await svc.connections.discard_pending_oauth(who.tenant_id, row["id"])
-            raise BadRequest(f"cannot use this client id with this server: {err}") from None
-    return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
 
 
 @router.get(

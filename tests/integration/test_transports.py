@@ -310,3 +310,21 @@ async def test_the_cli_creates_openapi_and_stdio_connections(api: httpx.AsyncCli
         assert f"openapi  active  {app.url}" in listed and f"stdio  active  stdio://{name}" in listed
         tools = json.loads(await asyncio.to_thread(run, "tools", made["connection"]["id"]))
         assert any(t["name"] == "getItem" and t["access"] == "read" for t in tools["snapshot"]["tools"])
+
+
+async def test_a_run_parked_for_a_stdio_connection_resumes_when_an_admin_creates_it(api: httpx.AsyncClient) -> None:
+    """Parking is transport-blind: creating the connection the run waits for (here stdio) wakes it."""
+    name = "late-" + secrets.token_hex(4)
+    agent = await make_agent(
+        api, [{"tool": "mcp__ev__echo", "input": {"message": "after the wait"}}], policy=await make_policy(api, POLICY),
+        connection_requirements=[{**requirement("ev", f"stdio://{name}", ["echo"]), "when_unavailable": "park"}],
+    )  # fmt: skip
+    r = await api.post("/v1/sessions", json={"agent": agent, "task": "echo"})
+    assert r.status_code == 200 and r.json()["session"]["status"] == "waiting_for_connection", r.text
+    run_id = r.json()["session"]["id"]
+    assert r.json()["session"]["pending_action"]["url"] == f"stdio://{name}"
+    await connect_stdio(api, name)
+    done = await wait_status(api, run_id, {"completed", "failed"})
+    assert done["status"] == "completed", done
+    evs = await events(api, run_id)
+    assert [e["payload"]["data"]["tool"] for e in evs if e["type"] == "tool.brokered"] == ["mcp__ev__echo"]
