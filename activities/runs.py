@@ -28,18 +28,20 @@ from contracts import temporal as c
 from core import contract as wire
 from core import events as ev
 from core.digests import sha256_hex
-from core.errors import InvalidTransition
+from core.errors import InvalidTransition, NotFound
 from core.ports import ExecutionProvider, Resources, SandboxHandle, SandboxSpec, WorkspaceRef
 from core.runner_env import runner_env, runner_secrets
 from core.runspec import RunSpec
 from core.states import RunStatus, is_terminal, outcome_status
 from core.tokens import BOOTSTRAP_AUDIENCE, RUN_AUDIENCES
 from db.approvals import ApprovalRecord
+from db.connections import Connections, credential_context
 from db.models.runs import Run
 from db.parks import end_all
 from db.runs import LiveRun
 from db.store import Store
 from db.workspaces import WorkspaceArchives
+from integrations.sealing import SealingError, sealer_from_settings
 from integrations.urls import UrlPolicy, UrlRefused
 from sandbox.limits import MIB
 from sandbox.manifests import BOOTSTRAP_FILE
@@ -70,6 +72,9 @@ class RunActivities:
         self.settings = settings
         self.started = time.monotonic()
         self.archives = WorkspaceArchives(store.pool)
+        # Opens a git_repository workspace's sealed credential for the clone (None: credential storage is off).
+        self._sealer = sealer_from_settings(*settings.credential_keys())
+        self.connections = Connections(store)
         self._orphans_swept = float("-inf")
 
     def _run_dir(self, run_id: str) -> Path:
@@ -132,7 +137,12 @@ class RunActivities:
         data: dict[str, object] = {}
         try:
             if spec.workspace.kind == "git_repository" and spec.workspace.url:
-                data.update(await self._fetch_repository(spec.workspace.url, spec.workspace.ref, run_dir / "repo"))
+                auth = await self._git_auth(spec) if spec.workspace.credential else None
+                data.update(
+                    await self._fetch_repository(spec.workspace.url, spec.workspace.ref, run_dir / "repo", auth)
+                )
+                if spec.workspace.credential:
+                    data["credential"] = spec.workspace.credential  # the connection's id, never its secret
                 source = str(run_dir / "repo")
             base, files = await workspace.prepare(run_dir, source)
         except workspace.WorkspaceError as err:
@@ -171,16 +181,36 @@ class RunActivities:
         )
         return c.StatusOut(status=await self._status(run_id))
 
-    async def _fetch_repository(self, url: str, ref: str | None, dest: Path) -> dict[str, object]:
+    async def _git_auth(self, spec: RunSpec) -> workspace.GitAuth:
+        """The git_repository workspace's credential, opened here and only for the clone: its ``git`` connection
+        must still be active (a revoked or replaced-then-revoked one fails the run, naming the connection)."""
+        cid = spec.workspace.credential or ""
+        row = await self.connections.get(spec.tenant_id, cid)
+        if self._sealer is None:
+            raise workspace.WorkspaceError("credential storage is disabled on this worker (FLUIDBOX_CREDENTIAL_KEY)")
+        try:
+            if row is None or row.get("transport") != "git":
+                raise NotFound()
+            blob, _ = await self.connections.credential(cid)
+            secret = self._sealer.open(blob, context=credential_context(spec.tenant_id)).decode()
+        except (NotFound, SealingError):
+            raise workspace.WorkspaceError(f"git credential {cid} is no longer usable (revoked or unreadable)") from (
+                None
+            )
+        return workspace.GitAuth(scheme=str(row["scheme"]), secret=secret)
+
+    async def _fetch_repository(
+        self, url: str, ref: str | None, dest: Path, auth: workspace.GitAuth | None = None
+    ) -> dict[str, object]:
         """Clone a git_repository workspace here, in the control plane (never with a credential in the
         sandbox); an https URL must resolve to public addresses (FLUIDBOX_ALLOW_LOOPBACK_CONNECTORS
-        admits loopback, for tests)."""
-        if url.startswith("https:"):
+        admits loopback, for tests, and then plain http to a loopback server)."""
+        if url.startswith(("https:", "http:")):
             try:
                 await UrlPolicy(allow_loopback=self.settings.allow_loopback_connectors).admit(url)
             except UrlRefused as err:
                 raise workspace.WorkspaceError(f"repository URL refused: {err.reason}") from None
-        commit = await workspace.clone(url, ref, dest)
+        commit = await workspace.clone(url, ref, dest, auth)
         return {"repository": url, "ref": ref, "commit": commit}
 
     async def _remote_spec(self, spec: RunSpec, run_dir: Path) -> SandboxSpec:

@@ -20,16 +20,18 @@ repositories is baselined whole. It also writes a manifest (mode, size, sha256 p
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import tarfile
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -401,21 +403,53 @@ CLONE_OPTS = (
 )  # fmt: skip
 
 
-async def clone(url: str, ref: str | None, dest: Path) -> str:
+@dataclass(frozen=True)
+class GitAuth:
+    """How to authenticate one clone: ``Basic`` (``user:token``) or ``Bearer``. Never stored, logged or shown:
+    :func:`clone` hands it to git as an ``Authorization`` header through the environment of git alone."""
+
+    scheme: str
+    secret: str = field(repr=False)
+
+    def header(self) -> str:
+        value = base64.b64encode(self.secret.encode()).decode() if self.scheme == "Basic" else self.secret
+        return f"Authorization: {self.scheme} {value}"
+
+
+async def clone(url: str, ref: str | None, dest: Path, auth: GitAuth | None = None) -> str:
     """A shallow clone of ``url`` (at ``ref``) into ``dest`` as a plain tree (its ``.git`` removed: the
     agent gets files, and the baseline is the control plane's own); returns the commit it was.
 
+    With ``auth``, the header reaches git only through ``GIT_CONFIG_COUNT``/``GIT_CONFIG_KEY_0``/``VALUE_0`` in
+    the environment of this git process: not its argv (other users could read that), not a file, not the clone's
+    ``.git/config``, and redirects are not followed (the header would go with them).
+
     Raises:
-        WorkspaceError: the clone failed or took longer than ``CLONE_TIMEOUT_SECS``.
+        WorkspaceError: the clone failed (the remote refusing the credential says so) or took longer than
+            ``CLONE_TIMEOUT_SECS``. Messages name the repository, never the credential.
     """
     await asyncio.to_thread(shutil.rmtree, dest, True)  # a retried provisioning starts over
-    args = ["git", *GIT_OPTS, *CLONE_OPTS, "clone", "--quiet", "--depth", "1", "--no-tags", "--single-branch"]
+    opts = list(CLONE_OPTS)
+    if url.startswith("http:"):
+        opts += ["-c", "protocol.http.allow=always"]  # a loopback test server only (checked before this)
+    args = ["git", *GIT_OPTS, *opts, "clone", "--quiet", "--depth", "1", "--no-tags", "--single-branch"]
     if ref:
         args += ["--branch", ref]
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_ENV}
+    clone_env = dict(env)
+    if auth is not None:
+        clone_env.update(
+            {
+                "GIT_CONFIG_COUNT": "2",
+                "GIT_CONFIG_KEY_0": "http.extraHeader",
+                "GIT_CONFIG_VALUE_0": auth.header(),
+                "GIT_CONFIG_KEY_1": "http.followRedirects",
+                "GIT_CONFIG_VALUE_1": "false",
+            }
+        )
     proc = await asyncio.create_subprocess_exec(
         *args, "--", url, str(dest), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=clone_env,
     )  # fmt: skip
     try:
         async with asyncio.timeout(CLONE_TIMEOUT_SECS):
@@ -425,7 +459,13 @@ async def clone(url: str, ref: str | None, dest: Path) -> str:
         await proc.wait()
         raise WorkspaceError(f"cloning {url} took longer than {CLONE_TIMEOUT_SECS:g}s") from None
     if proc.returncode != 0:
-        raise WorkspaceError(f"cannot clone {url}: {err.decode(errors='replace').strip()[:300]}")
+        text = err.decode(errors="replace")
+        if auth is not None:
+            text = text.replace(auth.secret, "[redacted]").replace(auth.header(), "[redacted]")
+        if AUTH_REFUSED.search(text):
+            given = "the remote refused the stored credential" if auth else "it needs a credential"
+            raise WorkspaceError(f"cannot clone {url}: {given} (authentication failed)")
+        raise WorkspaceError(f"cannot clone {url}: {text.strip()[:300]}")
     head = await asyncio.create_subprocess_exec(
         "git", f"--git-dir={dest / '.git'}", *GIT_OPTS, "rev-parse", "HEAD",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env,
@@ -433,3 +473,11 @@ async def clone(url: str, ref: str | None, dest: Path) -> str:
     out, _ = await head.communicate()
     await asyncio.to_thread(shutil.rmtree, dest / ".git")
     return out.decode().strip()
+
+
+# What git prints when the server answers 401/403 (with prompting off it cannot ask for anything else).
+AUTH_REFUSED = re.compile(
+    r"Authentication failed|could not read Username|could not read Password|terminal prompts disabled"
+    r"|The requested URL returned error: 40[13]",
+    re.IGNORECASE,
+)

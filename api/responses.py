@@ -428,7 +428,8 @@ class ConnectionPublic(_Out):
     updated_at: Timestamp
     access: Json = Field(description="Which tools read and which write (normalized; see docs/api.md).")
     transport: str = "mcp_http"
-    """``mcp_http``, ``openapi``, ``http``, ``stdio``, ``relay`` or ``sandbox_cli`` (who speaks to the server)."""
+    """``mcp_http``, ``openapi``, ``http``, ``stdio``, ``relay``, ``sandbox_cli`` or ``git`` (who speaks to the
+    server; a ``git`` connection is a credential for cloning private repositories)."""
     transport_config: Json | None = None
     """The transport's non-secret configuration (a stdio environment's values are never shown)."""
 

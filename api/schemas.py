@@ -22,6 +22,12 @@ class WorkspaceIn(_Body):
     path: str | None = None
     url: str | None = Field(default=None, max_length=2000)  # git_repository
     ref: str | None = Field(default=None, max_length=200)  # git_repository: branch or tag
+    credential: str | None = Field(
+        default=None,
+        max_length=64,
+        description="git_repository: the id of a `git` connection whose sealed credential the control plane "
+        "clones with (the sandbox never sees it).",
+    )
 
 
 TOOL_INPUTS: dict[str, tuple[str, ...]] = {

@@ -32,6 +32,9 @@ class WorkspaceSpec(_Frozen):
     path: str | None = None
     url: str | None = None  # git_repository: https://… (or file:///… for the operator), cloned control-plane side
     ref: str | None = None  # git_repository: a branch or tag (default: the remote's HEAD)
+    # git_repository: the id of a ``git`` connection whose sealed credential the control plane clones with
+    # (an id, never the secret: the RunSpec, the ledger and responses only ever name it).
+    credential: str | None = None
 
 
 class WorkspaceInput(Protocol):
@@ -52,23 +55,64 @@ def workspace_doc(ws: WorkspaceInput | None) -> dict[str, Any] | None:
     if ws is None or ws.kind in ("scratch", "none"):
         return None
     if ws.kind == "git_repository":
-        return _git_doc(getattr(ws, "url", None), getattr(ws, "ref", None))
+        return _git_doc(getattr(ws, "url", None), getattr(ws, "ref", None), getattr(ws, "credential", None))
     if not ws.path or not ws.path.startswith("/"):
         raise BadRequest("a local_copy workspace needs an absolute `path`")
     return {"kind": "local_copy", "path": ws.path}
 
 
-def _git_doc(url: str | None, ref: str | None) -> dict[str, Any]:
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+def _git_doc(url: str | None, ref: str | None, credential: str | None = None) -> dict[str, Any]:
     if not url:
         raise BadRequest("a git_repository workspace needs a `url`")
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in ("https", "file") or (scheme == "file" and not rest.startswith("/")):
+    authority = rest.split("/", 1)[0]
+    plain_loopback = scheme == "http" and is_loopback_authority(authority)  # a test server; see services.runs
+    known = scheme in ("https", "file") or plain_loopback
+    if not sep or not known or (scheme == "file" and not rest.startswith("/")):
         raise BadRequest("a git_repository `url` is https://… (or file:///absolute/path)")
-    if scheme == "https" and "@" in rest.split("/", 1)[0]:
-        raise BadRequest("a git_repository `url` must not carry credentials")
+    if scheme != "file" and "@" in authority:
+        raise BadRequest(
+            "a git_repository `url` must not carry credentials: store them as a `git` connection and name it "
+            "in `credential`"
+        )
     if ref is not None and (not GIT_REF.match(ref) or ".." in ref):
         raise BadRequest("a git_repository `ref` is a branch or tag name (letters, digits, . _ / -)")
-    return {"kind": "git_repository", "url": url, "ref": ref}
+    doc: dict[str, Any] = {"kind": "git_repository", "url": url, "ref": ref}
+    if credential is not None:
+        if scheme == "file":
+            raise BadRequest("a file:// git_repository takes no `credential`")
+        if not CREDENTIAL_ID.match(credential):
+            raise BadRequest("a git_repository `credential` is the id of a `git` connection")
+        doc["credential"] = credential
+    return doc
+
+
+CREDENTIAL_ID = re.compile(r"^[0-9a-fA-F-]{32,36}$")
+
+
+def is_loopback_authority(authority: str) -> bool:
+    """``127.0.0.1``, ``localhost`` or ``[::1]`` (any port): where plain http may reach a test git server."""
+    host = authority.rsplit("@", 1)[-1]
+    host = host[: host.find("]") + 1] if host.startswith("[") else host.split(":", 1)[0]
+    return host.lower() in LOOPBACK_HOSTS
+
+
+def repository_in_scope(base_url: str, url: str) -> bool:
+    """Whether a credential stored for ``base_url`` may be sent to ``url``: the same scheme and host (and port),
+    and a path at or under the base path (``https://git.example.com/team`` covers ``…/team/app.git``, never
+    ``…/team-other/app.git``)."""
+    b_scheme, _, b_rest = base_url.partition("://")
+    u_scheme, _, u_rest = url.partition("://")
+    b_auth, _, b_path = b_rest.partition("/")
+    u_auth, _, u_path = u_rest.partition("/")
+    if b_scheme.lower() != u_scheme.lower() or b_auth.lower() != u_auth.lower():
+        return False
+    base = b_path.strip("/")
+    path = u_path.split("?", 1)[0].split("#", 1)[0].strip("/")
+    return not base or path == base or path.startswith(base + "/")
 
 
 class InvocationContext(_Frozen):

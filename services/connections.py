@@ -17,6 +17,7 @@ from pydantic import SecretStr
 
 from core.digests import document_digest
 from core.errors import BadRequest, Conflict, Unavailable, UpstreamFailed
+from core.runspec import is_loopback_authority
 from core.sandbox_cli import check_tools
 from db.connections import Connections, credential_context
 from db.parks import Challenges, Parks
@@ -232,6 +233,47 @@ class ConnectionService:
         }
         return await self.connections.create(tenant_id, fields, None, None, photo)
 
+    async def connect_git(
+        self,
+        tenant_id: str,
+        *,
+        base_url: str,
+        token: str,
+        scheme: str,
+        display_name: str | None,
+        owner_user_id: str | None = None,
+        created_by_user_id: str | None = None,
+    ) -> tuple[Row, Row]:
+        """A credential for cloning private repositories (``transport: git``): no tools; ``base_url`` is the
+        https prefix of the repositories it may be sent to. Sealed like every connection credential; only the
+        control plane's clone ever opens it."""
+        sealer = self.custody()
+        problem = git_base_problem(base_url)
+        if problem is not None:
+            raise BadRequest(problem)
+        if scheme not in ("Basic", "Bearer"):
+            raise BadRequest("a git connection's `scheme` is Basic (`user:token`) or Bearer")
+        if scheme == "Basic" and ":" not in token:
+            raise BadRequest("a Basic git credential must be `user:token`")
+        if any(ch in token for ch in "\r\n\0"):
+            raise BadRequest("a git credential is one line")
+        url = base_url.rstrip("/")
+        photo = {"protocol_version": "git", "tools": [], "digest": document_digest([])}
+        fields: dict[str, Any] = {
+            "provider": "git",
+            "transport": "git",
+            "transport_config": {},
+            "display_name": display_name or url,
+            "base_url": url,
+            "header_name": None,
+            "scheme": scheme,
+            "owner_user_id": owner_user_id,
+            "created_by_user_id": created_by_user_id,
+            "access": None,
+        }
+        sealed = sealer.seal(token, context=credential_context(tenant_id))
+        return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
+
     async def openapi_base_url(self, config: dict[str, Any]) -> str:
         """The API's base URL from the document's first ``servers`` entry (400 when it names none)."""
         provider = openapi.OpenApiProvider(TransportDeps(self.url_policy))
@@ -332,9 +374,14 @@ class ConnectionService:
         assert secret is not None
         if row["scheme"] == "Basic" and ":" not in secret:
             raise BadRequest("a Basic credential must be `email:api_token`")
-        admitted = await self.admit(row["base_url"])
-        headers = auth_headers(secret, header_name=row["header_name"], scheme=row["scheme"])
-        photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
+        if row.get("transport") == "git":
+            if credential_env:
+                raise BadRequest("a git connection's credential is sealed: give a `token`")
+            photo: dict[str, Any] = {"protocol_version": "git", "tools": [], "digest": document_digest([])}
+        else:
+            admitted = await self.admit(row["base_url"])
+            headers = auth_headers(secret, header_name=row["header_name"], scheme=row["scheme"])
+            photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
         sealed = None if credential_env else (sealer.seal(secret, context=credential_context(tenant_id)), sealer.key_id)
         updated = await self.connections.replace_credential(tenant_id, str(row["id"]), sealed, credential_env, photo)
         snapshot = await self.connections.latest_snapshot(str(row["id"]))
@@ -384,6 +431,8 @@ class ConnectionService:
             raise BadRequest(
                 "a sandbox_cli connection's tools are its declarations: create a new connection to change them"
             )
+        if row.get("transport") == "git":
+            raise BadRequest("a git connection has no tools to photograph")
         transport = row.get("transport") or "mcp_http"
         if transport != "mcp_http" and row["auth_kind"] == "oauth":
             return await self.connections.refresh(
@@ -448,6 +497,19 @@ class ConnectionService:
     def evict_token(self, connection_id: str) -> None:
         if self.access_tokens is not None:
             self.access_tokens.evict(connection_id)
+
+
+def git_base_problem(base_url: str) -> str | None:
+    """Why ``base_url`` cannot scope a git credential (None: it can)."""
+    scheme, sep, rest = base_url.partition("://")
+    authority = rest.split("/", 1)[0]
+    if not sep or scheme not in ("https", "http") or not authority:
+        return "a git connection's `base_url` is the https:// prefix of the repositories it may clone"
+    if scheme == "http" and not is_loopback_authority(authority):
+        return "a git connection's `base_url` is https:// (plain http only for a loopback test server)"
+    if "@" in authority or "?" in rest or "#" in rest:
+        return "a git connection's `base_url` carries no user, query or fragment: the credential is the `token`"
+    return None
 
 
 def env_credential(var: str) -> str:

@@ -23,7 +23,7 @@ from core.errors import BadRequest, Forbidden, Unavailable, Unprocessable
 from core.harnesses import RUNNABLE
 from core.policy import Budgets
 from core.runner_env import runner_env
-from core.runspec import InvocationContext, RunSpec, WorkspaceSpec, freeze
+from core.runspec import InvocationContext, RunSpec, WorkspaceSpec, freeze, repository_in_scope
 from core.states import RunStatus
 from db.capabilities import Capabilities
 from db.connections import Connections
@@ -219,6 +219,8 @@ class RunFactory:
             raise Forbidden(
                 "a file:// git_repository names a control-plane host path and is restricted to the operator"
             )
+        if spec.workspace.kind == "git_repository":
+            await self.check_repository(tenant_id, spec.workspace.url or "", spec.workspace.credential, invoker_user_id)
         if invoker_user_id is not None and spec.workspace.kind == "local_copy":
             # Asked for, or the revision's default: either way it would copy a control-plane host path.
             raise Forbidden(
@@ -231,6 +233,32 @@ class RunFactory:
                 "shorten the task/system prompt or the replay script"
             )
         return spec
+
+    async def check_repository(
+        self, tenant_id: str, url: str, credential: str | None, invoker_user_id: str | None
+    ) -> None:
+        """A git_repository workspace the run may clone: plain http only to a loopback test server (and only with
+        FLUIDBOX_ALLOW_LOOPBACK_CONNECTORS); a ``credential`` names an active ``git`` connection of this tenant
+        that the invoker may use (an organization one, or their own personal one) and whose ``base_url`` covers
+        the repository, so a stored secret is never sent anywhere its owner did not give it for."""
+        if url.startswith("http:") and not self.settings.allow_loopback_connectors:
+            raise BadRequest(
+                "a git_repository `url` is https:// (plain http:// only to a loopback test server, with "
+                "FLUIDBOX_ALLOW_LOOPBACK_CONNECTORS)"
+            )
+        if credential is None:
+            return
+        row = await self.connections.get(tenant_id, credential)
+        if row is None or row.get("transport") != "git":
+            raise BadRequest(f"unknown git credential '{credential}' (create a connection with transport: git)")
+        if row["owner_type"] == "user" and str(row["owner_user_id"]) != invoker_user_id:
+            raise Forbidden(
+                f"git credential '{credential}' is a personal connection: only runs its owner starts may use it"
+            )
+        if row["status"] != "active":
+            raise Unprocessable(f"git credential '{credential}' is {row['status']}: replace its token first")
+        if not repository_in_scope(str(row["base_url"]), url):
+            raise BadRequest(f"git credential '{credential}' is for repositories under {row['base_url']}, not {url}")
 
     async def start(
         self,

@@ -31,7 +31,7 @@ from services.connections import unavailable
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
 
-TRANSPORTS = ("mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli")
+TRANSPORTS = ("mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli", "git")
 
 # RFC 6749 §3.3 scope-token: printable ASCII except space, double quote and backslash.
 _SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
@@ -50,7 +50,7 @@ class ConnectionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     provider: str | None = None
     # Which provider speaks to the server (docs/api.md "Transports"); ``provider`` may name it too.
-    transport: Literal["mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli"] | None = None
+    transport: Literal["mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli", "git"] | None = None
     transport_config: dict[str, Any] | None = None
     base_url: str | None = Field(default=None, min_length=1, max_length=2048)
     display_name: str | None = Field(default=None, max_length=200)
@@ -130,7 +130,9 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
     if transport not in TRANSPORTS:
         raise BadRequest(f"unsupported provider '{transport}' (supported: {', '.join(TRANSPORTS)})")
     access = parse_access(body.access) if body.access is not None else None
-    if transport in ("relay", "sandbox_cli"):
+    if transport == "git":
+        row, snapshot = await _create_git(body, who, svc)
+    elif transport in ("relay", "sandbox_cli"):
         row, snapshot = await _create_device_or_cli(body, transport, who, svc, access)
     else:
         if body.tools is not None:
@@ -239,6 +241,26 @@ async def _create_mcp_http(
         created_by_user_id=who.user_id,
         access=access,
     )
+
+
+async def _create_git(body: ConnectionCreate, who: Principal, svc: Services) -> Created:
+    """A credential for cloning private repositories under ``base_url`` (a ``git_repository`` workspace names
+    it): sealed, never photographed (a git server has no tools), never sent to the sandbox."""
+    _check_owner(body, who)
+    if body.auth_kind != "static" or body.client_id is not None or body.client_secret is not None or body.scopes:
+        raise BadRequest("a git connection takes no OAuth settings")
+    if body.access is not None or body.tools is not None or body.transport_config:
+        raise BadRequest("a git connection has no tools: it takes no `access`, `tools` or `transport_config`")
+    if body.header_name is not None or body.credential_env is not None:
+        raise BadRequest("a git connection takes a `token` (and `scheme`), no `header_name` or `credential_env`")
+    if body.base_url is None:
+        raise BadRequest("a git connection needs a `base_url`: the https:// prefix of the repositories it clones")
+    if body.token is None or not body.token.get_secret_value():
+        raise BadRequest("a git connection needs a `token` (`user:token` with scheme Basic, or a Bearer token)")
+    return await svc.connection_service.connect_git(
+        who.tenant_id, base_url=body.base_url, token=body.token.get_secret_value(), scheme=body.scheme,
+        display_name=body.display_name, owner_user_id=_owner_user_id(body, who), created_by_user_id=who.user_id,
+    )  # fmt: skip
 
 
 async def _create_device_or_cli(

@@ -31,7 +31,7 @@ class IntegrationConnection(SQLModel, table=True):
         ),
         sa.ForeignKeyConstraint(["owner_user_id"], ["users.id"], name="integration_connections_owner_fk"),
         sa.CheckConstraint(
-            "transport IN ('mcp_http', 'openapi', 'http', 'stdio', 'relay', 'sandbox_cli')",
+            "transport IN ('mcp_http', 'openapi', 'http', 'stdio', 'relay', 'sandbox_cli', 'git')",
             name="integration_connections_transport_check",
         ),
     )
