@@ -50,7 +50,7 @@ def _handler(root: Path, expected: str, server: GitServer) -> type[BaseHTTPReque
     want = "Basic " + base64.b64encode(expected.encode()).decode()
 
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 — quiet
+        def log_message(self, format: str, *args: object) -> None:
             return
 
         def do_GET(self) -> None:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import secrets
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from tests.integration.helpers import DEMO_REPO, events, make_agent, wait_pending, wait_status
+from cli.stack import Stack
+from tests.git_server import bare_repository, git_http_server
+from tests.integration.helpers import DEMO_REPO, events, make_agent, make_policy, wait_pending, wait_status
+from tests.integration.test_identity import add_user, as_user, mint
 
 
 def _repository(tmp_path: Path) -> tuple[Path, str]:
@@ -74,3 +82,128 @@ async def test_a_repository_that_cannot_be_cloned_fails_the_run_saying_why(
     assert r.status_code == 200, r.text
     row = await wait_status(api, r.json()["session"]["id"], {"failed"})
     assert "cannot clone" in row["status_reason"], row
+
+
+# ---- private repositories: a sealed `git` connection, used only by the control plane's clone -----------------
+
+BASH_ALLOWED: dict[str, Any] = {"defaults": {"tool_action": "deny"}, "tools": [{"match": ["Bash"], "action": "allow"}]}
+SECRET_NOTES = "only readers of the private repository see this line\n"
+
+
+async def git_connection(api: httpx.AsyncClient, base_url: str, token: str, **extra: Any) -> httpx.Response:
+    body = {"transport": "git", "base_url": base_url, "token": token, "scheme": "Basic", **extra}
+    return await api.post("/v1/connections", json=body)
+
+
+async def test_a_private_repository_is_cloned_with_its_sealed_credential_which_reaches_nothing_else(
+    api: httpx.AsyncClient, stack: Stack, tmp_path: Path
+) -> None:
+    canary = "canary-" + secrets.token_hex(16)
+    credential = f"alice:{canary}"
+    header = "Basic " + base64.b64encode(credential.encode()).decode()
+    commit = bare_repository(tmp_path, "private", {"secret-notes.md": SECRET_NOTES, "app.py": "print('hi')\n"})
+    with git_http_server(tmp_path, credential) as server:
+        created = await git_connection(api, server.url, credential, display_name="private git")
+        assert created.status_code == 200, created.text
+        cid = created.json()["connection"]["id"]
+        assert created.json()["connection"]["transport"] == "git"
+        script = [
+            {
+                "tool": "Bash",
+                "input": {"command": "cat secret-notes.md > seen.txt; env > sandbox-env.txt; ls -a > listing.txt"},
+            }
+        ]
+        agent = await make_agent(api, script, policy=await make_policy(api, BASH_ALLOWED))
+        url = f"{server.url}/private.git"
+        workspace = {"kind": "git_repository", "url": url, "ref": "main", "credential": cid}
+        r = await api.post("/v1/sessions", json={"agent": agent, "task": "t", "workspace": workspace})
+        assert r.status_code == 200, r.text
+        run_id = r.json()["session"]["id"]
+        row = await wait_status(api, run_id, {"completed", "failed"})
+        assert row["status"] == "completed", row
+        assert header in server.seen_authorization and server.authorized, "the clone authenticated with the connection"
+    evs = await events(api, run_id)
+    initialized = next(e for e in evs if e["type"] == "workspace.initialized")["payload"]["data"]
+    assert (initialized["commit"], initialized["repository"], initialized["credential"]) == (commit, url, cid)
+    assert row["run_spec"]["workspace"]["credential"] == cid  # the RunSpec names the connection, not the secret
+    diff = (await api.get(f"/v1/sessions/{run_id}/outputs")).json()["diff"]
+    assert "+" + SECRET_NOTES.strip() in diff, "the sandbox read the private repository's files"
+    assert "+PATH=" in diff, "the environment the agent's commands get in the sandbox was captured"
+    assert "+.git" not in diff.replace("+.gitignore", ""), "the sandbox got a plain tree, no .git (no config)"
+    run_dir = stack.home / "runs" / run_id
+    on_disk = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert (run_dir / "workspace" / "seen.txt").read_text() == SECRET_NOTES
+    listed = (await api.get("/v1/connections")).text
+    detail = (await api.get(f"/v1/connections/{cid}")).text
+    logs = "".join(p.read_text(errors="replace") for p in Path(stack.logs).glob("*.log"))
+    for needle in (canary, base64.b64encode(credential.encode()).decode()):
+        for text in (diff, json.dumps(evs), json.dumps(row), listed, detail, logs):
+            assert needle not in text
+        for path in on_disk:  # the workspace, the sandbox's log and environment dump, the baseline repository
+            assert needle.encode() not in path.read_bytes(), path
+
+
+async def test_a_credential_the_remote_refuses_fails_the_run_naming_the_repository_not_the_secret(
+    api: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    bare_repository(tmp_path, "private", {"README.md": "private\n"})
+    wrong = "alice:wrong-" + secrets.token_hex(8)
+    with git_http_server(tmp_path, "alice:right-" + secrets.token_hex(8)) as server:
+        created = await git_connection(api, server.url, wrong)
+        assert created.status_code == 200, created.text
+        url = f"{server.url}/private.git"
+        workspace = {"kind": "git_repository", "url": url, "credential": created.json()["connection"]["id"]}
+        r = await api.post("/v1/sessions", json={"agent": await make_agent(api), "task": "t", "workspace": workspace})
+        assert r.status_code == 200, r.text
+        row = await wait_status(api, r.json()["session"]["id"], {"failed"})
+        assert server.refused and not server.authorized
+    reason = row["status_reason"]
+    assert f"cannot clone {url}: the remote refused the stored credential" in reason, row
+    assert wrong not in reason and wrong.split(":")[1] not in json.dumps(row)
+
+
+async def test_private_repository_mistakes_are_refused_before_anything_starts(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    base = "http://127.0.0.1:9/team"
+    org = (await git_connection(api, base, "bot:tok")).json()["connection"]["id"]
+    alice, bob = await add_user(stack), await add_user(stack)
+    async with as_user(stack, await mint(stack, alice["email"])) as a:
+        personal = await git_connection(a, base, "alice:tok", owner="personal")
+        assert personal.status_code == 200, personal.text
+    alices = personal.json()["connection"]["id"]
+    agent = await make_agent(api)
+    cases: list[tuple[httpx.AsyncClient | None, dict[str, Any], int, str]] = [
+        (None, {"url": f"{base}/app.git", "credential": str(uuid.uuid4())}, 400, "unknown git credential"),
+        (
+            None,
+            {"url": "https://git.example.com/team/app.git", "credential": org},
+            400,
+            f"for repositories under {base}",
+        ),
+        (None, {"url": f"{base}-other/app.git", "credential": org}, 400, "for repositories under"),
+        (None, {"url": "https://bot:tok@git.example.com/app.git"}, 400, "must not carry credentials"),
+        (None, {"url": "http://git.example.com/app.git", "credential": org}, 400, "https://"),
+        (None, {"url": f"file://{DEMO_REPO}", "credential": org}, 400, "takes no `credential`"),
+        (None, {"url": f"{base}/app.git", "credential": alices}, 403, "personal connection"),  # the operator
+        (bob, {"url": f"{base}/app.git", "credential": alices}, 403, "personal connection"),
+    ]
+    for who, fields, status, message in cases:
+        workspace = {"kind": "git_repository", **fields}
+        body = {"agent": agent, "task": "t", "workspace": workspace}
+        if who is None:
+            r = await api.post("/v1/sessions", json=body)
+        else:
+            async with as_user(stack, await mint(stack, who["email"])) as client:
+                r = await client.post("/v1/sessions", json=body)
+        assert r.status_code == status, (fields, r.text)
+        assert message in r.json()["error"], (fields, r.text)
+    for base_url, token, message in [
+        ("ssh://git@git.example.com/team", "bot:tok", "https:// prefix"),
+        ("http://git.example.com/team", "bot:tok", "plain http only for a loopback"),
+        ("https://git.example.com/team", "no-colon", "must be `user:token`"),
+    ]:
+        r = await git_connection(api, base_url, token)
+        assert r.status_code == 400 and message in r.json()["error"], r.text
+    agent_id = next(a["id"] for a in (await api.get("/v1/agents")).json()["agents"] if a["name"] == agent)
+    assert not [s for s in (await api.get("/v1/sessions")).json()["sessions"] if s["agent_id"] == agent_id]
