@@ -147,16 +147,34 @@ async def test_a_credential_the_remote_refuses_fails_the_run_naming_the_reposito
     api: httpx.AsyncClient, tmp_path: Path
 ) -> None:
     bare_repository(tmp_path, "private", {"README.md": "private\n"})
-    wrong = "alice:wrong-" + secrets.token_hex(8)
-    with git_http_server(tmp_path, "alice:right-" + secrets.token_hex(8)) as server:
+    wrong, right = "alice:wrong-" + secrets.token_hex(8), "alice:right-" + secrets.token_hex(8)
+    with git_http_server(tmp_path, right) as server:
         created = await git_connection(api, server.url, wrong)
         assert created.status_code == 200, created.text
+        cid = created.json()["connection"]["id"]
         url = f"{server.url}/private.git"
-        workspace = {"kind": "git_repository", "url": url, "credential": created.json()["connection"]["id"]}
-        r = await api.post("/v1/sessions", json={"agent": await make_agent(api), "task": "t", "workspace": workspace})
+        body = {
+            "agent": await make_agent(api),
+            "task": "t",
+            "workspace": {"kind": "git_repository", "url": url, "credential": cid},
+        }
+        r = await api.post("/v1/sessions", json=body)
         assert r.status_code == 200, r.text
         row = await wait_status(api, r.json()["session"]["id"], {"failed"})
         assert server.refused and not server.authorized
+        # The owner replaces the token: the next run clones and its sandbox starts.
+        replaced = await api.put(f"/v1/connections/{cid}/credential", json={"token": right})
+        assert replaced.status_code == 200, replaced.text
+        again = await api.post("/v1/sessions", json=body)
+        assert again.status_code == 200, again.text
+        cloned = await wait_status(api, again.json()["session"]["id"], {"running", "completed", "failed"})
+        assert cloned["status_reason"] is None or "cannot clone" not in cloned["status_reason"], cloned
+        assert server.authorized
+        await api.post(f"/v1/sessions/{again.json()['session']['id']}/cancel")
+        # A revoked credential is refused before a run is created.
+        assert (await api.post(f"/v1/connections/{cid}/revoke")).status_code == 200
+        revoked = await api.post("/v1/sessions", json=body)
+        assert revoked.status_code == 422 and "is revoked" in revoked.json()["error"], revoked.text
     reason = row["status_reason"]
     assert f"cannot clone {url}: the remote refused the stored credential" in reason, row
     assert wrong not in reason and wrong.split(":")[1] not in json.dumps(row)
