@@ -45,6 +45,7 @@ from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
 from db.usage import Metering, load_prices
+from integrations.catalog import check_entries
 from integrations.oauth import OAuthClient, client_metadata_document_url
 from integrations.sealing import Sealer, sealer_from_settings
 from integrations.urls import UrlPolicy
@@ -130,7 +131,7 @@ def create_app(settings: Settings) -> FastAPI:
         tenant_id = await store.boot_tenant()
         await seed_policies(store, tenant_id)
         catalog = Catalog(store)
-        await catalog.seed(yaml.safe_load(CATALOG_FILE.read_text()))
+        await catalog.seed(check_entries(yaml.safe_load(CATALOG_FILE.read_text())))
         hub = EventHub(settings.database_url or "")
         await hub.start()
         ceiling, ttl = settings.llm_max_concurrent_reservations, settings.llm_reservation_ttl_secs

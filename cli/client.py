@@ -12,7 +12,13 @@ import httpx
 
 
 class CliError(Exception):
-    """One readable line for the user."""
+    """One readable line for the user; ``code`` is the exit status (2: the input was bad)."""
+
+    def __init__(self, message: str, *, code: int = 1, status: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        """The API's HTTP status when the API refused the request."""
 
 
 def home() -> Path:
@@ -55,7 +61,7 @@ class Api:
                 message = r.json().get("error", r.text)
             except ValueError:
                 message = r.text
-            raise CliError(f"{method} {path} → {r.status_code}: {message}")
+            raise CliError(f"{method} {path} → {r.status_code}: {message}", status=r.status_code)
         return r.json()
 
     def get(self, path: str) -> Any:

@@ -494,7 +494,7 @@ def main() -> None:
         code = result if isinstance(result, int) else 0
     except CliError as exc:
         typer.echo(f"error: {exc}", err=True)
-        code = 1
+        code = exc.code
     except click.ClickException as exc:
         exc.show()
         code = exc.exit_code

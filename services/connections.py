@@ -34,7 +34,7 @@ from integrations.transports import (
     Transports,
     openapi,
 )
-from integrations.transports.relay import RelayConfigError, RelayTransport, check_config
+from integrations.transports.relay import RelayConfigError, check_config
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
 from services.oauth_connect import OAuthConnect
 from services.oauth_tokens import AccessTokens, GrantLost
@@ -170,23 +170,30 @@ class ConnectionService:
         created_by_user_id: str | None = None,
         access: dict[str, Any] | None = None,
     ) -> tuple[Row, Row]:
-        """A device relay (``transport: relay``): admitted like any URL, photographed through the relay with its
-        credential and bounded timeout, then the credential sealed. Any refusal stores nothing."""
+        """A device relay (``transport: relay``): admitted like any URL, photographed through the registered
+        ``relay`` provider (the one brokered calls use) with its credential and bounded timeout, then the
+        credential sealed. Any refusal stores nothing."""
         sealer = self.custody()
         try:
             settings = check_config(base_url, config)
         except RelayConfigError as err:
             raise BadRequest(str(err)) from None
         admitted = await self.admit(base_url)
-        relay = RelayTransport(admitted, token, settings)
+        conn = TransportConnection(
+            id="new", transport="relay", base_url=admitted.url, config=settings, credential=token
+        )
+        provider = _provider(self.url_policy, "relay")
         try:
-            photo = await relay.list_tools()
+            photo = await provider.list_tools(conn)
+        except TransportError as err:
+            raise BadRequest(f"{err} (nothing was stored)") from None
         except mcp_client.AuthRejected as err:
             raise BadRequest(f"the relay rejected this credential (connection rolled back): {err}") from None
         except mcp_client.McpClientError as err:
             raise UpstreamFailed(f"could not photograph the tools behind the relay: {err}") from None
         finally:
-            await relay.close()
+            await provider.close()
+        photo_doc = {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
         sealed = sealer.seal(token, context=credential_context(tenant_id))
         fields = {
             "provider": "relay",
@@ -200,7 +207,7 @@ class ConnectionService:
             "created_by_user_id": created_by_user_id,
             "access": access,
         }
-        return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
+        return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo_doc)
 
     async def connect_sandbox_cli(
         self,

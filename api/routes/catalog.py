@@ -20,6 +20,7 @@ from core.digests import document_digest
 from core.errors import BadRequest, Conflict, NotFound, Unprocessable
 from db.catalog import duplicate_slug
 from integrations import mcp_client
+from integrations.catalog import CatalogEntryError, check_entry
 from integrations.oauth import OAuthClientError
 from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.stdio import validate_config as stdio_config_problem
@@ -40,10 +41,13 @@ class CatalogEntryIn(_Body):
     description: str | None = Field(default=None, max_length=4096)
     categories: list[str] = Field(default_factory=list, max_length=16)
     url: str | None = Field(default=None, max_length=2048)
-    transport: Literal["streamable_http", "mcp_http", "openapi", "http", "stdio"] = "streamable_http"
+    transport: Literal["streamable_http", "mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli"] = (
+        "streamable_http"
+    )
     transport_config: dict[str, Any] | None = None
-    """openapi / http / stdio: the transport configuration (a stdio entry with it, and no ``sandbox_launch``,
-    launches its command on the worker hosts; catalog entries are trusted configuration)."""
+    """openapi / http / stdio / relay / sandbox_cli: the transport configuration (a stdio entry with it, and no
+    ``sandbox_launch``, launches its command on the worker hosts; catalog entries are trusted configuration; a
+    relay's is ``{timeout_s?, ca_pem?}``, a sandbox_cli's ``{tools}``). See :mod:`integrations.catalog`."""
     auth_mode: Literal["none", "api_key", "oauth"] = "api_key"
     auth_hints: dict[str, Any] = Field(default_factory=dict)
     scopes: list[str] = Field(default_factory=list, max_length=64)
@@ -94,7 +98,8 @@ async def _covering(svc: Services, tenant_id: str, url: str | None) -> dict[str,
     if not url:
         return None
     for conn in await svc.connections.all(tenant_id):
-        if conn["status"] != "revoked" and same_origin_path(conn["base_url"], url):
+        named = conn["base_url"].rstrip("/") == url.rstrip("/")  # sandbox-cli://name is a name, not a URL
+        if conn["status"] != "revoked" and (named or same_origin_path(conn["base_url"], url)):
             return public(conn)
     return None
 
@@ -107,9 +112,15 @@ async def catalog(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     return {"connectors": [await _listed(svc, op.tenant_id, row) for row in await svc.catalog.visible(op.tenant_id)]}
 
 
+def _connectable(row: dict[str, Any]) -> bool:
+    if row["transport"] == "relay":
+        return bool(row["url"])
+    return row["auth_mode"] == "api_key" or bool(row["sandbox_launch"]) or bool(row.get("transport_config"))
+
+
 async def _listed(svc: Services, tenant_id: str, row: dict[str, Any]) -> dict[str, Any]:
-    connectable = row["auth_mode"] == "api_key" or bool(row["sandbox_launch"]) or bool(row.get("transport_config"))
-    return {**entry_public(row), "connection": await _covering(svc, tenant_id, row["url"]), "connectable": connectable}
+    covering = await _covering(svc, tenant_id, row["url"])
+    return {**entry_public(row), "connection": covering, "connectable": _connectable(row)}
 
 
 @router.get(
@@ -134,7 +145,8 @@ async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[st
 )
 async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Tenant-scoped; a slug already used (globally or by this tenant) is a 409; a stdio entry needs a
-    ``sandbox_launch`` with declared tools (400)."""
+    ``sandbox_launch`` with declared tools (400); a relay entry an https URL and ``auth_mode: api_key``, a
+    sandbox_cli entry a ``sandbox-cli://`` URL, ``auth_mode: none`` and its tools (400 naming the problem)."""
     if body.transport == "stdio" and body.transport_config is not None and body.sandbox_launch is None:
         problem = stdio_config_problem(body.transport_config)
         if problem is not None:
@@ -147,15 +159,18 @@ async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) 
         problem = openapi_config_problem(body.transport_config)
         if problem is not None:
             raise Unprocessable(problem)
+    try:
+        entry = check_entry(body.model_dump(exclude={"egress"}))
+    except CatalogEntryError as err:
+        raise BadRequest(str(err)) from None
     # Before the URL is admitted: re-posting an existing entry is a 409 whatever its URL resolves to.
     if await svc.catalog.slug_taken(op.tenant_id, body.slug):
         raise Conflict(duplicate_slug(body.slug))
-    if body.url is not None:
+    if body.url is not None and body.transport != "sandbox_cli":  # sandbox-cli://name is a name, not a place
         try:
             await svc.url_policy.admit(body.url)
         except UrlRefused as err:
             raise BadRequest(str(err)) from None
-    entry = body.model_dump(exclude={"egress"})
     entry["access"] = parse_access(body.access if body.access is not None else READ_ONLY)
     row = await svc.catalog.create_custom(op.tenant_id, entry)
     return {"connector": entry_public(row)}
@@ -185,15 +200,23 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         doc = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
         made = await svc.capabilities.publish(op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc))
         return {"bundle": {"id": made["id"], "name": made["name"], "version": made["version"]}}
+    if row["transport"] in ("relay", "sandbox_cli"):
+        return await _connect_device_or_cli(svc, op.tenant_id, row, body)
     if row["transport"] in ("openapi", "http", "stdio") and row.get("transport_config") is not None:
         config = dict(row["transport_config"])
         auth = config.get("auth") or {}
         needs_token = row["transport"] != "stdio" and auth.get("type", "bearer") != "none"
         if needs_token and (body.token is None or not body.token.get_secret_value()):
             raise BadRequest(f"'{slug}' needs a `token`")
+        if row["url"]:
+            base_url = row["url"]
+        elif row["transport"] == "openapi":
+            base_url = await svc.connection_service.openapi_base_url(config)
+        else:
+            base_url = f"stdio://{slug}"
         made, snapshot = await svc.connection_service.connect_static(
             op.tenant_id,
-            base_url=row["url"] or f"stdio://{slug}",
+            base_url=base_url,
             token=body.token.get_secret_value() if body.token is not None else "",
             header_name=None,
             scheme="Basic" if auth.get("type") == "basic" else "Bearer",
@@ -243,6 +266,33 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         access=from_catalog(row["access"]),
     )
     await svc.run_control.wake_parked(op.tenant_id, made)
+    return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
+
+
+async def _connect_device_or_cli(svc: Services, tenant_id: str, row: dict[str, Any], body: ConnectIn) -> dict[str, Any]:
+    """A relay entry with the relay's credential (``token``, sealed); a sandbox CLI entry with none at all."""
+    slug = row["slug"]
+    if body.client_id is not None or body.client_secret is not None or body.scopes is not None:
+        raise BadRequest(f"'{slug}' ({row['transport']}) takes no OAuth settings")
+    config = dict(row.get("transport_config") or {})
+    if row["transport"] == "sandbox_cli":
+        if body.token is not None:
+            raise BadRequest(
+                f"'{slug}' is a sandbox CLI: it takes no `token` (its tools run inside the sandbox, which never "
+                "holds a credential)"
+            )
+        made, snapshot = await svc.connection_service.connect_sandbox_cli(
+            tenant_id, base_url=row["url"], tools=config.get("tools"), display_name=body.display_name or row["name"],
+            access=from_catalog(row["access"]),
+        )  # fmt: skip
+    else:
+        if body.token is None or not body.token.get_secret_value():
+            raise BadRequest(f"'{slug}' is a relay: it needs the relay's credential as `token`")
+        made, snapshot = await svc.connection_service.connect_relay(
+            tenant_id, base_url=row["url"], token=body.token.get_secret_value(), config=config,
+            display_name=body.display_name or row["name"], access=from_catalog(row["access"]),
+        )  # fmt: skip
+    await svc.run_control.wake_parked(tenant_id, made)
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
 
 

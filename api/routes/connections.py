@@ -32,6 +32,10 @@ from services.connections import unavailable
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
 
 TRANSPORTS = ("mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli", "git")
+NO_SANDBOX_CREDENTIAL = (
+    "a sandbox_cli connection carries no credential, so it takes no {field}: its tools run inside the sandbox, "
+    "which never holds one (a CLI that needs a credential belongs behind a brokered transport)"
+)
 
 # RFC 6749 §3.3 scope-token: printable ASCII except space, double quote and backslash.
 _SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
@@ -279,10 +283,9 @@ async def _create_device_or_cli(
     if body.base_url is None:
         raise BadRequest(f"a {transport} connection needs a `base_url`")
     if transport == "sandbox_cli":
-        if body.token is not None:
+        if body.token is not None or body.credential_env is not None:
             raise BadRequest(
-                "a sandbox_cli connection takes no `token`: its tools run inside the sandbox, which never holds "
-                "a credential"
+                NO_SANDBOX_CREDENTIAL.format(field="`token`" if body.token is not None else "`credential_env`")
             )
         if body.transport_config:
             raise BadRequest("a sandbox_cli connection declares its `tools`; it has no `transport_config`")
@@ -294,6 +297,8 @@ async def _create_device_or_cli(
         )  # fmt: skip
     if body.tools is not None:
         raise BadRequest("a relay connection photographs its tools; it takes no `tools`")
+    if body.credential_env is not None:
+        raise BadRequest("a relay connection's credential is its `token` (sealed); it takes no `credential_env`")
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a relay connection needs the relay's `token`")
     return await svc.connection_service.connect_relay(
@@ -466,6 +471,8 @@ async def replace_credential(
         raise BadRequest("give exactly one of `token` or `credential_env`")
     row = await visible(svc, who, connection_id)
     require_manage(who, row, "changing the credential of")
+    if row.get("transport") == "sandbox_cli":
+        raise BadRequest(NO_SANDBOX_CREDENTIAL.format(field="credential"))
     updated, snapshot = await svc.connection_service.replace_credential(
         who.tenant_id,
         row,

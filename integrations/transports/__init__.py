@@ -14,6 +14,9 @@ stdio       an MCP server launched on the worker host, spoken to on stdio   :mod
 relay       MCP over HTTPS through a device relay (sealed credential)       :mod:`.relay`
 ==========  ==============================================================  ================================
 
+``sandbox_cli`` connections have no provider here: their declared tools are the photograph and the runner
+executes them inside the sandbox (``core/sandbox_cli.py``, ``runner/local_tools.py``), never the broker.
+
 Every provider implements :class:`TransportProvider`: ``list_tools(conn)`` returns a
 :class:`~integrations.mcp_client.Photograph` (tools ``{"name", "description", "input_schema", ...}`` sorted by
 name; non-MCP tools also carry ``"access": "read" | "write"`` and the ``"request"`` recipe the broker sends),

@@ -6,18 +6,19 @@ sends it as ``Authorization: Bearer`` on every request; the sandbox never sees i
 by the connection's ``timeout_s``. A relay whose certificate comes from its own CA names that CA in
 ``ca_pem`` (public data: a certificate, never a key); the name in the URL is still verified against it.
 
-Same method names as every transport provider (``list_tools`` / ``call_tool`` / ``close``), so the broker's
+One provider behind the interface every transport implements (``list_tools`` / ``call_tool`` / ``close``),
+registered as ``relay``: creating, refreshing and brokering all go through the registry, so the broker's
 claim → call → settle order and the execution claim apply unchanged.
 """
 
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
 from typing import Any
 
 from integrations import mcp_client
 from integrations.headers import auth_headers
+from integrations.transports import TransportConnection, TransportDeps, TransportError
 from integrations.urls import AdmittedUrl, UrlRefused
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -70,81 +71,61 @@ def tls_context(ca_pem: str | None) -> ssl.SSLContext | None:
     return context
 
 
-@dataclass
-class RelayTransport:
-    """One relay connection's calls: the credential goes in the headers, nowhere else."""
-
-    admitted: AdmittedUrl
-    credential: str
-    config: dict[str, Any]
-
-    def _headers(self) -> dict[str, str]:
-        return auth_headers(self.credential, header_name=None, scheme="Bearer")
-
-    @property
-    def timeout(self) -> float:
-        return float(self.config.get("timeout_s", DEFAULT_TIMEOUT_S))
-
-    async def list_tools(self) -> dict[str, Any]:
-        """The photograph (``protocol_version``, ``tools``, ``digest``). Raises ``mcp_client.McpClientError``."""
-        photo = await mcp_client.photograph(
-            self.admitted.url,
-            self._headers(),
-            timeout=self.timeout,
-            pin=self.admitted,
-            tls=tls_context(self.config.get("ca_pem")),
-        )
-        return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
-
-    async def call_tool(
-        self, name: str, arguments: dict[str, Any], *, expected_protocol: str | None
-    ) -> mcp_client.CallOutcome:
-        """One ``tools/call`` (a fresh session: a relay's sessions are not pooled), classified as the MCP
-        transport classifies it; never raises for upstream trouble."""
-        return await mcp_client.call_tool(
-            self.admitted.url,
-            self._headers(),
-            name,
-            arguments,
-            expected_protocol=expected_protocol,
-            timeout=self.timeout,
-            pin=self.admitted,
-            tls=tls_context(self.config.get("ca_pem")),
-        )
-
-    async def close(self) -> None:
-        """Nothing is kept open between calls."""
-
-
 class RelayProvider:
-    """``transport: relay`` behind the common provider interface: admitted and pinned per call, never pooled."""
+    """``transport: relay`` behind the common provider interface (:class:`~integrations.transports.TransportProvider`).
 
-    def __init__(self, deps: Any) -> None:
+    Each operation checks the stored settings, admits the relay URL again (a name that now resolves somewhere
+    forbidden is refused with nothing sent) and connects only to the vetted addresses, with the connection's
+    credential as ``Authorization: Bearer`` and its bounded timeout. Nothing is kept open between calls.
+    """
+
+    def __init__(self, deps: TransportDeps) -> None:
         self.deps = deps
 
-    async def _relay(self, conn: Any) -> RelayTransport:
-        admitted = await self.deps.url_policy.admit(conn.base_url)
-        return RelayTransport(admitted, conn.credential or "", dict(conn.config or {}))
+    async def _target(self, conn: TransportConnection) -> tuple[AdmittedUrl, dict[str, Any]]:
+        """The admitted relay and its checked settings; :class:`RelayConfigError` or ``UrlRefused``."""
+        settings = check_config(conn.base_url, conn.config)
+        return await self.deps.url_policy.admit(conn.base_url), settings
 
-    async def list_tools(self, conn: Any) -> mcp_client.Photograph:
+    @staticmethod
+    def _headers(conn: TransportConnection) -> dict[str, str]:
+        return auth_headers(conn.credential or "", header_name=None, scheme="Bearer")
+
+    async def list_tools(self, conn: TransportConnection) -> mcp_client.Photograph:
+        """The tools behind the relay; ``TransportError`` for unusable settings, ``McpClientError`` otherwise."""
         try:
-            relay = await self._relay(conn)
+            admitted, settings = await self._target(conn)
+        except RelayConfigError as err:
+            raise TransportError(str(err)) from None
         except UrlRefused as err:
             raise mcp_client.Unreachable(str(err)) from None
         return await mcp_client.photograph(
-            relay.admitted.url,
-            relay._headers(),
-            timeout=relay.timeout,
-            pin=relay.admitted,
-            tls=tls_context(relay.config.get("ca_pem")),
+            admitted.url,
+            self._headers(conn),
+            timeout=settings["timeout_s"],
+            pin=admitted,
+            tls=tls_context(settings.get("ca_pem")),
         )
 
-    async def call_tool(self, conn: Any, tool: dict[str, Any], arguments: dict[str, Any]) -> mcp_client.CallOutcome:
+    async def call_tool(
+        self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
+    ) -> mcp_client.CallOutcome:
+        """One ``tools/call`` on a fresh session (a relay's sessions are not pooled), classified as the MCP
+        transport classifies it; never raises for upstream trouble."""
         try:
-            relay = await self._relay(conn)
-        except UrlRefused as err:
+            admitted, settings = await self._target(conn)
+        except (RelayConfigError, UrlRefused) as err:
             return mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
-        return await relay.call_tool(str(tool["name"]), arguments, expected_protocol=conn.protocol_version)
+        return await mcp_client.call_tool(
+            admitted.url,
+            self._headers(conn),
+            str(tool["name"]),
+            arguments,
+            expected_protocol=conn.protocol_version,
+            timeout=settings["timeout_s"],
+            pin=admitted,
+            tls=tls_context(settings.get("ca_pem")),
+        )
 
     async def close(self) -> None:
         """Nothing is kept open between calls."""
