@@ -27,7 +27,7 @@ app = typer.Typer(
     help="Connections: create (any transport, relay and sandbox_cli included), list, show, tools, refresh, revoke.",
 )
 
-TRANSPORTS = ("mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli")
+TRANSPORTS = ("mcp_http", "openapi", "http", "stdio", "relay", "sandbox_cli", "git")
 BAD_INPUT = frozenset({400, 404, 422})
 # Which transports take each transport-specific flag (checked before anything is sent).
 FLAG_TRANSPORTS: dict[str, tuple[str, ...]] = {
@@ -41,6 +41,7 @@ FLAG_TRANSPORTS: dict[str, tuple[str, ...]] = {
     "--ca-pem": ("relay",),
     "--timeout": ("relay",),
     "--tools": ("sandbox_cli",),
+    "--scheme": ("git",),
     "--config": ("openapi", "http", "stdio", "relay"),
 }
 
@@ -127,7 +128,7 @@ def connections_revoke(connection: str) -> None:
 @app.command("create")
 def connections_create(
     transport: str | None = typer.Option(
-        None, help="mcp_http (default) | openapi | http | stdio | relay | sandbox_cli"
+        None, help="mcp_http (default) | openapi | http | stdio | relay | sandbox_cli | git"
     ),
     file: Path | None = typer.Option(None, "--file", help="JSON/YAML file with the request body (flags win)."),
     base_url: str | None = typer.Option(
@@ -147,6 +148,7 @@ def connections_create(
     ca_pem: Path | None = typer.Option(None, help="relay: PEM file of the CA that issued the relay's certificate."),
     timeout: str | None = typer.Option(None, help="relay: seconds every exchange may take (default 30, max 120)."),
     tools: Path | None = typer.Option(None, help="sandbox_cli: JSON/YAML file with the tool declarations (a list)."),
+    scheme: str | None = typer.Option(None, help="git: how the token is sent, Basic (default) or Bearer."),
 ) -> None:
     """Create a connection; its tools are photographed at once (nothing is stored if that fails)."""
     body = _object(file, "the request body")
@@ -158,7 +160,7 @@ def connections_create(
     given = {
         "--document-url": document_url, "--document": document, "--auth": auth, "--command": command,
         "--arg": arg or None, "--header-name": header_name, "--oauth": oauth or None, "--ca-pem": ca_pem,
-        "--timeout": timeout, "--tools": tools, "--config": config,
+        "--timeout": timeout, "--tools": tools, "--config": config, "--scheme": scheme,
     }  # fmt: skip
     for flag, value in given.items():
         if value is not None and chosen not in FLAG_TRANSPORTS[flag]:
@@ -203,6 +205,8 @@ def connections_create(
         if not isinstance(declared, list):
             raise bad(f"{tools} must hold a list of tool declarations ({{name, command, args, input_schema}})")
         body["tools"] = declared
+    if scheme:
+        body["scheme"] = scheme
     if base_url:
         body["base_url"] = base_url
     if name:

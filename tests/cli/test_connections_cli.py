@@ -150,11 +150,33 @@ async def test_a_sandbox_cli_connection_is_created_from_a_body_file_and_never_ta
     assert from_flags["connection"]["base_url"] == url2
 
 
+async def test_a_git_credential_is_created_from_the_command_line_and_never_shown(stack: tuple[Stack, str]) -> None:
+    canary = "git-cli-" + secrets.token_hex(12)
+    url = "https://git.example.com/team"
+    made = as_json(
+        await fluidbox(
+            stack, "create", "--transport", "git", "--base-url", url, "--scheme", "Basic", "--name", "team repos",
+            "--token-env", "GIT_TOKEN", GIT_TOKEN=f"bot:{canary}",
+        )
+    )  # fmt: skip
+    connection = made["connection"]
+    assert (connection["transport"], connection["status"], connection["base_url"]) == ("git", "active", url)
+    assert f"{connection['id']}  git  active  {url}  team repos" in await listed(stack)
+    shown = as_json(await fluidbox(stack, "show", connection["id"]))
+    revoked = as_json(await fluidbox(stack, "revoke", connection["id"]))
+    assert revoked["connection"]["status"] == "revoked"
+    assert canary not in json.dumps([made, shown, revoked]) and canary not in await listed(stack)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--transport", "ftp"],
-         "unknown transport 'ftp' (one of: mcp_http, openapi, http, stdio, relay, sandbox_cli)"),
+         "unknown transport 'ftp' (one of: mcp_http, openapi, http, stdio, relay, sandbox_cli, git)"),
+        (["--transport", "relay", "--scheme", "Basic"],
+         "--scheme does not apply to a relay connection (it applies to git)"),
+        (["--transport", "git", "--base-url", "https://git.example.com/team/", "--scheme", "Digest", "--token-env", "T"],
+         "→ 400: invalid request: scheme: Input should be 'Bearer', 'Basic' or ''"),
         (["--transport", "sandbox_cli", "--ca-pem", "/etc/hostname"],
          "--ca-pem does not apply to a sandbox_cli connection (it applies to relay)"),
         (["--transport", "relay", "--base-url", "https://127.0.0.1:9/mcp", "--tools", "/etc/hostname"],
