@@ -7,7 +7,9 @@ the single ``tool.brokered`` event. The agent never sees the credential.
 
 For an OAuth connection the sealed credential is the refresh token: it never goes upstream. A server that answers
 401 (nothing ran) gets one more call with a token refreshed past the rejected one; a refresh the authorization
-server refuses leaves the connection in ``error`` and fails the call closed with the provider's reason.
+server refuses leaves the connection in ``error`` and fails the call closed with the provider's reason. A static
+credential the server answers 401 to (rotated or revoked upstream) puts the connection in ``error`` and parks the
+call until an admin supplies a new credential, as a revoked one does (when its requirement parks).
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ from core.redaction import MARK
 from core.states import accepts_work
 from core.tools import split_mcp
 from db.connections import Connections, credential_context
+from db.parks import Parks
 from integrations import mcp_client
 from integrations.mcp_pool import SessionPool
 from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
 from integrations.transports import TransportConnection, TransportDeps, Transports, UnknownTransport
 from integrations.urls import UrlPolicy
+
+REJECTED = "the server rejected the bound connection's credential (HTTP 401); supply a new one"
 
 
 class AccessTokenSource(Protocol):
@@ -57,6 +62,7 @@ class BrokerActivities:
     ) -> None:
         self.connections = connections
         self.store = connections.store
+        self.parks = Parks(connections.store)
         self.sealer = sealer
         self.url_policy = url_policy
         # Kept-open MCP sessions (one HTTP exchange per call instead of four); None: a fresh session per call.
@@ -97,6 +103,24 @@ class BrokerActivities:
         if surface is not None and surface.get("when_unavailable") == "park" and accepts_work(claim["run_status"]):
             return c.BrokerOut(state="parked", reason=reason)
         return await self._refuse(inp, claim, reason)
+
+    async def _credential_rejected(
+        self, inp: c.BrokerIn, claim: dict[str, Any], brokered: list[dict[str, Any]]
+    ) -> c.BrokerOut | None:
+        """The upstream answered 401 to a static credential (rotated or revoked there): nothing ran. A call
+        whose requirement parks is handed back (claim ``registered`` again, the connection in ``error`` so
+        that its next use waits too) and parks like a revoked credential; None: it fails as before."""
+        surface = next((b for b in brokered if str(b["binding_id"]) == str(claim["binding_id"])), None)
+        if surface is None or surface.get("when_unavailable") != "park" or not accepts_work(claim["run_status"]):
+            return None
+        await self.parks.credential_rejected(
+            inp.run_id,
+            inp.tool_call_id,
+            inp.input_digest,
+            str(claim["connection_id"]),
+            int(claim["authority_generation"]),
+        )
+        return c.BrokerOut(state="parked", reason=REJECTED)
 
     async def _credential_env(self, claim: dict[str, Any]) -> str | None:
         async with self.store.pool.acquire() as conn:
@@ -177,6 +201,10 @@ class BrokerActivities:
             else:
                 tokens.append(retry_token)
                 outcome = await self._call(retry_token, *send)
+        if outcome.auth_rejected and not oauth:
+            parked = await self._credential_rejected(inp, claim, spec.brokered)
+            if parked is not None:
+                return parked
         latency_ms = int((time.monotonic() - started) * 1000)
         # An upstream that echoes the credential back must not carry it into the ledger or the sandbox.
         result, error = outcome.result, outcome.error

@@ -15,11 +15,11 @@ from urllib.parse import urlsplit
 
 from core.access import definition, with_access
 from core.digests import document_digest
+from core.wire import MAX_PARK_SECS
 
 WhenUnavailable = Literal["park", "fail"]
 MCP_CONNECT = "mcp_connect"
 DEFAULT_PARK_SECS = 1800
-MAX_PARK_SECS = 24 * 3600
 
 
 def url_key(url: str) -> str:

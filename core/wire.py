@@ -35,6 +35,9 @@ ENV_TOOL_DISCOVERY = "FLUIDBOX_TOOL_DISCOVERY"
 # How long the runner rides out an unreachable control plane (an API restart) before it gives up.
 ENV_GATEWAY_STALENESS_SECS = "FLUIDBOX_GATEWAY_STALENESS_SECS"
 # The runner's last words when it gives up; the worker looks for them to name the cause of the death.
+# The longest a brokered call can be parked (``budgets.max_park_secs`` is capped here): the runner keeps
+# re-attaching to a held call at least this long, so the park's TTL, not the runner, ends the wait.
+MAX_PARK_SECS = 24 * 3600
 GATEWAY_GONE = "control plane unreachable"
 
 # The run's tokens arrive as one JSON object on an inherited pipe (never a file, argv or the environment);

@@ -136,6 +136,31 @@ class Parks(Repository):
                 await conn.execute("UPDATE sessions SET pending_action = $2 WHERE id = $1", uuid.UUID(run_id), action)
             return {**row, "status": status}
 
+    async def credential_rejected(
+        self, run_id: str, tool_call_id: str, digest: str, connection_id: str, generation: int
+    ) -> None:
+        """The upstream answered 401 to a static credential: nothing ran, so the call's claim goes back to
+        ``registered`` without using up an attempt (the resume takes it again, once, and a runner re-posting
+        the held call re-attaches to the same brokering), and the connection, if it is still active at the
+        generation that was refused, goes to ``error`` (the reason is the park's, on the run) so that no run
+        keeps sending a dead credential: every call on it parks until an admin supplies a new one (next
+        generation)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "UPDATE tool_execution_claims SET state = 'registered', attempts = greatest(attempts - 1, 0) "
+                "WHERE session_id = $1 AND tool_call_id = $2 "
+                "AND input_digest = $3 AND state = 'claimed'",
+                uuid.UUID(run_id),
+                tool_call_id,
+                digest,
+            )
+            await conn.execute(
+                "UPDATE integration_connections SET status = 'error', updated_at = now() "
+                "WHERE id = $1 AND authorization_generation = $2 AND status = 'active' AND auth_kind = 'static'",
+                uuid.UUID(connection_id),
+                generation,
+            )
+
     # ---- resuming ------------------------------------------------------------------------------
 
     async def wait_state(self, run_id: str, tool_call_id: str) -> Row | None:

@@ -45,6 +45,7 @@ from core.wire import (
     ENV_SESSION_TOKEN,
     ENV_TOOL_TOKEN,
     GATEWAY_GONE,
+    MAX_PARK_SECS,
     RUN_ERROR,
     TOKEN_ENV_VARS,
 )
@@ -54,6 +55,11 @@ DEFAULT_TIMEOUT_S = 30.0
 # Longer than the default 10-minute approval TTL: an approval wait holds the request open.
 PERMISSION_TIMEOUT_S = 12 * 60.0
 DIAGNOSTIC_TIMEOUT_S = 5.0
+# One brokered call (or connection proposal) is held by the server while it waits for a human or for a
+# connection: each post waits this long, then the runner re-attaches (same tool_call_id) for as long as a
+# park can last plus an approval wait, so the park's TTL (or the run ending) decides, never this client.
+HOLD_TIMEOUT_S = PERMISSION_TIMEOUT_S + 30
+MAX_HOLD_S = MAX_PARK_SECS + PERMISSION_TIMEOUT_S
 EMIT_RETRIES = 2
 HEARTBEAT_RETRIES = 1
 RESULT_RETRIES = 5
@@ -82,7 +88,13 @@ class MissingEnv(Exception):
 
 
 class TransportError(Exception):
-    """No HTTP answer arrived (refused, reset, timed out): the request may be retried unchanged."""
+    """No HTTP answer arrived (refused, reset, timed out): the request may be retried unchanged. ``held``: the
+    request was delivered and the server kept it without answering within the timeout (it is waiting, not
+    gone)."""
+
+    def __init__(self, message: str, *, held: bool = False) -> None:
+        super().__init__(message)
+        self.held = held
 
 
 @dataclass(frozen=True)
@@ -153,6 +165,7 @@ class _Http:
             conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
         else:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        sent = False
         try:
             conn.request(
                 "POST",
@@ -165,10 +178,12 @@ class _Http:
                     "connection": "close",
                 },
             )
+            sent = True
             answer = conn.getresponse()
             return Response(answer.status, answer.read())
         except (OSError, http.client.HTTPException) as exc:
-            raise TransportError(f"{type_name(exc)}: {exc}") from None
+            held = sent and isinstance(exc, TimeoutError)
+            raise TransportError(f"{type_name(exc)}: {exc}", held=held) from None
         finally:
             conn.close()
 
@@ -295,6 +310,7 @@ class Gateway:
         sleep: Sleep = time.sleep,
         staleness_s: float = DEFAULT_GATEWAY_STALENESS_S,
         clock: Callable[[], float] = time.monotonic,
+        hold_timeout_s: float = HOLD_TIMEOUT_S,
     ) -> None:
         self._http = _Http(base_url, socket_path)
         self._prefix = f"/internal/sessions/{quote(credentials.session_id, safe='')}"
@@ -303,6 +319,7 @@ class Gateway:
         self._sleep = sleep
         self._staleness_s = staleness_s
         self._clock = clock
+        self._hold_timeout_s = hold_timeout_s
         self._unreachable_since: float | None = None  # first transport failure of the current outage
         # Runs before /result is posted (a remote runner uploads its final workspace there).
         self.before_result: Callable[[], None] | None = None
@@ -417,11 +434,18 @@ class Gateway:
         return self._tool_post("connections/propose", {"tool_call_id": tool_call_id, "connection": connection})
 
     def _tool_post(self, leaf: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Three attempts for failures; a post the server holds (an approval or a parked call waiting) is
+        re-attached without using one, for up to ``MAX_HOLD_S`` in all."""
         tool_call_id = payload["tool_call_id"]
-        for attempt in range(3):
+        started = self._clock()
+        attempt = 0
+        while attempt < 3:
             try:
-                response = self._post(leaf, payload, self._tool, PERMISSION_TIMEOUT_S + 30)
+                response = self._post(leaf, payload, self._tool, self._hold_timeout_s)
             except TransportError as exc:
+                if exc.held and self._clock() - started < MAX_HOLD_S:
+                    log(f"{leaf} {tool_call_id}: still held by the control plane; waiting on")
+                    continue
                 failure = str(exc)
             else:
                 if response.is_success:
@@ -441,6 +465,7 @@ class Gateway:
                     failure = f"HTTP {response.status_code}"
             log(f"{leaf} {tool_call_id}: {failure}; attempt {attempt + 1} of 3")
             self._sleep((0.5, 1.5, 0.0)[attempt])
+            attempt += 1
         return {
             "ok": False,
             "error": "the brokered call's outcome is UNKNOWN (the control plane could not be reached); "
@@ -492,7 +517,9 @@ class Gateway:
         """
         try:
             response = self._http.post(f"{self._prefix}/{leaf}", payload, token, timeout)
-        except TransportError:
+        except TransportError as exc:
+            if exc.held:  # the server has the request and is waiting: no outage
+                raise
             now = self._clock()
             if self._unreachable_since is None:
                 self._unreachable_since = now

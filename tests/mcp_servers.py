@@ -85,6 +85,7 @@ class Recorder:
         self._executions: list[str] = []
         self._http: list[tuple[str, int]] = []  # (HTTP method, status we answered with or 0 = passed through)
         self._reject_calls = 0  # answer this many coming tools/call requests with a bare 401
+        self._accepted: dict[str, str] | None = None  # replaces the recipe's required headers (a rotated token)
 
     def record_rpc(self, method: str, params: Any) -> None:
         with self._lock:
@@ -102,6 +103,16 @@ class Recorder:
         accepting), whatever credential they carry."""
         with self._lock:
             self._reject_calls = count
+
+    def rotate_bearer(self, token: str) -> None:
+        """From now on accept ``Authorization: Bearer <token>`` only (the server's operator rotated the token:
+        every request with the old one, on a new or a kept-open session, gets HTTP 401)."""
+        with self._lock:
+            self._accepted = {"authorization": f"Bearer {token}"}
+
+    def accepted_headers(self) -> dict[str, str] | None:
+        with self._lock:
+            return dict(self._accepted) if self._accepted is not None else None
 
     def take_call_rejection(self) -> bool:
         with self._lock:
@@ -234,12 +245,13 @@ class _Gate:
             pass  # returning with the response incomplete makes uvicorn close the connection
 
     def _authorised(self, scope: Scope) -> bool:
-        if not self.required_headers:
+        required = self.recorder.accepted_headers() or self.required_headers
+        if not required:
             return True
         got: dict[str, str] = {}
         for k, v in scope["headers"]:
             got.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
-        return all(got.get(name) == value for name, value in self.required_headers.items())
+        return all(got.get(name) == value for name, value in required.items())
 
 
 def _parse_jsonrpc(body: bytes) -> list[dict[str, Any]]:

@@ -34,6 +34,8 @@ SANDBOX_CAPACITY = "sandbox-capacity"
 LOCAL_APPROVAL_STEPS = "local-approval-steps"
 # workflow.patched id: a run waits for a connection (up front, or on one brokered call) instead of failing.
 PARKED_RUNS = "parked-runs"
+# workflow.patched id: a call brokered on the broker task queue parks too (it used to come back unparked).
+PARK_ON_BROKER_QUEUE = "park-on-broker-queue"
 ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 
@@ -93,19 +95,10 @@ class RunWorkflow:
             inp = c.BrokerIn(run_id=self._inp.run_id, tool_call_id=call.tool_call_id, input_digest=call.input_digest)
             queue = self._queue(c.BROKER_ROLE)
             if queue is not None:
-                # The broker task queue of its own: brokered calls scale with outbound traffic, not with runs.
-                result = await workflow.execute_activity(
-                    c.BROKER_CALL,
-                    inp,
-                    result_type=c.BrokerOut,
-                    task_queue=queue,
-                    # No broker worker polling: the call fails before it was sent, and the caller may retry it.
-                    schedule_to_start_timeout=timedelta(minutes=1),
-                    start_to_close_timeout=timedelta(minutes=2),
-                    retry_policy=RetryPolicy(maximum_attempts=1),
-                    summary=f"brokered call {call.tool_call_id}",
-                )
-                return cast(c.BrokerOut, result)
+                out = await self._broker_on_queue(queue, inp, f"brokered call {call.tool_call_id}")
+                if out.state == "parked" and workflow.patched(PARK_ON_BROKER_QUEUE):
+                    out = await self._park_call(call, out, queue)
+                return out
             # A local activity: it runs in the worker that holds this workflow task, saving a task
             # round trip on every brokered call, and is still recorded (a marker) in the history.
             result = await workflow.execute_local_activity(
@@ -124,6 +117,21 @@ class RunWorkflow:
         finally:
             self._brokering -= 1
             self._updates += 1
+
+    async def _broker_on_queue(self, queue: str, inp: c.BrokerIn, summary: str) -> c.BrokerOut:
+        # The broker task queue of its own: brokered calls scale with outbound traffic, not with runs.
+        result = await workflow.execute_activity(
+            c.BROKER_CALL,
+            inp,
+            result_type=c.BrokerOut,
+            task_queue=queue,
+            # No broker worker polling: the call fails before it was sent, and the caller may retry it.
+            schedule_to_start_timeout=timedelta(minutes=1),
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+            summary=summary,
+        )
+        return cast(c.BrokerOut, result)
 
     @broker_call.validator
     def _validate_broker_call(self, call: c.BrokerCall) -> None:
@@ -294,7 +302,7 @@ class RunWorkflow:
             return True
         return False
 
-    async def _park_call(self, call: c.BrokerCall, out: c.BrokerOut) -> c.BrokerOut:
+    async def _park_call(self, call: c.BrokerCall, out: c.BrokerOut, queue: str | None = None) -> c.BrokerOut:
         """Park one brokered call: nothing was sent and its claim is still ``registered``. When the connection
         is usable again the same claim is executed (the claim CAS makes that at most once); on expiry or
         close the claim is refused. The run's wall clock is paused for as long as any call is parked."""
@@ -313,17 +321,22 @@ class RunWorkflow:
             self._pause_clock(-1)
         if ended is not None:
             return c.BrokerOut(state="refused", reason=ended)
-        result = await workflow.execute_local_activity(
-            c.BROKER_CALL,
-            c.BrokerIn(run_id=self._inp.run_id, tool_call_id=call.tool_call_id, input_digest=call.input_digest),
-            result_type=c.BrokerOut,
-            start_to_close_timeout=timedelta(minutes=2),
-            retry_policy=RetryPolicy(maximum_attempts=1),
-            summary=f"brokered call {call.tool_call_id} (resumed)",
-        )
-        resumed = cast(c.BrokerOut, result)
+        again = c.BrokerIn(run_id=self._inp.run_id, tool_call_id=call.tool_call_id, input_digest=call.input_digest)
+        summary = f"brokered call {call.tool_call_id} (resumed)"
+        if queue is not None:  # where it was brokered (only reached under PARK_ON_BROKER_QUEUE)
+            resumed = await self._broker_on_queue(queue, again, summary)
+        else:
+            result = await workflow.execute_local_activity(
+                c.BROKER_CALL,
+                again,
+                result_type=c.BrokerOut,
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary=summary,
+            )
+            resumed = cast(c.BrokerOut, result)
         if resumed.state == "parked":  # unusable again at once: park again (a new wait with a new TTL)
-            return await self._park_call(call, resumed)
+            return await self._park_call(call, resumed, queue)
         return resumed
 
     async def _wait_unparked(self, park: c.ParkIn, out: c.ParkOut) -> str | None:

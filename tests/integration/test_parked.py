@@ -339,3 +339,44 @@ async def test_a_subscription_chooses_whether_its_runs_park_and_fail_is_the_defa
         assert row["pending_action"]["slot"] == "calc"
         await api.post(f"/v1/sessions/{run_id}/cancel")
         await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_a_static_credential_the_server_stops_accepting_parks_the_call_until_a_new_one_is_supplied(
+    api: httpx.AsyncClient,
+) -> None:
+    old, new = "tok-" + secrets.token_hex(8), "tok-" + secrets.token_hex(8)
+    async with serve(bearer(old)) as srv:
+        connection_id = (await connect(api, srv.url, old))["connection"]["id"]
+        agent = await make_agent(
+            api, ECHO_PAUSE_ECHO, policy=await make_policy(api, BROKER_POLICY),
+            connection_requirements=[requirement(srv.url, ["echo"])],
+        )  # fmt: skip
+        run_id = (await start(api, agent))["id"]
+        pending = await wait_pending(api, run_id)
+        assert srv.executions == ["echo"], "the first echo ran with the credential the server still accepted"
+        # The token is rotated upstream while the run waits: the second echo's tools/call is answered 401.
+        srv.recorder.rotate_bearer(new)
+        await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
+        row = await wait_status(api, run_id, {"waiting_for_connection", "failed", "completed"})
+        assert row["status"] == "waiting_for_connection", row["status_reason"]
+        rejected = "the server rejected the bound connection's credential (HTTP 401); supply a new one"
+        action = row["pending_action"]
+        assert action["connection_id"] == connection_id and action["reason"] == rejected and action["tool_call_id"]
+        required = [e["payload"]["data"] for e in await events(api, run_id) if e["type"] == "authorization.required"]
+        assert len(required) == 1 and required[0]["tool"] == "mcp__calc__echo"
+        assert required[0]["connection_id"] == connection_id and required[0]["reason"] == rejected
+        assert required[0]["challenge"] == f"/v1/connections/authorize?connection={connection_id}"
+        assert ("POST", 401) in srv.recorder.http_requests and srv.executions == ["echo"], "refused, not run"
+        shown = (await api.get(f"/v1/connections/{connection_id}")).json()["connection"]
+        assert shown["status"] == "error", "the dead credential is not sent again, by this run or any other"
+        r = await api.put(f"/v1/connections/{connection_id}/credential", json={"token": new})
+        assert r.status_code == 200, r.text
+        done = await wait_status(api, run_id, {"completed", "failed"})
+        assert done["status"] == "completed", done["status_reason"]
+        assert done["pending_action"] is None
+        assert srv.executions == ["echo", "echo"] and echoed(srv, "two") == 2, srv.recorder.http_requests
+        evs = await events(api, run_id)
+        brokered = [e["payload"]["data"] for e in evs if e["type"] == "tool.brokered"]
+        assert [b["outcome"] for b in brokered] == ["succeeded", "succeeded"], "the parked call ran exactly once"
+        assert types(evs).count("connection.resumed") == 1
+        assert old not in str(evs) and new not in str(evs)

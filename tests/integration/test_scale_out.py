@@ -38,7 +38,7 @@ from tests.integration.helpers import (
     wait_status,
 )
 from tests.integration.test_oauth_connections import create
-from tests.mcp_servers import RunningServer, basic, serve
+from tests.mcp_servers import RunningServer, basic, bearer, serve
 from tests.oauth_servers import AuthorizationServer
 
 pytestmark = pytest.mark.stack
@@ -208,6 +208,52 @@ async def test_sandbox_work_and_brokered_calls_run_on_their_own_task_queues(
     assert queues["finalize_run"] == {SANDBOX_QUEUE}
     assert queues["broker_call"] == {BROKER_QUEUE}
     assert queues["begin_finalize"] == {plane.task_queue}
+
+
+async def test_a_call_brokered_on_the_broker_queue_parks_and_resumes_there_once(
+    plane: Stack, apis: tuple[httpx.AsyncClient, httpx.AsyncClient], temporal: Client
+) -> None:
+    a, b = apis
+    old, new = "tok-" + secrets.token_hex(8), "tok-" + secrets.token_hex(8)
+    async with serve(bearer(old)) as srv:
+        made = await a.post(
+            "/v1/connections",
+            json={"provider": "mcp_http", "base_url": srv.url, "token": old, "access": {"read": True}},
+        )
+        assert made.status_code == 200, made.text
+        connection_id = made.json()["connection"]["id"]
+        policy = await make_policy(
+            a,
+            {
+                "defaults": {"tool_action": "deny"},
+                "tools": [{"match": ["mcp__*"], "action": "allow"}, {"match": ["Bash"], "action": "approve"}],
+            },
+        )
+        steps = [
+            {"tool": "mcp__calc__echo", "input": {"text": "one"}},
+            {"tool": "Bash", "input": {"command": "./deploy.sh"}},
+            {"tool": "mcp__calc__echo", "input": {"text": "two"}},
+        ]
+        requirement = {"slot": "calc", "connector": {"url": srv.url}, "required_tools": ["echo"]}
+        agent = await make_agent(a, steps, policy=policy, connection_requirements=[requirement])
+        run_id = await start_run(a, agent)
+        pending = await wait_pending(a, run_id)
+        srv.recorder.rotate_bearer(new)  # the second echo meets a credential the server stopped accepting
+        await b.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
+        row = await wait_status(b, run_id, {"waiting_for_connection", "failed", "completed"})
+        assert row["status"] == "waiting_for_connection", row["status_reason"]
+        assert row["pending_action"]["connection_id"] == connection_id
+        put = await b.put(f"/v1/connections/{connection_id}/credential", json={"token": new})
+        assert put.status_code == 200, put.text
+        done = await wait_status(a, run_id, {"completed", "failed"})
+        assert done["status"] == "completed", done["status_reason"]
+        assert srv.recorder.executions == ["echo", "echo"], "the parked call ran once"
+    scheduled: dict[str, set[str]] = {}
+    async for execution in temporal.list_workflows(f"WorkflowId = 'run-{run_id}'"):  # every continued run
+        handle = temporal.get_workflow_handle(execution.id, run_id=execution.run_id)
+        for name, on in scheduled_queues([e async for e in handle.fetch_history_events()]).items():
+            scheduled.setdefault(name, set()).update(on)
+    assert scheduled["broker_call"] == {BROKER_QUEUE}, "parked and resumed where it was brokered"
 
 
 async def test_workers_started_for_some_roles_only_share_a_run_between_them(
