@@ -175,7 +175,7 @@ async def test_a_git_credential_is_created_from_the_command_line_and_never_shown
          "unknown transport 'ftp' (one of: mcp_http, openapi, http, stdio, relay, sandbox_cli, git)"),
         (["--transport", "relay", "--scheme", "Basic"],
          "--scheme does not apply to a relay connection (it applies to git)"),
-        (["--transport", "git", "--base-url", "https://git.example.com/team/", "--scheme", "Digest", "--token-env", "T"],
+        (["--transport", "git", "--base-url", "https://git.example.com/t", "--scheme", "Digest", "--token-env", "T"],
          "→ 400: invalid request: scheme: Input should be 'Bearer', 'Basic' or ''"),
         (["--transport", "sandbox_cli", "--ca-pem", "/etc/hostname"],
          "--ca-pem does not apply to a sandbox_cli connection (it applies to relay)"),
