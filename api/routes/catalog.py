@@ -19,6 +19,7 @@ from core.capabilities import check_catalog_launch, launch_server, parse_bundle
 from core.digests import document_digest
 from core.errors import BadRequest, Conflict, NotFound, Unprocessable
 from db.catalog import duplicate_slug
+from db.models.catalog import ConnectorCatalogEntry
 from integrations import mcp_client
 from integrations.oauth import OAuthClientError
 from integrations.transports.openapi import config_problem as openapi_config_problem
@@ -84,17 +85,15 @@ class ServerIn(_Body):
     )
 
 
-def entry_public(row: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in row.items() if k not in ("disabled_at",)}
-    out["created_at"] = row["created_at"].isoformat()
-    return out
+def entry_public(row: ConnectorCatalogEntry) -> dict[str, Any]:
+    return row.model_dump(exclude={"disabled_at"})
 
 
 async def _covering(svc: Services, tenant_id: str, url: str | None) -> dict[str, Any] | None:
     if not url:
         return None
     for conn in await svc.connections.all(tenant_id):
-        if conn["status"] != "revoked" and same_origin_path(conn["base_url"], url):
+        if conn.status != "revoked" and same_origin_path(conn.base_url, url):
             return public(conn)
     return None
 
@@ -107,9 +106,9 @@ async def catalog(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     return {"connectors": [await _listed(svc, op.tenant_id, row) for row in await svc.catalog.visible(op.tenant_id)]}
 
 
-async def _listed(svc: Services, tenant_id: str, row: dict[str, Any]) -> dict[str, Any]:
-    connectable = row["auth_mode"] == "api_key" or bool(row["sandbox_launch"]) or bool(row.get("transport_config"))
-    return {**entry_public(row), "connection": await _covering(svc, tenant_id, row["url"]), "connectable": connectable}
+async def _listed(svc: Services, tenant_id: str, row: ConnectorCatalogEntry) -> dict[str, Any]:
+    connectable = row.auth_mode == "api_key" or bool(row.sandbox_launch) or bool(row.transport_config)
+    return {**entry_public(row), "connection": await _covering(svc, tenant_id, row.url), "connectable": connectable}
 
 
 @router.get(
@@ -175,72 +174,74 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         raise NotFound()
     if body.owner == "personal":
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
-    if row["sandbox_launch"]:
+    if row.sandbox_launch:
         definition = {
             "name": body.bundle_name or slug.replace("-", "_"),
-            "description": row["description"],
-            "servers": [launch_server(slug, row["sandbox_launch"])],
+            "description": row.description,
+            "servers": [launch_server(slug, row.sandbox_launch)],
         }
         bundle = parse_bundle(definition)
         doc = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
-        made = await svc.capabilities.publish(op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc))
-        return {"bundle": {"id": made["id"], "name": made["name"], "version": made["version"]}}
-    if row["transport"] in ("openapi", "http", "stdio") and row.get("transport_config") is not None:
-        config = dict(row["transport_config"])
+        published = await svc.capabilities.publish(
+            op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc)
+        )
+        return {"bundle": {"id": str(published.id), "name": published.name, "version": published.version}}
+    if row.transport in ("openapi", "http", "stdio") and row.transport_config is not None:
+        config = dict(row.transport_config)
         auth = config.get("auth") or {}
-        needs_token = row["transport"] != "stdio" and auth.get("type", "bearer") != "none"
+        needs_token = row.transport != "stdio" and auth.get("type", "bearer") != "none"
         if needs_token and (body.token is None or not body.token.get_secret_value()):
             raise BadRequest(f"'{slug}' needs a `token`")
         made, snapshot = await svc.connection_service.connect_static(
             op.tenant_id,
-            base_url=row["url"] or f"stdio://{slug}",
+            base_url=row.url or f"stdio://{slug}",
             token=body.token.get_secret_value() if body.token is not None else "",
             header_name=None,
             scheme="Basic" if auth.get("type") == "basic" else "Bearer",
-            display_name=body.display_name or row["name"],
-            transport=row["transport"],
+            display_name=body.display_name or row.name,
+            transport=row.transport,
             transport_config=config,
         )
         return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
-    if not row["url"]:
+    if not row.url:
         raise BadRequest(f"'{slug}' has no URL to connect to")
-    if row["auth_mode"] == "oauth":
+    if row.auth_mode == "oauth":
         if body.token is not None:
             raise BadRequest(f"'{slug}' connects with OAuth: it takes no `token`")
         if body.client_secret is not None and body.client_id is None:
             raise BadRequest("`client_secret` needs the `client_id` it was issued with")
         made = await svc.connection_service.connect_oauth(
             op.tenant_id,
-            base_url=row["url"],
-            display_name=body.display_name or row["name"],
-            access=from_catalog(row["access"]),
+            base_url=row.url,
+            display_name=body.display_name or row.name,
+            access=from_catalog(row.access),
         )
         try:
-            scopes = body.scopes or row["scopes"] or None
+            scopes = body.scopes or row.scopes or None
             if body.client_id is not None or scopes:
                 await svc.connection_service.oauth_connect().preregister(
                     op.tenant_id, made, client_id=body.client_id, client_secret=body.client_secret, scopes=scopes
                 )
             go_url = await svc.connection_service.start_sign_in(op.tenant_id, made, None)
         except (OAuthClientError, UrlRefused) as err:
-            await svc.connections.discard_pending_oauth(op.tenant_id, made["id"])
+            await svc.connections.discard_pending_oauth(op.tenant_id, str(made.id))
             raise BadRequest(f"cannot start OAuth with this server: {err}") from None
         except Exception:
             # One call, one outcome: a server we cannot start signing in to leaves no pending connection behind.
-            await svc.connections.discard_pending_oauth(op.tenant_id, made["id"])
+            await svc.connections.discard_pending_oauth(op.tenant_id, str(made.id))
             raise
         return {"connection": public(made), "go_url": go_url}
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest(f"'{slug}' needs a `token`")
-    hints = row["auth_hints"] or {}
+    hints = row.auth_hints or {}
     made, snapshot = await svc.connection_service.connect_static(
         op.tenant_id,
-        base_url=row["url"],
+        base_url=row.url,
         token=body.token.get_secret_value(),
         header_name=hints.get("header_name"),
         scheme=hints.get("scheme", "Bearer"),
-        display_name=body.display_name or row["name"],
-        access=from_catalog(row["access"]),
+        display_name=body.display_name or row.name,
+        access=from_catalog(row.access),
     )
     await svc.run_control.wake_parked(op.tenant_id, made)
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
@@ -349,6 +350,6 @@ async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[
             access=access,
         )
     except Exception:
-        await svc.catalog.delete(entry["id"])
+        await svc.catalog.delete(entry.id)
         raise
     return {"connector": entry_public(entry), "connection": public(made), "snapshot": snapshot_public(snapshot)}

@@ -21,7 +21,8 @@ from api.views import snapshot_public
 from core.access import definition, definition_diff, from_catalog, parse_access, with_access
 from core.bindings import same_url
 from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable
-from db.models.connections import ConnectionToolChange
+from db.connections import ConnectionRow
+from db.models.connections import ConnectionToolChange, ConnectionToolSnapshot
 from integrations.oauth import OAuthClientError
 from integrations.transports._auth import validate_auth as auth_problem
 from integrations.transports.openapi import config_problem as openapi_config_problem
@@ -90,23 +91,23 @@ class CredentialReplace(BaseModel):
     _env = field_validator("credential_env")(classmethod(lambda cls, v: _not_ours(v)))
 
 
-async def visible(svc: Services, who: Principal, connection_id: str) -> dict[str, Any]:
+async def visible(svc: Services, who: Principal, connection_id: str) -> ConnectionRow:
     """The connection if the caller may see it: someone else's personal connection is 404 for
     everyone, the operator and admins included."""
     row = await svc.connections.get(who.tenant_id, connection_id)
-    if row is None or (row["owner_type"] == "user" and row["owner_user_id"] != who.user_id):
+    if row is None or (row.owner_type == "user" and str(row.owner_user_id) != who.user_id):
         raise NotFound()
     return row
 
 
-def require_manage(who: Principal, row: dict[str, Any], action: str) -> None:
+def require_manage(who: Principal, row: ConnectionRow, action: str) -> None:
     """A personal connection is managed by its owner (visibility already proved that); an
     organization connection by the operator, an admin or an owner."""
-    if row["owner_type"] != "user" and not who.mutates_resources:
+    if row.owner_type != "user" and not who.mutates_resources:
         raise Forbidden(f"{action} an organization connection requires the admin or owner role")
 
 
-async def manageable(svc: Services, who: Principal, connection_id: str, action: str) -> dict[str, Any]:
+async def manageable(svc: Services, who: Principal, connection_id: str, action: str) -> ConnectionRow:
     """The connection if the caller may see it (:func:`visible`) and manage it (:func:`require_manage`)."""
     row = await visible(svc, who, connection_id)
     require_manage(who, row, action)
@@ -141,12 +142,12 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         else:
             row, snapshot = await _create_described(body, transport, who, svc, access)
     if snapshot is None:  # a pending oauth connection: usable after its first sign-in
-        return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
+        return {"connection": public(row), "next": f"/v1/connections/{row.id}/oauth/start"}
     await svc.run_control.wake_parked(who.tenant_id, row)
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
 
-Created = tuple[dict[str, Any], dict[str, Any] | None]  # the row, and its first snapshot (None: pending oauth)
+Created = tuple[ConnectionRow, ConnectionToolSnapshot | None]  # the row, and its first snapshot (None: pending oauth)
 
 
 def _check_owner(body: ConnectionCreate, who: Principal) -> None:
@@ -174,7 +175,7 @@ def _check_no_oauth_client(body: ConnectionCreate) -> None:
         raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
 
 
-async def _preregistered(svc: Services, who: Principal, body: ConnectionCreate, row: dict[str, Any]) -> Created:
+async def _preregistered(svc: Services, who: Principal, body: ConnectionCreate, row: ConnectionRow) -> Created:
     """A pending oauth connection, with the client id (or scopes) it was given registered first; a client id
     the server will not take removes the connection again."""
     if body.client_id is not None or body.scopes:
@@ -183,7 +184,7 @@ async def _preregistered(svc: Services, who: Principal, body: ConnectionCreate, 
                 who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
             )
         except (OAuthClientError, UrlRefused) as err:
-            await svc.connections.discard_pending_oauth(who.tenant_id, row["id"])
+            await svc.connections.discard_pending_oauth(who.tenant_id, str(row.id))
             raise BadRequest(f"cannot use this client id with this server: {err}") from None
     return row, None
 
@@ -386,43 +387,41 @@ async def authorize(
     return await svc.connection_service.authorize(who.tenant_id, row, who.user_id)
 
 
-async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: str) -> dict[str, Any]:
+async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: str) -> ConnectionRow:
     """The connection serving catalog entry ``slug`` for this caller: the newest to its URL (active first), or
     one made now (a pending oauth connection; a static one from its ``credential_env``)."""
     entry = await svc.catalog.get(who.tenant_id, slug)
     if entry is None:
         raise NotFound()
-    if not entry["url"]:
+    if not entry.url:
         raise unavailable(f"'{slug}' has no URL to connect to (no auth definition)")
     personal = owner == "personal"
     rows = [
         r
         for r in await svc.connections.all(who.tenant_id, who.user_id)
-        if same_url(r["base_url"], entry["url"])
-        and (r["owner_type"] == "user") == personal
-        and r["status"] != "revoked"
+        if same_url(r.base_url, entry.url) and (r.owner_type == "user") == personal and r.status != "revoked"
     ]
-    rows.sort(key=lambda r: r["status"] != "active")
+    rows.sort(key=lambda r: r.status != "active")
     if rows:
         return rows[0]
     owner_user_id = who.user_id if personal else None
     if not personal and not who.mutates_resources:  # checked before anything is created
         raise Forbidden("authorizing an organization connection requires the admin or owner role")
-    if entry["auth_mode"] == "oauth":
+    if entry.auth_mode == "oauth":
         return await svc.connection_service.connect_oauth(
-            who.tenant_id, base_url=entry["url"], display_name=entry["name"], owner_user_id=owner_user_id,
-            created_by_user_id=who.user_id, access=from_catalog(entry.get("access")),
+            who.tenant_id, base_url=entry.url, display_name=entry.name, owner_user_id=owner_user_id,
+            created_by_user_id=who.user_id, access=from_catalog(entry.access),
         )  # fmt: skip
-    hints = entry["auth_hints"] or {}
+    hints = entry.auth_hints or {}
     env = hints.get("credential_env")
     if not env:
         raise unavailable(
             f"'{slug}' has no auth definition to start: connect it with a token (POST /v1/catalog/{slug}/connect)"
         )
     row, _ = await svc.connection_service.connect_env(
-        who.tenant_id, base_url=entry["url"], credential_env=env, header_name=hints.get("header_name"),
-        scheme=hints.get("scheme", "Bearer"), display_name=entry["name"], owner_user_id=owner_user_id,
-        created_by_user_id=who.user_id, access=from_catalog(entry.get("access")),
+        who.tenant_id, base_url=entry.url, credential_env=env, header_name=hints.get("header_name"),
+        scheme=hints.get("scheme", "Bearer"), display_name=entry.name, owner_user_id=owner_user_id,
+        created_by_user_id=who.user_id, access=from_catalog(entry.access),
     )  # fmt: skip
     return row
 
@@ -464,9 +463,9 @@ async def oauth_start(connection_id: str, who: PrincipalDep, svc: ServicesDep) -
     """A one-time ``go_url`` (600 s) to open in the browser that signs in; reconnecting bumps the generation."""
     svc.connection_service.oauth_connect()
     row = await manageable(svc, who, connection_id, "connecting")
-    if row["auth_kind"] != "oauth":
+    if row.auth_kind != "oauth":
         raise BadRequest("this connection does not use OAuth")
-    if row["status"] == "revoked":
+    if row.status == "revoked":
         raise Conflict("connection is revoked")
     return {"go_url": await svc.connection_service.start_sign_in(who.tenant_id, row, who.user_id)}
 
@@ -535,12 +534,12 @@ async def tools(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict
     return {"snapshot": await _classified(svc, row, snapshot)}
 
 
-async def _classified(svc: Services, row: dict[str, Any], snapshot: dict[str, Any]) -> dict[str, Any]:
-    approved = {a.tool_name: a.definition for a in await svc.connections.approved_tools(str(row["id"]))}
+async def _classified(svc: Services, row: ConnectionRow, snapshot: ConnectionToolSnapshot) -> dict[str, Any]:
+    approved = {a.tool_name: a.definition for a in await svc.connections.approved_tools(str(row.id))}
     view = snapshot_public(snapshot)
-    by_name = {t["name"]: t for t in snapshot["tools_json"]}
+    by_name = {t["name"]: t for t in snapshot.tools_json}
     for tool in view["tools"]:
-        classed = with_access(row["access"], by_name[tool["name"]])
+        classed = with_access(row.access, by_name[tool["name"]])
         access, approval = classed["access"], classed["approval"]
         review = "approved" if approved.get(tool["name"]) == definition(by_name[tool["name"]]) else "pending"
         tool.update(access=access, approval=approval, review=review)
