@@ -13,6 +13,8 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import Field
+
 from core import events as ev
 from core.access import NONE, classify, definition
 from core.errors import Conflict, NotFound
@@ -65,9 +67,13 @@ class ConnectionRow(ReadModel):
     metadata: dict[str, Any]
     created_at: datetime
     updated_at: datetime
-    access: dict[str, Any]
-    transport: str
-    transport_config: dict[str, Any]
+    access: dict[str, Any] = Field(description="Which tools read and which write (normalized; see docs/api.md).")
+    transport: str = Field(
+        description="`mcp_http`, `openapi`, `http`, `stdio`, `relay` or `sandbox_cli` (who speaks to the server)."
+    )
+    transport_config: dict[str, Any] = Field(
+        description="The transport's non-secret configuration (a stdio environment's values are never shown)."
+    )
 
 
 @dataclass(frozen=True)
