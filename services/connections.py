@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import SecretStr
@@ -84,6 +84,25 @@ async def take_photograph(
 Connected = tuple[ConnectionRow, ConnectionToolSnapshot]  # a new connection and its first snapshot
 
 
+@dataclass(frozen=True)
+class Ownership:
+    """Whose a new connection is and what it is called: ``owner_user_id`` makes it that user's personal
+    connection; ``access`` is its declaration (None: no tool is classified, so none is callable)."""
+
+    display_name: str | None = None
+    owner_user_id: str | None = None
+    created_by_user_id: str | None = None
+    access: dict[str, Any] | None = None
+
+    def new(self, provider: str, base_url: str, **fields: Any) -> NewConnection:
+        """The new connection to ``base_url`` (its name when it was given none), with these ``fields``."""
+        return NewConnection(
+            provider=provider, base_url=base_url, display_name=self.display_name or base_url,
+            owner_user_id=self.owner_user_id, created_by_user_id=self.created_by_user_id, access=self.access,
+            **fields,
+        )  # fmt: skip
+
+
 @dataclass
 class ConnectionService:
     connections: Connections
@@ -119,10 +138,7 @@ class ConnectionService:
         token: str,
         header_name: str | None,
         scheme: str,
-        display_name: str | None,
-        owner_user_id: str | None = None,
-        created_by_user_id: str | None = None,
-        access: dict[str, Any] | None = None,
+        made: Ownership,
         transport: str = "mcp_http",
         transport_config: dict[str, Any] | None = None,
     ) -> Connected:
@@ -145,10 +161,9 @@ class ConnectionService:
                 header_name=header_name, scheme=scheme,
             )  # fmt: skip
             photo = await transport_photograph(self.url_policy, conn, rolled_back=True)
-        new = NewConnection(
-            provider=transport, transport=transport, transport_config=transport_config or {},
-            display_name=display_name or url, base_url=url, header_name=header_name, scheme=scheme,
-            owner_user_id=owner_user_id, created_by_user_id=created_by_user_id, access=access,
+        new = made.new(
+            transport, url, transport=transport, transport_config=transport_config or {}, header_name=header_name,
+            scheme=scheme,
         )  # fmt: skip
         return await self._store(tenant_id, new, photo, sealer.seal(token, context=credential_context(tenant_id)))
 
@@ -211,9 +226,7 @@ class ConnectionService:
         *,
         base_url: str,
         tools: Any,
-        display_name: str | None,
-        created_by_user_id: str | None = None,
-        access: dict[str, Any] | None = None,
+        made: Ownership,
     ) -> Connected:
         """Reviewed CLI tools of the sandbox image (``transport: sandbox_cli``): the declarations are the
         photograph. No credential, ever: these tools run inside the sandbox."""
@@ -221,10 +234,8 @@ class ConnectionService:
             raise BadRequest("a sandbox_cli connection is named by a `base_url` of the form sandbox-cli://<name>")
         declared = check_tools(tools)
         photo = {"protocol_version": "sandbox_cli", "tools": declared, "digest": document_digest(declared)}
-        new = NewConnection(
-            provider="sandbox_cli", transport="sandbox_cli", auth_kind="none", display_name=display_name or base_url,
-            base_url=base_url.rstrip("/"), scheme="", created_by_user_id=created_by_user_id, access=access,
-        )  # fmt: skip
+        made = replace(made, display_name=made.display_name or base_url, owner_user_id=None)
+        new = made.new("sandbox_cli", base_url.rstrip("/"), transport="sandbox_cli", auth_kind="none", scheme="")
         row, snapshot = await self.connections.create(tenant_id, new, photo)
         assert snapshot is not None
         return row, snapshot
@@ -245,10 +256,7 @@ class ConnectionService:
         tenant_id: str,
         *,
         base_url: str,
-        display_name: str | None,
-        owner_user_id: str | None = None,
-        created_by_user_id: str | None = None,
-        access: dict[str, Any] | None = None,
+        made: Ownership,
         transport: str = "mcp_http",
         transport_config: dict[str, Any] | None = None,
     ) -> ConnectionRow:
@@ -256,11 +264,9 @@ class ConnectionService:
         ``http`` one is photographed through its provider with the first access token."""
         self.oauth_connect()
         admitted = await self.admit(base_url)
-        new = NewConnection(
-            provider=transport, transport=transport, transport_config=transport_config or {}, auth_kind="oauth",
-            display_name=display_name or admitted.url, base_url=admitted.url, owner_user_id=owner_user_id,
-            created_by_user_id=created_by_user_id, access=access,
-        )  # fmt: skip
+        new = made.new(
+            transport, admitted.url, transport=transport, transport_config=transport_config or {}, auth_kind="oauth"
+        )
         row, _ = await self.connections.create(tenant_id, new, None)
         return row
 
@@ -287,10 +293,7 @@ class ConnectionService:
         credential_env: str,
         header_name: str | None,
         scheme: str,
-        display_name: str | None,
-        owner_user_id: str | None = None,
-        created_by_user_id: str | None = None,
-        access: dict[str, Any] | None = None,
+        made: Ownership,
     ) -> Connected:
         """A static connection whose credential is the environment variable ``credential_env`` (configuration,
         read by each process when it uses it); ``Missing <VAR>`` (409) when this process does not have it."""
@@ -298,11 +301,7 @@ class ConnectionService:
         admitted = await self.admit(base_url)
         headers = auth_headers(token, header_name=header_name, scheme=scheme)
         photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
-        new = NewConnection(
-            provider="mcp_http", display_name=display_name or admitted.url, base_url=admitted.url,
-            header_name=header_name, scheme=scheme, owner_user_id=owner_user_id,
-            created_by_user_id=created_by_user_id, access=access, credential_env=credential_env,
-        )  # fmt: skip
+        new = made.new("mcp_http", admitted.url, header_name=header_name, scheme=scheme, credential_env=credential_env)
         row, snapshot = await self.connections.create(tenant_id, new, photo)
         assert snapshot is not None
         return row, snapshot
@@ -455,6 +454,7 @@ def unavailable(reason: str) -> Conflict:
 __all__ = [
     "GO_CONTEXT",
     "ConnectionService",
+    "Ownership",
     "env_credential",
     "take_photograph",
     "transport_photograph",

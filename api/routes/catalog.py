@@ -25,6 +25,7 @@ from integrations.oauth import OAuthClientError
 from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused, same_origin_path
+from services.connections import Ownership
 
 router = APIRouter(tags=["catalog"])
 SLUG = r"^[a-z0-9][a-z0-9-]{0,63}$"
@@ -198,7 +199,7 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
             token=body.token.get_secret_value() if body.token is not None else "",
             header_name=None,
             scheme="Basic" if auth.get("type") == "basic" else "Bearer",
-            display_name=body.display_name or row.name,
+            made=Ownership(body.display_name or row.name),
             transport=row.transport,
             transport_config=config,
         )
@@ -213,8 +214,7 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         made = await svc.connection_service.connect_oauth(
             op.tenant_id,
             base_url=row.url,
-            display_name=body.display_name or row.name,
-            access=from_catalog(row.access),
+            made=Ownership(body.display_name or row.name, access=from_catalog(row.access)),
         )
         try:
             scopes = body.scopes or row.scopes or None
@@ -240,8 +240,7 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         token=body.token.get_secret_value(),
         header_name=hints.get("header_name"),
         scheme=hints.get("scheme", "Bearer"),
-        display_name=body.display_name or row.name,
-        access=from_catalog(row.access),
+        made=Ownership(body.display_name or row.name, access=from_catalog(row.access)),
     )
     await svc.run_control.wake_parked(op.tenant_id, made)
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
@@ -346,8 +345,7 @@ async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[
             token=body.token.get_secret_value(),
             header_name=body.header_name,
             scheme=body.scheme,
-            display_name=body.display_name or body.name,
-            access=access,
+            made=Ownership(body.display_name or body.name, access=access),
         )
     except Exception:
         await svc.catalog.delete(entry.id)

@@ -28,7 +28,7 @@ from integrations.transports._auth import validate_auth as auth_problem
 from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused
-from services.connections import unavailable
+from services.connections import Ownership, unavailable
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
 
@@ -161,6 +161,10 @@ def _owner_user_id(body: ConnectionCreate, who: Principal) -> str | None:
     return who.user_id if body.owner == "personal" else None
 
 
+def _made(body: ConnectionCreate, who: Principal, access: dict[str, Any] | None) -> Ownership:
+    return Ownership(body.display_name, _owner_user_id(body, who), who.user_id, access)
+
+
 def _check_oauth_client(body: ConnectionCreate) -> None:
     if body.token is not None:
         raise BadRequest("an oauth connection takes no `token`: it is obtained by signing in")
@@ -204,12 +208,7 @@ async def _create_mcp_http(
                 "an oauth connection sends `Authorization: Bearer`; `header_name` and `scheme` do not apply"
             )
         row = await svc.connection_service.connect_oauth(
-            who.tenant_id,
-            base_url=body.base_url,
-            display_name=body.display_name,
-            owner_user_id=_owner_user_id(body, who),
-            created_by_user_id=who.user_id,
-            access=access,
+            who.tenant_id, base_url=body.base_url, made=_made(body, who, access)
         )
         return await _preregistered(svc, who, body, row)
     _check_no_oauth_client(body)
@@ -222,10 +221,7 @@ async def _create_mcp_http(
             credential_env=body.credential_env,
             header_name=body.header_name,
             scheme=body.scheme,
-            display_name=body.display_name,
-            owner_user_id=_owner_user_id(body, who),
-            created_by_user_id=who.user_id,
-            access=access,
+            made=_made(body, who, access),
         )
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a static connection needs a `token` (or `credential_env`)")
@@ -235,10 +231,7 @@ async def _create_mcp_http(
         token=body.token.get_secret_value(),
         header_name=body.header_name,
         scheme=body.scheme,
-        display_name=body.display_name,
-        owner_user_id=_owner_user_id(body, who),
-        created_by_user_id=who.user_id,
-        access=access,
+        made=_made(body, who, access),
     )
 
 
@@ -268,9 +261,8 @@ async def _create_device_or_cli(
         if body.owner == "personal":
             raise BadRequest("a sandbox_cli connection is an organization connection")
         return await svc.connection_service.connect_sandbox_cli(
-            who.tenant_id, base_url=body.base_url, tools=body.tools, display_name=body.display_name,
-            created_by_user_id=who.user_id, access=access,
-        )  # fmt: skip
+            who.tenant_id, base_url=body.base_url, tools=body.tools, made=_made(body, who, access)
+        )
     if body.tools is not None:
         raise BadRequest("a relay connection photographs its tools; it takes no `tools`")
     if body.token is None or not body.token.get_secret_value():
@@ -333,12 +325,9 @@ async def _create_described(
         row = await svc.connection_service.connect_oauth(
             who.tenant_id,
             base_url=base_url,
-            display_name=body.display_name,
-            owner_user_id=_owner_user_id(body, who),
-            created_by_user_id=who.user_id,
+            made=_made(body, who, access),
             transport=transport,
             transport_config={**config, "auth": {"type": "oauth"}},
-            access=access,
         )
         return await _preregistered(svc, who, body, row)
     auth = config.get("auth") or {}
@@ -351,12 +340,9 @@ async def _create_described(
         token=token,
         header_name=body.header_name,
         scheme="Basic" if auth.get("type") == "basic" else body.scheme,
-        display_name=body.display_name,
-        owner_user_id=_owner_user_id(body, who),
-        created_by_user_id=who.user_id,
+        made=_made(body, who, access),
         transport=transport,
         transport_config=config,
-        access=access,
     )
 
 
@@ -407,11 +393,9 @@ async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: s
     owner_user_id = who.user_id if personal else None
     if not personal and not who.mutates_resources:  # checked before anything is created
         raise Forbidden("authorizing an organization connection requires the admin or owner role")
+    made = Ownership(entry.name, owner_user_id, who.user_id, from_catalog(entry.access))
     if entry.auth_mode == "oauth":
-        return await svc.connection_service.connect_oauth(
-            who.tenant_id, base_url=entry.url, display_name=entry.name, owner_user_id=owner_user_id,
-            created_by_user_id=who.user_id, access=from_catalog(entry.access),
-        )  # fmt: skip
+        return await svc.connection_service.connect_oauth(who.tenant_id, base_url=entry.url, made=made)
     hints = entry.auth_hints or {}
     env = hints.get("credential_env")
     if not env:
@@ -420,8 +404,7 @@ async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: s
         )
     row, _ = await svc.connection_service.connect_env(
         who.tenant_id, base_url=entry.url, credential_env=env, header_name=hints.get("header_name"),
-        scheme=hints.get("scheme", "Bearer"), display_name=entry.name, owner_user_id=owner_user_id,
-        created_by_user_id=who.user_id, access=from_catalog(entry.access),
+        scheme=hints.get("scheme", "Bearer"), made=made,
     )  # fmt: skip
     return row
 
