@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -51,33 +53,36 @@ def _provider(url_policy: UrlPolicy, transport: str) -> TransportProvider:
     return Transports(TransportDeps(url_policy)).provider_for(transport)
 
 
-async def transport_photograph(
-    url_policy: UrlPolicy, conn: TransportConnection, *, rolled_back: bool
-) -> dict[str, Any]:
-    """Photograph a non-MCP-over-HTTP connection through its provider (400 for a bad description, 502 upstream)."""
+@contextmanager
+def _photograph_refusals(*, rolled_back: bool) -> Iterator[None]:
+    """A photograph's failures as answers: a rejected credential is 400, any other upstream failure 502."""
     try:
-        photo = await _provider(url_policy, conn.transport).list_tools(conn)
-    except TransportError as err:
-        suffix = " (nothing was stored)" if rolled_back else ""
-        raise BadRequest(f"{err}{suffix}") from None
+        yield
     except mcp_client.AuthRejected as err:
         suffix = " (connection rolled back)" if rolled_back else ""
         raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
     except mcp_client.McpClientError as err:
         raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
+
+
+async def transport_photograph(
+    url_policy: UrlPolicy, conn: TransportConnection, *, rolled_back: bool
+) -> dict[str, Any]:
+    """Photograph a non-MCP-over-HTTP connection through its provider (400 for a bad description, 502 upstream)."""
+    with _photograph_refusals(rolled_back=rolled_back):
+        try:
+            photo = await _provider(url_policy, conn.transport).list_tools(conn)
+        except TransportError as err:
+            suffix = " (nothing was stored)" if rolled_back else ""
+            raise BadRequest(f"{err}{suffix}") from None
     return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
 
 
 async def take_photograph(
     url: str, headers: dict[str, str], *, rolled_back: bool, pin: AdmittedUrl | None = None
 ) -> dict[str, Any]:
-    try:
+    with _photograph_refusals(rolled_back=rolled_back):
         photo = await mcp_client.photograph(url, headers, pin=pin)
-    except mcp_client.AuthRejected as err:
-        suffix = " (connection rolled back)" if rolled_back else ""
-        raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
-    except mcp_client.McpClientError as err:
-        raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
     return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
 
 
