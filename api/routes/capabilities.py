@@ -11,7 +11,7 @@ from api.deps import OperatorDep, ServicesDep
 from api.errors import errors
 from core.capabilities import parse_bundle
 from core.digests import document_digest
-from core.errors import NotFound
+from core.errors import found
 from db.models.capabilities import CapabilityBundle
 
 router = APIRouter(prefix="/v1/capabilities", tags=["capabilities"])
@@ -62,9 +62,7 @@ async def list_bundles(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
 )
 async def get_bundle(bundle_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Tools are listed by name and description; schemas are in the frozen RunSpec of each run."""
-    row = await svc.capabilities.get(op.tenant_id, bundle_id)
-    if row is None:
-        raise NotFound()
+    row = found(await svc.capabilities.get(op.tenant_id, bundle_id))
     servers = [
         {
             "name": s["name"],

@@ -17,7 +17,7 @@ from api.views import snapshot_public
 from core.access import READ_ONLY, from_catalog, parse_access
 from core.capabilities import check_catalog_launch, launch_server, parse_bundle
 from core.digests import document_digest
-from core.errors import BadRequest, Conflict, NotFound, Unprocessable
+from core.errors import BadRequest, Conflict, Unprocessable, found
 from db.catalog import duplicate_slug
 from db.models.catalog import ConnectorCatalogEntry
 from integrations import mcp_client
@@ -120,10 +120,7 @@ async def _listed(svc: Services, tenant_id: str, row: ConnectorCatalogEntry) -> 
 )
 async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """404 when unknown or another tenant's custom entry."""
-    row = await svc.catalog.get(op.tenant_id, slug)
-    if row is None:
-        raise NotFound()
-    return {"connector": entry_public(row)}
+    return {"connector": entry_public(found(await svc.catalog.get(op.tenant_id, slug)))}
 
 
 @router.post(
@@ -170,9 +167,7 @@ async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) 
 )
 async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """api_key → a sealed, photographed connection; an in-image server → a sandbox capability bundle."""
-    row = await svc.catalog.get(op.tenant_id, slug)
-    if row is None:
-        raise NotFound()
+    row = found(await svc.catalog.get(op.tenant_id, slug))
     if body.owner == "personal":
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
     if row.sandbox_launch:

@@ -20,7 +20,7 @@ from api.views import connection_public as public
 from api.views import snapshot_public
 from core.access import definition, definition_diff, from_catalog, parse_access, with_access
 from core.bindings import same_url
-from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable
+from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable, found
 from db.connections import ConnectionRow
 from db.models.connections import ConnectionToolChange, ConnectionToolSnapshot
 from integrations.oauth import OAuthClientError
@@ -376,9 +376,7 @@ async def authorize(
 async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: str) -> ConnectionRow:
     """The connection serving catalog entry ``slug`` for this caller: the newest to its URL (active first), or
     one made now (a pending oauth connection; a static one from its ``credential_env``)."""
-    entry = await svc.catalog.get(who.tenant_id, slug)
-    if entry is None:
-        raise NotFound()
+    entry = found(await svc.catalog.get(who.tenant_id, slug))
     if not entry.url:
         raise unavailable(f"'{slug}' has no URL to connect to (no auth definition)")
     personal = owner == "personal"
@@ -511,9 +509,7 @@ async def tools(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict
     tool with its access class under the connection's declaration and whether new runs may bind it
     (``review: approved``) or it is quarantined until an admin approves its change (``pending``)."""
     row = await visible(svc, who, connection_id)
-    snapshot = await svc.connections.latest_snapshot(connection_id)
-    if snapshot is None:
-        raise NotFound()
+    snapshot = found(await svc.connections.latest_snapshot(connection_id))
     return {"snapshot": await _classified(svc, row, snapshot)}
 
 
