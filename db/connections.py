@@ -147,11 +147,12 @@ class Connections(Repository):
         photo: dict[str, Any] | None,
         credential: tuple[bytes, str] | None = None,
     ) -> tuple[ConnectionRow, ConnectionToolSnapshot | None]:
-        """Insert the connection and its first snapshot together: a connection never exists unphotographed.
+        """Insert the connection and, with ``photo``, its first snapshot in the same transaction: an active
+        connection never exists unphotographed. Without ``photo`` it is ``pending`` (an ``oauth`` one waiting for
+        its first sign-in): no snapshot, not bindable (only ``active`` connections bind).
 
-        ``credential`` is the sealed credential and its key id (none for one from ``new.credential_env`` or
-        without credential). Without ``photo`` the connection is ``pending`` (an ``oauth`` one waiting for its
-        first sign-in): no snapshot, not bindable (only ``active`` connections bind)."""
+        ``credential`` is the sealed credential and its key id; none for a connection whose credential is
+        configuration (``new.credential_env``), for one without any, and for a pending one."""
         async with self.pool.acquire() as conn, conn.transaction():
             status = "active" if photo is not None else "pending"
             row = await insert_connection(conn, tenant_id, new, status=status, credential=credential)
