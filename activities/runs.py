@@ -189,7 +189,7 @@ class RunActivities:
         if self._sealer is None:
             raise workspace.WorkspaceError("credential storage is disabled on this worker (FLUIDBOX_CREDENTIAL_KEY)")
         try:
-            if row is None or row.get("transport") != "git":
+            if row is None or row.transport != "git":
                 raise NotFound()
             blob, _ = await self.connections.credential(cid)
             secret = self._sealer.open(blob, context=credential_context(spec.tenant_id)).decode()
@@ -197,7 +197,7 @@ class RunActivities:
             raise workspace.WorkspaceError(f"git credential {cid} is no longer usable (revoked or unreadable)") from (
                 None
             )
-        return workspace.GitAuth(scheme=str(row["scheme"]), secret=secret)
+        return workspace.GitAuth(scheme=row.scheme, secret=secret)
 
     async def _fetch_repository(
         self, url: str, ref: str | None, dest: Path, auth: workspace.GitAuth | None = None

@@ -23,6 +23,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema, model_validator
 
+from db.connections import ConnectionRow
+from db.runs import UsageTotals
+from db.usage import CostLine
+
 Timestamp = Annotated[
     dt.datetime,
     PlainSerializer(lambda v: v.isoformat(), return_type=str, when_used="json"),
@@ -86,15 +90,6 @@ class Harnesses(_Out):
 
 
 # ---- sessions (runs) -----------------------------------------------------------------------------
-
-
-class UsageTotals(_Out):
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
-    cost_usd: float
-    requests: int
 
 
 class SessionPublic(_Out):
@@ -180,17 +175,6 @@ class EventPublic(_Out):
 
 class EventList(_Out):
     events: list[EventPublic]
-
-
-class CostLine(_Out):
-    model: str | None
-    source: str | None
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
-    cost_usd: float | None = Field(description="null for an unpriced model")
-    requests: int
 
 
 class Reservations(_Out):
@@ -407,31 +391,11 @@ class PolicyDeleted(_Out):
 # ---- connections ---------------------------------------------------------------------------------
 
 
-class ConnectionPublic(_Out):
+class ConnectionPublic(_Out, ConnectionRow):
     """A connection; never its credential (sealed at rest, never returned)."""
 
-    id: str
-    tenant_id: str
-    provider: str
-    display_name: str
-    base_url: str
-    auth_kind: str
-    header_name: str | None
-    scheme: str
-    status: str
-    owner_type: str
-    owner_user_id: str | None
-    created_by_user_id: str | None
-    authorization_generation: int
-    metadata: Json
     created_at: Timestamp
     updated_at: Timestamp
-    access: Json = Field(description="Which tools read and which write (normalized; see docs/api.md).")
-    transport: str = "mcp_http"
-    """``mcp_http``, ``openapi``, ``http``, ``stdio``, ``relay``, ``sandbox_cli`` or ``git`` (who speaks to the
-    server; a ``git`` connection is a credential for cloning private repositories)."""
-    transport_config: Json | None = None
-    """The transport's non-secret configuration (a stdio environment's values are never shown)."""
 
 
 class ProposalResult(_Out):

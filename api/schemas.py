@@ -118,29 +118,9 @@ def _unique_slots(reqs: list[ConnectionRequirement] | None) -> list[ConnectionRe
     return reqs
 
 
-class AgentCreate(_Body):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    description: str | None = Field(default=None, max_length=4096)
-    harness: str = "claude-agent-sdk"
-    model: str | None = None
-    system_prompt: str | None = Field(default=None, max_length=65536)
-    policy: str = "default"
-    runner_image: str | None = None
-    budgets: Budgets | None = None
-    default_workspace: WorkspaceIn | None = None
-    harness_config: HarnessConfig | None = None
-    capability_bundles: list[str] | None = Field(default=None, max_length=64)
-    connection_requirements: list[ConnectionRequirement] | None = Field(default=None, max_length=64)
-    tool_discovery: Literal["eager", "deferred", "auto"] | None = Field(
-        default=None,
-        description="How runs see brokered tools: every schema (eager, the default), tool_search/tool_describe/"
-        "tool_call (deferred), or deferred above core.runspec.AUTO_DEFERRED_ABOVE frozen tools (auto).",
-    )
-
-    _slots = field_validator("connection_requirements")(classmethod(lambda cls, v: _unique_slots(v)))
-
-
 class RevisionCreate(_Body):
+    """An agent revision's settings; one left out keeps the previous revision's."""
+
     harness: str | None = None
     model: str | None = None
     system_prompt: str | None = Field(default=None, max_length=65536)
@@ -158,6 +138,15 @@ class RevisionCreate(_Body):
     )
 
     _slots = field_validator("connection_requirements")(classmethod(lambda cls, v: _unique_slots(v)))
+
+
+class AgentCreate(RevisionCreate):
+    """A new agent: its name and description, and its first revision (the harness and policy defaulted)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str | None = Field(default=None, max_length=4096)
+    harness: str = "claude-agent-sdk"
+    policy: str = "default"
 
 
 class SessionCreate(_Body):

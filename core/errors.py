@@ -18,7 +18,9 @@ DomainError
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, TypeVar
+
+T = TypeVar("T")
 
 
 class DomainError(Exception):
@@ -55,6 +57,13 @@ class NotFound(DomainError):
 
     def __init__(self, message: str = "not found") -> None:
         super().__init__(message)
+
+
+def found(value: T | None, message: str = "not found") -> T:
+    """``value``, or :class:`NotFound` (``message``) when a lookup found nothing."""
+    if value is None:
+        raise NotFound(message)
+    return value
 
 
 class Conflict(DomainError):

@@ -2,8 +2,9 @@
 
 A repository returns typed rows: the ``table=True`` model of ``db.models`` when a query reads one
 table's columns, a small pydantic read model (beside its repository) when it joins or aggregates.
-``Row`` dicts remain only in the connections, catalog and capabilities repositories (being reshaped
-separately) and where another repository hands one of their rows on.
+``Row`` dicts remain only in the brokered-call half of the connections repository (binding candidates,
+execution claims and the broker's dispatch view, which ``core.bindings`` and the broker read as plain
+data) and where another repository hands one of those rows on.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from db._base import Repository, Row, as_row, as_rows
+from db._base import Repository, as_model, as_models, uuid_or_none
 from db.ids import new_id
+from db.models.capabilities import CapabilityBundle
 from db.store import Store
 
 
@@ -14,7 +15,9 @@ class Capabilities(Repository):
     def __init__(self, store: Store) -> None:
         super().__init__(store.pool)
 
-    async def publish(self, tenant_id: str, name: str, description: str | None, definition: Any, digest: str) -> Row:
+    async def publish(
+        self, tenant_id: str, name: str, description: str | None, definition: Any, digest: str
+    ) -> CapabilityBundle:
         """Append version max+1 of ``name`` (v1 for a new name), under a per-name advisory lock."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1 || ':' || $2))", tenant_id, name)
@@ -23,7 +26,8 @@ class Capabilities(Repository):
                 uuid.UUID(tenant_id),
                 name,
             )
-            row = as_row(
+            row = as_model(
+                CapabilityBundle,
                 await conn.fetchrow(
                     "INSERT INTO capability_bundles (id, tenant_id, name, version, description, definition, "
                     "definition_digest) VALUES ($1,$2,$3,$4,$5,$6,$7) RETURNING *",
@@ -34,51 +38,49 @@ class Capabilities(Repository):
                     description,
                     definition,
                     digest,
-                )
+                ),
             )
             assert row is not None
             return row
 
-    async def all(self, tenant_id: str) -> list[Row]:
-        return await self.rows(
+    async def all(self, tenant_id: str) -> list[CapabilityBundle]:
+        return await self.many(
+            CapabilityBundle,
             "SELECT * FROM capability_bundles WHERE tenant_id = $1 ORDER BY name, version DESC",
             uuid.UUID(tenant_id),
         )
 
-    async def get(self, tenant_id: str, bundle_id: str) -> Row | None:
-        try:
-            bid = uuid.UUID(bundle_id)
-        except ValueError:
+    async def get(self, tenant_id: str, bundle_id: str) -> CapabilityBundle | None:
+        bid = uuid_or_none(bundle_id)
+        if bid is None:
             return None
-        return await self.one_row(
-            "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND id = $2", uuid.UUID(tenant_id), bid
+        return await self.one(
+            CapabilityBundle,
+            "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND id = $2",
+            uuid.UUID(tenant_id),
+            bid,
         )
 
-    async def resolve(self, tenant_id: str, name: str, version: int | None) -> Row | None:
+    async def resolve(self, tenant_id: str, name: str, version: int | None) -> CapabilityBundle | None:
         """``name`` → its newest version now; ``name@N`` → exactly N."""
-        async with self.pool.acquire() as conn:
-            if version is None:
-                record = await conn.fetchrow(
-                    "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND name = $2 ORDER BY version DESC LIMIT 1",
-                    uuid.UUID(tenant_id),
-                    name,
-                )
-            else:
-                record = await conn.fetchrow(
-                    "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND name = $2 AND version = $3",
-                    uuid.UUID(tenant_id),
-                    name,
-                    version,
-                )
-            return as_row(record)
+        return await self.one(
+            CapabilityBundle,
+            "SELECT * FROM capability_bundles WHERE tenant_id = $1 AND name = $2 "
+            "AND ($3::int IS NULL OR version = $3) ORDER BY version DESC LIMIT 1",
+            uuid.UUID(tenant_id),
+            name,
+            version,
+        )
 
-    async def by_ids(self, ids: list[str]) -> dict[str, Row]:
+    async def by_ids(self, ids: list[str]) -> dict[str, CapabilityBundle]:
+        """The bundles of ``ids``, by id text."""
         if not ids:
             return {}
         async with self.pool.acquire() as conn:
-            rows = as_rows(
+            rows = as_models(
+                CapabilityBundle,
                 await conn.fetch(
                     "SELECT * FROM capability_bundles WHERE id = ANY($1::uuid[])", [uuid.UUID(i) for i in ids]
-                )
+                ),
             )
-        return {r["id"]: r for r in rows}
+        return {str(r.id): r for r in rows}

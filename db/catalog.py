@@ -9,8 +9,9 @@ import asyncpg
 
 from core.access import READ_ONLY, parse_access
 from core.errors import Conflict
-from db._base import Conn, Repository, Row, as_row
+from db._base import Conn, Repository, as_model
 from db.ids import new_id
+from db.models.catalog import ConnectorCatalogEntry
 from db.store import Store
 
 COLUMNS = (
@@ -47,7 +48,7 @@ class Catalog(Repository):
                     *self._values(entry),
                 )
 
-    async def create_custom(self, tenant_id: str, entry: dict[str, Any]) -> Row:
+    async def create_custom(self, tenant_id: str, entry: dict[str, Any]) -> ConnectorCatalogEntry:
         """A tenant's custom entry; a slug already used globally or by this tenant is a ``Conflict``.
 
         The pre-check names the common case; the unique indexes decide a race between two creates of
@@ -60,14 +61,15 @@ class Catalog(Repository):
             async with self.pool.acquire() as conn, conn.transaction():
                 if await self._taken(conn, tenant_id, entry["slug"]):
                     raise duplicate
-                row = as_row(
+                row = as_model(
+                    ConnectorCatalogEntry,
                     await conn.fetchrow(
                         f"INSERT INTO connector_catalog (id, tenant_id, {cols}, tier) "
                         f"VALUES ($1, $2, {params}, 'custom') RETURNING *",
                         uuid.UUID(new_id()),
                         uuid.UUID(tenant_id),
                         *self._values(entry),
-                    )
+                    ),
                 )
         except asyncpg.UniqueViolationError:
             raise duplicate from None
@@ -88,20 +90,21 @@ class Catalog(Repository):
         async with self.pool.acquire() as conn:
             return await self._taken(conn, tenant_id, slug)
 
-    async def delete(self, entry_id: str) -> None:
+    async def delete(self, entry_id: uuid.UUID) -> None:
         """Used only to undo a one-call create whose connect failed (no orphan entry)."""
-        async with self.pool.acquire() as conn:
-            await conn.execute("DELETE FROM connector_catalog WHERE id = $1 AND tier = 'custom'", uuid.UUID(entry_id))
+        await self.execute("DELETE FROM connector_catalog WHERE id = $1 AND tier = 'custom'", entry_id)
 
-    async def visible(self, tenant_id: str) -> list[Row]:
-        return await self.rows(
+    async def visible(self, tenant_id: str) -> list[ConnectorCatalogEntry]:
+        return await self.many(
+            ConnectorCatalogEntry,
             "SELECT * FROM connector_catalog WHERE disabled_at IS NULL "
             "AND (tenant_id IS NULL OR tenant_id = $1) ORDER BY tier <> 'verified', slug",
             uuid.UUID(tenant_id),
         )
 
-    async def get(self, tenant_id: str, slug: str) -> Row | None:
-        return await self.one_row(
+    async def get(self, tenant_id: str, slug: str) -> ConnectorCatalogEntry | None:
+        return await self.one(
+            ConnectorCatalogEntry,
             "SELECT * FROM connector_catalog WHERE slug = $1 AND disabled_at IS NULL "
             "AND (tenant_id IS NULL OR tenant_id = $2)",
             slug,

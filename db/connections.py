@@ -8,15 +8,19 @@ that binding and claims ``(session, tool_call_id, input_digest)`` before any cre
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
+
+from pydantic import Field
 
 from core import events as ev
 from core.access import NONE, classify, definition
 from core.errors import Conflict, NotFound
-from db._base import Conn, Repository, Row, as_model, as_row, as_rows
+from db._base import Conn, ReadModel, Repository, Row, as_model, as_row, as_rows, fetch_model, uuid_or_none
 from db.ids import new_id
-from db.models.connections import ConnectionApprovedTool, ConnectionToolChange
+from db.models.connections import ConnectionApprovedTool, ConnectionToolChange, ConnectionToolSnapshot
 from db.store import Store
 
 CONNECTION_FIELDS = (
@@ -43,6 +47,93 @@ def credential_context(tenant_id: str) -> str:
     return f"{tenant_id}:integration_connections.credential"
 
 
+class ConnectionRow(ReadModel):
+    """A connection as every layer above ``db/`` sees it: the columns of :data:`CONNECTION_FIELDS`, never
+    the sealed credential (only :meth:`Connections.credential` reads that)."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    provider: str
+    display_name: str
+    base_url: str
+    auth_kind: str
+    header_name: str | None
+    scheme: str
+    status: str
+    owner_type: str
+    owner_user_id: uuid.UUID | None
+    created_by_user_id: uuid.UUID | None
+    authorization_generation: int
+    metadata: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    access: dict[str, Any] = Field(description="Which tools read and which write (normalized; see docs/api.md).")
+    transport: str = Field(
+        description="`mcp_http`, `openapi`, `http`, `stdio`, `relay`, `sandbox_cli` or `git` (who speaks to the server;"
+        " a `git` connection is a credential for cloning private repositories)."
+    )
+    transport_config: dict[str, Any] = Field(
+        description="The transport's non-secret configuration (a stdio environment's values are never shown)."
+    )
+
+
+@dataclass(frozen=True)
+class NewConnection:
+    """What a new connection is made of (its credential, if it stores one, is passed sealed beside it)."""
+
+    provider: str
+    display_name: str
+    base_url: str
+    auth_kind: str = "static"
+    header_name: str | None = None
+    scheme: str = "Bearer"
+    transport: str = "mcp_http"
+    transport_config: dict[str, Any] = field(default_factory=dict)
+    owner_user_id: str | None = None
+    created_by_user_id: str | None = None
+    access: dict[str, Any] | None = None
+    credential_env: str | None = None
+    """A static credential that is configuration (this variable of the processes using it), not stored."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+async def insert_connection(
+    conn: Conn, tenant_id: str, new: NewConnection, *, status: str, credential: tuple[bytes, str] | None = None
+) -> ConnectionRow:
+    """Insert one connection in the caller's transaction (``new.owner_user_id`` set: a personal one)."""
+    owner = new.owner_user_id
+    row = await fetch_model(
+        conn,
+        ConnectionRow,
+        "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, auth_kind, "
+        "header_name, scheme, credential_sealed, credential_key_id, credential_env, status, owner_type, "
+        "owner_user_id, created_by_user_id, transport, transport_config, access, metadata) "
+        "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19) "
+        f"RETURNING {CONNECTION_FIELDS}",
+        uuid.UUID(new_id()),
+        uuid.UUID(tenant_id),
+        new.provider,
+        new.display_name,
+        new.base_url,
+        new.auth_kind,
+        new.header_name,
+        new.scheme,
+        credential[0] if credential else None,
+        credential[1] if credential else None,
+        new.credential_env,
+        status,
+        "user" if owner else "organization",
+        uuid.UUID(owner) if owner else None,
+        uuid.UUID(new.created_by_user_id) if new.created_by_user_id else None,
+        new.transport,
+        new.transport_config,
+        new.access or NONE,
+        new.metadata,
+    )
+    assert row is not None
+    return row
+
+
 class Connections(Repository):
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -51,67 +142,24 @@ class Connections(Repository):
     # ---- connections ---------------------------------------------------------------------------
 
     async def create(
-        self, tenant_id: str, fields: Row, sealed: bytes | None, key_id: str | None, photo: dict[str, Any]
-    ) -> tuple[Row, Row]:
-        """Insert the connection and its first snapshot together: a connection never exists unphotographed.
-        ``fields["owner_user_id"]`` set makes it a personal connection of that user (owner_type ``user``)."""
-        owner = fields.get("owner_user_id")
-        async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
-                    "auth_kind, header_name, scheme, credential_sealed, credential_key_id, status, owner_type, "
-                    "owner_user_id, created_by_user_id, transport, transport_config, access) "
-                    "VALUES ($1,$2,$3,$4,$5,$15,$6,$7,$8,$9,'active',$10,$11,$12,$13,$14,$16) "
-                    f"RETURNING {CONNECTION_FIELDS}",
-                    uuid.UUID(new_id()),
-                    uuid.UUID(tenant_id),
-                    fields["provider"],
-                    fields["display_name"],
-                    fields["base_url"],
-                    fields.get("header_name"),
-                    fields["scheme"],
-                    sealed,
-                    key_id,
-                    "user" if owner else "organization",
-                    uuid.UUID(owner) if owner else None,
-                    uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
-                    fields.get("transport", "mcp_http"),
-                    fields.get("transport_config") or {},
-                    fields.get("auth_kind", "static"),
-                    fields.get("access") or NONE,
-                )
-            )
-            assert row is not None
-            snapshot = await self._append_snapshot(conn, row["id"], 1, photo)
-            return row, snapshot
+        self,
+        tenant_id: str,
+        new: NewConnection,
+        photo: dict[str, Any] | None,
+        credential: tuple[bytes, str] | None = None,
+    ) -> tuple[ConnectionRow, ConnectionToolSnapshot | None]:
+        """Insert the connection and, with ``photo``, its first snapshot in the same transaction: an active
+        connection never exists unphotographed. Without ``photo`` it is ``pending`` (an ``oauth`` one waiting for
+        its first sign-in): no snapshot, not bindable (only ``active`` connections bind).
 
-    async def create_pending_oauth(self, tenant_id: str, fields: Row) -> Row:
-        """An ``oauth`` connection waiting for its first sign-in: no credential, no snapshot, not bindable
-        (only ``active`` connections bind). ``fields`` as :meth:`create` (no header or scheme)."""
-        owner = fields.get("owner_user_id")
-        async with self.pool.acquire() as conn:
-            row = as_row(
-                await conn.fetchrow(
-                    "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
-                    "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id, transport, "
-                    "transport_config, access) VALUES ($1,$2,$3,$4,$5,'oauth','Bearer','pending',$6,$7,$8,$9,$10,$11) "
-                    f"RETURNING {CONNECTION_FIELDS}",
-                    uuid.UUID(new_id()),
-                    uuid.UUID(tenant_id),
-                    fields["provider"],
-                    fields["display_name"],
-                    fields["base_url"],
-                    "user" if owner else "organization",
-                    uuid.UUID(owner) if owner else None,
-                    uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
-                    fields.get("transport", "mcp_http"),
-                    fields.get("transport_config") or {},
-                    fields.get("access") or NONE,
-                )
-            )
-        assert row is not None
-        return row
+        ``credential`` is the sealed credential and its key id; none for a connection whose credential is
+        configuration (``new.credential_env``), for one without any, and for a pending one."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            status = "active" if photo is not None else "pending"
+            row = await insert_connection(conn, tenant_id, new, status=status, credential=credential)
+            if photo is None:
+                return row, None
+            return row, await self._append_snapshot(conn, row.id, 1, photo)
 
     async def record_proposal(self, run_id: str, tool_call_id: str, data: dict[str, Any]) -> None:
         """Append ``connection.proposed`` once per (run, tool call): a runner re-attaching after a dropped
@@ -132,45 +180,38 @@ class Connections(Repository):
 
     async def save_proposal(
         self, tenant_id: str, run_id: str, tool_call_id: str, proposal: dict[str, str], agent: str
-    ) -> tuple[Row, bool]:
+    ) -> tuple[ConnectionRow, bool]:
         """Save an approved dynamic-connection proposal once per (run, tool call): a ``pending`` connection with
         no credential (a human authorizes it before anything can bind to it), and the ``connection.saved`` event,
         in one transaction. Returns the row and whether this call created it."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1 || ':' || $2))", run_id, tool_call_id)
-            existing = as_row(
-                await conn.fetchrow(
-                    f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 "
-                    "AND metadata->>'proposed_in' = $2 AND metadata->>'proposed_call' = $3",
-                    uuid.UUID(tenant_id),
-                    run_id,
-                    tool_call_id,
-                )
+            existing = await fetch_model(
+                conn,
+                ConnectionRow,
+                f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 "
+                "AND metadata->>'proposed_in' = $2 AND metadata->>'proposed_call' = $3",
+                uuid.UUID(tenant_id),
+                run_id,
+                tool_call_id,
             )
             if existing is not None:
                 return existing, False
             transport = proposal["transport"]
-            row = as_row(
-                await conn.fetchrow(
-                    "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, auth_kind, "
-                    "scheme, status, owner_type, transport, metadata) "
-                    "VALUES ($1,$2,$3,$4,$5,$6,'Bearer','pending','organization',$3,$7) "
-                    f"RETURNING {CONNECTION_FIELDS}",
-                    uuid.UUID(new_id()),
-                    uuid.UUID(tenant_id),
-                    transport,
-                    proposal["display_name"],
-                    proposal["base_url"],
-                    "oauth" if transport == "mcp_http" else "none",
-                    {"proposed_in": run_id, "proposed_call": tool_call_id, "proposed_by_agent": agent},
-                )
+            new = NewConnection(
+                provider=transport,
+                display_name=proposal["display_name"],
+                base_url=proposal["base_url"],
+                auth_kind="oauth" if transport == "mcp_http" else "none",
+                transport=transport,
+                metadata={"proposed_in": run_id, "proposed_call": tool_call_id, "proposed_by_agent": agent},
             )
-            assert row is not None
+            row = await insert_connection(conn, tenant_id, new, status="pending")
             event = ev.NewEvent(
                 type="connection.saved",
                 data={
                     "tool_call_id": tool_call_id,
-                    "connection_id": str(row["id"]),
+                    "connection_id": str(row.id),
                     "transport": transport,
                     "base_url": proposal["base_url"],
                     "status": "pending",
@@ -188,21 +229,22 @@ class Connections(Repository):
             uuid.UUID(connection_id),
         )
 
-    async def all(self, tenant_id: str, viewer_user_id: str | None = None) -> list[Row]:
+    async def all(self, tenant_id: str, viewer_user_id: str | None = None) -> list[ConnectionRow]:
         """Organization connections plus the viewer's own personal ones (none for the operator)."""
-        return await self.rows(
+        return await self.many(
+            ConnectionRow,
             f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 "
             "AND (owner_type = 'organization' OR owner_user_id = $2) ORDER BY created_at DESC",
             uuid.UUID(tenant_id),
             uuid.UUID(viewer_user_id) if viewer_user_id else None,
         )
 
-    async def get(self, tenant_id: str, connection_id: str) -> Row | None:
-        try:
-            cid = uuid.UUID(connection_id)
-        except ValueError:
+    async def get(self, tenant_id: str, connection_id: str) -> ConnectionRow | None:
+        cid = uuid_or_none(connection_id)
+        if cid is None:
             return None
-        return await self.one_row(
+        return await self.one(
+            ConnectionRow,
             f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE tenant_id = $1 AND id = $2",
             uuid.UUID(tenant_id),
             cid,
@@ -222,9 +264,10 @@ class Connections(Repository):
             raise NotFound()
         return bytes(row["credential_sealed"]), str(row["credential_key_id"])
 
-    async def set_access(self, tenant_id: str, connection_id: str, access: dict[str, Any]) -> Row:
+    async def set_access(self, tenant_id: str, connection_id: str, access: dict[str, Any]) -> ConnectionRow:
         """Replace the connection's (normalized) access declaration; runs already bound keep theirs."""
-        row = await self.one_row(
+        row = await self.one(
+            ConnectionRow,
             "UPDATE integration_connections SET access = $3, updated_at = now() WHERE tenant_id = $1 AND id = $2 "
             f"RETURNING {CONNECTION_FIELDS}",
             uuid.UUID(tenant_id),
@@ -235,50 +278,20 @@ class Connections(Repository):
             raise NotFound()
         return row
 
-    async def revoke(self, tenant_id: str, connection_id: str) -> Row:
-        async with self.pool.acquire() as conn:
-            row = as_row(
-                await conn.fetchrow(
-                    "UPDATE integration_connections SET status = 'revoked', updated_at = now(), "
-                    "credential_sealed = NULL WHERE tenant_id = $1 AND id = $2 AND status <> 'revoked' "
-                    f"RETURNING {CONNECTION_FIELDS}",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(connection_id),
-                )
-            )
+    async def revoke(self, tenant_id: str, connection_id: str) -> ConnectionRow:
+        row = await self.one(
+            ConnectionRow,
+            "UPDATE integration_connections SET status = 'revoked', updated_at = now(), "
+            "credential_sealed = NULL WHERE tenant_id = $1 AND id = $2 AND status <> 'revoked' "
+            f"RETURNING {CONNECTION_FIELDS}",
+            uuid.UUID(tenant_id),
+            uuid.UUID(connection_id),
+        )
         if row is None:
             if await self.get(tenant_id, connection_id) is None:
                 raise NotFound()
             raise Conflict("connection is already revoked")
         return row
-
-    async def create_env_backed(self, tenant_id: str, fields: Row, credential_env: str, photo: dict[str, Any]) -> Row:
-        """A static connection whose credential is configuration (the variable ``credential_env`` of the
-        processes using it), not stored: no sealed blob. Its first snapshot is inserted with it."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
-                    "auth_kind, header_name, scheme, status, owner_type, owner_user_id, created_by_user_id, "
-                    "credential_env, access) VALUES ($1,$2,$3,$4,$5,'static',$6,$7,'active',$8,$9,$10,$11,$12) "
-                    f"RETURNING {CONNECTION_FIELDS}",
-                    uuid.UUID(new_id()),
-                    uuid.UUID(tenant_id),
-                    fields["provider"],
-                    fields["display_name"],
-                    fields["base_url"],
-                    fields.get("header_name"),
-                    fields["scheme"],
-                    "user" if fields.get("owner_user_id") else "organization",
-                    uuid.UUID(fields["owner_user_id"]) if fields.get("owner_user_id") else None,
-                    uuid.UUID(fields["created_by_user_id"]) if fields.get("created_by_user_id") else None,
-                    credential_env,
-                    fields.get("access") or NONE,
-                )
-            )
-            assert row is not None
-            await self._append_snapshot(conn, row["id"], 1, photo)
-            return row
 
     async def replace_credential(
         self,
@@ -287,68 +300,67 @@ class Connections(Repository):
         credential: tuple[bytes, str] | None,
         credential_env: str | None,
         photo: dict[str, Any],
-    ) -> Row:
+    ) -> ConnectionRow:
         """Give a static connection a new credential (sealed, or from ``credential_env``): it becomes active
         again (a revocation undone) at the next authorization generation, with the new photograph. Runs bound
         under the old generation fail closed, or wait and move to the new one if they parked."""
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    "UPDATE integration_connections SET status = 'active', credential_sealed = $3, "
-                    "credential_key_id = $4, credential_env = $5, authorization_generation = "
-                    "authorization_generation + 1, updated_at = now() "
-                    "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'static' "
-                    f"RETURNING {CONNECTION_FIELDS}",
-                    uuid.UUID(tenant_id),
-                    uuid.UUID(connection_id),
-                    credential[0] if credential else None,
-                    credential[1] if credential else None,
-                    credential_env,
-                )
+            row = await fetch_model(
+                conn,
+                ConnectionRow,
+                "UPDATE integration_connections SET status = 'active', credential_sealed = $3, "
+                "credential_key_id = $4, credential_env = $5, authorization_generation = "
+                "authorization_generation + 1, updated_at = now() "
+                "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'static' "
+                f"RETURNING {CONNECTION_FIELDS}",
+                uuid.UUID(tenant_id),
+                uuid.UUID(connection_id),
+                credential[0] if credential else None,
+                credential[1] if credential else None,
+                credential_env,
             )
             if row is None:
                 raise NotFound()
-            version = await conn.fetchval(
-                "SELECT coalesce(max(snapshot_version), 0) + 1 FROM connection_tool_snapshots WHERE connection_id = $1",
-                row["id"],
-            )
-            await self._append_snapshot(conn, row["id"], version, photo)
+            await self._append_snapshot(conn, row.id, None, photo)
             return row
 
     # ---- snapshots -----------------------------------------------------------------------------
 
-    async def _append_snapshot(self, conn: Conn, connection_id: str, version: int, photo: dict[str, Any]) -> Row:
-        """Insert snapshot ``version`` and screen its tools against the approved definitions (see
-        :meth:`_screen`), in the caller's transaction."""
-        row = await self._insert_snapshot(conn, connection_id, version, photo)
+    async def _append_snapshot(
+        self, conn: Conn, connection_id: uuid.UUID, version: int | None, photo: dict[str, Any]
+    ) -> ConnectionToolSnapshot:
+        """Insert snapshot ``version`` (None: the next one) and screen its tools against the approved
+        definitions (see :meth:`_screen`), in the caller's transaction."""
+        if version is None:
+            version = await conn.fetchval(
+                "SELECT coalesce(max(snapshot_version), 0) + 1 FROM connection_tool_snapshots WHERE connection_id = $1",
+                connection_id,
+            )
+        row = await fetch_model(
+            conn,
+            ConnectionToolSnapshot,
+            "INSERT INTO connection_tool_snapshots (id, connection_id, snapshot_version, "
+            "authorization_generation, protocol_version, tools_json, tools_digest) "
+            "SELECT $1, $2, $3, authorization_generation, $4, $5, $6 FROM integration_connections "
+            "WHERE id = $2 RETURNING *",
+            uuid.UUID(new_id()),
+            connection_id,
+            version,
+            photo["protocol_version"],
+            photo["tools"],
+            photo["digest"],
+        )
+        assert row is not None and version is not None
         await self._screen(conn, connection_id, version, photo["tools"])
         return row
 
-    async def _insert_snapshot(self, conn: Conn, connection_id: str, version: int, photo: dict[str, Any]) -> Row:
-        row = as_row(
-            await conn.fetchrow(
-                "INSERT INTO connection_tool_snapshots (id, connection_id, snapshot_version, "
-                "authorization_generation, protocol_version, tools_json, tools_digest) "
-                "SELECT $1, $2, $3, authorization_generation, $4, $5, $6 FROM integration_connections "
-                "WHERE id = $2 RETURNING *",
-                uuid.UUID(new_id()),
-                uuid.UUID(connection_id),
-                version,
-                photo["protocol_version"],
-                photo["tools"],
-                photo["digest"],
-            )
-        )
-        assert row is not None
-        return row
-
-    async def _screen(self, conn: Conn, connection_id: str, version: int, tools: list[dict[str, Any]]) -> None:
+    async def _screen(self, conn: Conn, connection_id: uuid.UUID, version: int, tools: list[dict[str, Any]]) -> None:
         """Quarantine what an admin has not seen. The first snapshot is approved as it stands (by whoever
         created the connection); later, a tool whose definition differs from its approved one, or a new
         tool, gets one ``pending`` change (a newer definition supersedes an older pending one; a definition
         already rejected is not proposed again), and a tool back at its approved definition (or gone) has
         nothing pending."""
-        cid = uuid.UUID(connection_id)
+        cid = connection_id
         if version == 1:
             creator = await conn.fetchval(
                 "SELECT coalesce('user:' || created_by_user_id::text, 'operator') FROM integration_connections "
@@ -423,7 +435,7 @@ class Connections(Repository):
                 cid,
             )
 
-    async def refresh(self, connection_id: str, generation: int, photo: dict[str, Any]) -> Row:
+    async def refresh(self, connection_id: str, generation: int, photo: dict[str, Any]) -> ConnectionToolSnapshot:
         """Append snapshot v+1 unless the connection was reauthorized while it was being photographed."""
         async with self.pool.acquire() as conn, conn.transaction():
             current = await conn.fetchrow(
@@ -436,11 +448,7 @@ class Connections(Repository):
                 raise Conflict(f"connection is {current['status']}")
             if current["authorization_generation"] != generation:
                 raise Conflict("the connection was reauthorized during discovery — refresh again")
-            version = await conn.fetchval(
-                "SELECT coalesce(max(snapshot_version), 0) + 1 FROM connection_tool_snapshots WHERE connection_id = $1",
-                uuid.UUID(connection_id),
-            )
-            return await self._append_snapshot(conn, connection_id, version, photo)
+            return await self._append_snapshot(conn, uuid.UUID(connection_id), None, photo)
 
     # ---- tool-definition changes (quarantine) ----------------------------------------------------
 
@@ -455,9 +463,8 @@ class Connections(Repository):
         )
 
     async def tool_change(self, connection_id: str, change_id: str) -> ConnectionToolChange | None:
-        try:
-            cid = uuid.UUID(change_id)
-        except ValueError:
+        cid = uuid_or_none(change_id)
+        if cid is None:
             return None
         return await self.one(
             ConnectionToolChange,
@@ -531,8 +538,9 @@ class Connections(Repository):
             )
             return row
 
-    async def latest_snapshot(self, connection_id: str) -> Row | None:
-        return await self.one_row(
+    async def latest_snapshot(self, connection_id: str) -> ConnectionToolSnapshot | None:
+        return await self.one(
+            ConnectionToolSnapshot,
             "SELECT * FROM connection_tool_snapshots WHERE connection_id = $1 ORDER BY snapshot_version DESC LIMIT 1",
             uuid.UUID(connection_id),
         )

@@ -17,8 +17,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.errors import Conflict, Forbidden, NotFound
-from db._base import ReadModel, Repository, Row, as_row, fetch_model
-from db.connections import CONNECTION_FIELDS
+from db._base import ReadModel, Repository, Row, fetch_model
+from db.connections import CONNECTION_FIELDS, ConnectionRow, NewConnection, insert_connection
 from db.ids import new_id
 from db.store import Store
 
@@ -76,14 +76,22 @@ class ManagedFlow(ReadModel):
     connection_id: uuid.UUID
 
 
+class AppConnection(ReadModel):
+    """An account's connection to one app, and whether a signed-in grant is waiting to be completed."""
+
+    app_id: str
+    provisioning: bool
+    connection: ConnectionRow
+
+
 class ManagedAppRecords(Repository):
     def __init__(self, store: Store) -> None:
         super().__init__(store.pool)
 
-    async def accounts_connections(self, tenant_id: str, user_id: str) -> list[Row]:
+    async def accounts_connections(self, tenant_id: str, user_id: str) -> list[AppConnection]:
         """Every app this account has a connection row for: the connection (``c.*`` public fields), ``app_id``,
         and ``provisioning`` (a signed-in grant is waiting to be completed). Reads only."""
-        return await self.rows(
+        rows = await self.rows(
             f"SELECT m.app_id, {_C_FIELDS}, EXISTS (SELECT 1 FROM managed_app_flows f "
             " JOIN connector_oauth_flows o ON o.id = f.flow_id "
             " WHERE f.managed_id = m.id AND o.connection_id = m.connection_id "
@@ -93,8 +101,14 @@ class ManagedAppRecords(Repository):
             uuid.UUID(tenant_id),
             uuid.UUID(user_id),
         )
+        return [
+            AppConnection(
+                app_id=r["app_id"], provisioning=r["provisioning"], connection=ConnectionRow.model_validate(r)
+            )
+            for r in rows
+        ]
 
-    async def connection_for(self, tenant_id: str, user_id: str, app_id: str, fields: Row) -> tuple[Row, str]:
+    async def connection_for(self, tenant_id: str, user_id: str, app_id: str, fields: Row) -> tuple[ConnectionRow, str]:
         """The account's connection for ``app_id`` and its managed row id, creating a pending personal OAuth
         connection (``fields``: ``display_name``, ``base_url``) when there is none or the last was revoked."""
         tid, uid = uuid.UUID(tenant_id), uuid.UUID(user_id)
@@ -109,27 +123,23 @@ class ManagedAppRecords(Repository):
                     app_id,
                 )
                 if managed is not None and managed["status"] != "revoked":
-                    row = await conn.fetchrow(
+                    row = await fetch_model(
+                        conn,
+                        ConnectionRow,
                         f"SELECT {CONNECTION_FIELDS} FROM integration_connections WHERE id = $1",
                         managed["connection_id"],
                     )
-                    return _require(as_row(row)), str(managed["id"])
-                created = _require(
-                    as_row(
-                        await conn.fetchrow(
-                            "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, "
-                            "auth_kind, scheme, status, owner_type, owner_user_id, created_by_user_id, access) "
-                            "VALUES ($1,$2,'mcp_http',$3,$4,'oauth','Bearer','pending','user',$5,$5,$6) "
-                            f"RETURNING {CONNECTION_FIELDS}",
-                            uuid.UUID(new_id()),
-                            tid,
-                            fields["display_name"],
-                            fields["base_url"],
-                            uid,
-                            fields["access"],
-                        )
-                    )
+                    return _require(row), str(managed["id"])
+                new = NewConnection(
+                    provider="mcp_http",
+                    display_name=fields["display_name"],
+                    base_url=fields["base_url"],
+                    auth_kind="oauth",
+                    owner_user_id=user_id,
+                    created_by_user_id=user_id,
+                    access=fields["access"],
                 )
+                created = await insert_connection(conn, tenant_id, new, status="pending")
                 # Two first calls at once both get here; the unique (tenant, user, app) row lets one in, and the
                 # other's insert waits for that commit, then writes nothing: it rolls back and reads the winner's.
                 managed_id = await conn.fetchval(
@@ -142,7 +152,7 @@ class ManagedAppRecords(Repository):
                     tid,
                     uid,
                     app_id,
-                    uuid.UUID(created["id"]),
+                    created.id,
                 )
                 if managed_id is None:
                     raise _LostRace()
@@ -275,7 +285,7 @@ class _LostRace(Exception):
     """A concurrent call made the account's connection first (rolls our pending row back)."""
 
 
-def _require(row: Row | None) -> Row:
+def _require(row: ConnectionRow | None) -> ConnectionRow:
     if row is None:
         raise NotFound()
     return row

@@ -20,9 +20,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.errors import Conflict, Forbidden, NotFound
-from db._base import ReadModel, Repository, Row, as_row, fetch_model, known_id
-from db.connections import CONNECTION_FIELDS, Connections
+from db._base import ReadModel, Repository, fetch_model, known_id
+from db.connections import CONNECTION_FIELDS, ConnectionRow, Connections
 from db.ids import new_id
+from db.models.connections import ConnectionToolSnapshot
 from db.models.oauth import OAuthClientRegistration
 from db.store import Store
 
@@ -345,7 +346,7 @@ class OAuthRecords(Repository):
         oauth: dict[str, Any],
         photo: dict[str, Any],
         access: tuple[bytes, str, datetime | None] | None = None,
-    ) -> tuple[Row, Row]:
+    ) -> tuple[ConnectionRow, ConnectionToolSnapshot]:
         """Make the flow's connection active under its new grant and append the photograph taken with it.
 
         A compare-and-swap: it wins only while the connection is still at the flow's ``expected_generation`` and
@@ -357,29 +358,29 @@ class OAuthRecords(Repository):
         """
         access_blob, access_key, access_expiry = access or (None, None, None)
         async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    "UPDATE integration_connections SET status = 'active', credential_sealed = $5, "
-                    "credential_key_id = $6, oauth = $7, registration_id = $8, "
-                    "authorization_generation = authorization_generation "
-                    "+ CASE WHEN oauth_activated_at IS NULL THEN 0 ELSE 1 END, "
-                    "oauth_activated_at = clock_timestamp(), updated_at = now(), "
-                    "access_token_sealed = $9, access_token_key_id = $10, access_expires_at = $11 "
-                    "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND status <> 'revoked' "
-                    "AND authorization_generation = $3 AND (oauth_activated_at IS NULL OR oauth_activated_at < $4) "
-                    f"RETURNING {CONNECTION_FIELDS}",
-                    uuid.UUID(tenant_id),
-                    flow.connection_id,
-                    flow.expected_generation,
-                    flow.created_at,
-                    credential[0],
-                    credential[1],
-                    oauth,
-                    flow.registration_id,
-                    access_blob,
-                    access_key,
-                    access_expiry,
-                )
+            row = await fetch_model(
+                conn,
+                ConnectionRow,
+                "UPDATE integration_connections SET status = 'active', credential_sealed = $5, "
+                "credential_key_id = $6, oauth = $7, registration_id = $8, "
+                "authorization_generation = authorization_generation "
+                "+ CASE WHEN oauth_activated_at IS NULL THEN 0 ELSE 1 END, "
+                "oauth_activated_at = clock_timestamp(), updated_at = now(), "
+                "access_token_sealed = $9, access_token_key_id = $10, access_expires_at = $11 "
+                "WHERE tenant_id = $1 AND id = $2 AND auth_kind = 'oauth' AND status <> 'revoked' "
+                "AND authorization_generation = $3 AND (oauth_activated_at IS NULL OR oauth_activated_at < $4) "
+                f"RETURNING {CONNECTION_FIELDS}",
+                uuid.UUID(tenant_id),
+                flow.connection_id,
+                flow.expected_generation,
+                flow.created_at,
+                credential[0],
+                credential[1],
+                oauth,
+                flow.registration_id,
+                access_blob,
+                access_key,
+                access_expiry,
             )
             if row is None:
                 status = await conn.fetchval(
@@ -392,11 +393,7 @@ class OAuthRecords(Repository):
                 if status == "revoked":
                     raise Conflict("connection is revoked")
                 raise Conflict(SUPERSEDED)
-            version = await conn.fetchval(
-                "SELECT coalesce(max(snapshot_version), 0) + 1 FROM connection_tool_snapshots WHERE connection_id = $1",
-                uuid.UUID(row["id"]),
-            )
-            snapshot = await self._connections._append_snapshot(conn, row["id"], version, photo)
+            snapshot = await self._connections._append_snapshot(conn, row.id, None, photo)
             return row, snapshot
 
     @asynccontextmanager

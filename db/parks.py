@@ -18,7 +18,7 @@ from core.bindings import covering, freeze_binding, park_secs, pending_action, u
 from core.runspec import RunSpec
 from core.states import RunStatus
 from db._base import Conn, Repository, Row, as_row, as_rows
-from db.connections import Connections
+from db.connections import ConnectionRow, Connections
 from db.ids import new_id
 from db.store import Store
 
@@ -315,16 +315,16 @@ class Parks(Repository):
 
     # ---- who waits -----------------------------------------------------------------------------
 
-    async def waiting_on(self, tenant_id: str, connection: Row) -> list[str]:
+    async def waiting_on(self, tenant_id: str, connection: ConnectionRow) -> list[str]:
         """Runs waiting on ``connection``: by id, or (no connection known when they parked) by URL and owner."""
         records = await self.rows(
             "SELECT DISTINCT session_id FROM run_parks WHERE tenant_id = $1 AND state = 'waiting' AND "
             "(connection_id = $2 OR (connection_id IS NULL AND url_key = $3 "
             "AND owner_user_id IS NOT DISTINCT FROM $4))",
             uuid.UUID(tenant_id),
-            uuid.UUID(str(connection["id"])),
-            url_key(str(connection["base_url"])),
-            uuid.UUID(str(connection["owner_user_id"])) if connection.get("owner_user_id") else None,
+            connection.id,
+            url_key(connection.base_url),
+            connection.owner_user_id,
         )
         return [str(r["session_id"]) for r in records]
 

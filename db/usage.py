@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import Field
 
 from core import events as ev
 from core.pricing import PriceTable
@@ -66,7 +67,7 @@ class CostLine(ReadModel):
     output_tokens: int
     cache_read_tokens: int
     cache_write_tokens: int
-    cost_usd: float | None
+    cost_usd: float | None = Field(description="null for an unpriced model")
     requests: int
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import SecretStr
@@ -19,9 +21,9 @@ from core.digests import document_digest
 from core.errors import BadRequest, Conflict, Unavailable, UpstreamFailed
 from core.runspec import is_loopback_authority
 from core.sandbox_cli import check_tools
-from db.connections import Connections, credential_context
+from db.connections import ConnectionRow, Connections, NewConnection, credential_context
+from db.models.connections import ConnectionToolSnapshot
 from db.parks import Challenges, Parks
-from db.store import Row
 from integrations import mcp_client
 from integrations.headers import auth_headers
 from integrations.oauth import OAuthClientError
@@ -52,34 +54,59 @@ def _provider(url_policy: UrlPolicy, transport: str) -> TransportProvider:
     return Transports(TransportDeps(url_policy)).provider_for(transport)
 
 
-async def transport_photograph(
-    url_policy: UrlPolicy, conn: TransportConnection, *, rolled_back: bool
-) -> dict[str, Any]:
-    """Photograph a non-MCP-over-HTTP connection through its provider (400 for a bad description, 502 upstream)."""
+@contextmanager
+def _photograph_refusals(*, rolled_back: bool) -> Iterator[None]:
+    """A photograph's failures as answers: a rejected credential is 400, any other upstream failure 502."""
     try:
-        photo = await _provider(url_policy, conn.transport).list_tools(conn)
-    except TransportError as err:
-        suffix = " (nothing was stored)" if rolled_back else ""
-        raise BadRequest(f"{err}{suffix}") from None
+        yield
     except mcp_client.AuthRejected as err:
         suffix = " (connection rolled back)" if rolled_back else ""
         raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
     except mcp_client.McpClientError as err:
         raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
+
+
+async def transport_photograph(
+    url_policy: UrlPolicy, conn: TransportConnection, *, rolled_back: bool
+) -> dict[str, Any]:
+    """Photograph a non-MCP-over-HTTP connection through its provider (400 for a bad description, 502 upstream)."""
+    with _photograph_refusals(rolled_back=rolled_back):
+        try:
+            photo = await _provider(url_policy, conn.transport).list_tools(conn)
+        except TransportError as err:
+            suffix = " (nothing was stored)" if rolled_back else ""
+            raise BadRequest(f"{err}{suffix}") from None
     return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
 
 
 async def take_photograph(
     url: str, headers: dict[str, str], *, rolled_back: bool, pin: AdmittedUrl | None = None
 ) -> dict[str, Any]:
-    try:
+    with _photograph_refusals(rolled_back=rolled_back):
         photo = await mcp_client.photograph(url, headers, pin=pin)
-    except mcp_client.AuthRejected as err:
-        suffix = " (connection rolled back)" if rolled_back else ""
-        raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
-    except mcp_client.McpClientError as err:
-        raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
     return {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
+
+
+Connected = tuple[ConnectionRow, ConnectionToolSnapshot]  # a new connection and its first snapshot
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Whose a new connection is and what it is called: ``owner_user_id`` makes it that user's personal
+    connection; ``access`` is its declaration (None: no tool is classified, so none is callable)."""
+
+    display_name: str | None = None
+    owner_user_id: str | None = None
+    created_by_user_id: str | None = None
+    access: dict[str, Any] | None = None
+
+    def new(self, provider: str, base_url: str, **fields: Any) -> NewConnection:
+        """The new connection to ``base_url`` (its name when it was given none), with these ``fields``."""
+        return NewConnection(
+            provider=provider, base_url=base_url, display_name=self.display_name or base_url,
+            owner_user_id=self.owner_user_id, created_by_user_id=self.created_by_user_id, access=self.access,
+            **fields,
+        )  # fmt: skip
 
 
 @dataclass
@@ -117,13 +144,10 @@ class ConnectionService:
         token: str,
         header_name: str | None,
         scheme: str,
-        display_name: str | None,
-        owner_user_id: str | None = None,
-        created_by_user_id: str | None = None,
-        access: dict[str, Any] | None = None,
+        made: Ownership,
         transport: str = "mcp_http",
         transport_config: dict[str, Any] | None = None,
-    ) -> tuple[Row, Row]:
+    ) -> Connected:
         """Admit the URL, photograph with the credential, then seal and store both in one transaction.
         Any refusal before the insert stores nothing. Returns the connection and its first snapshot.
         ``transport`` other than ``mcp_http`` photographs through its provider (:mod:`integrations.transports`);
@@ -143,20 +167,20 @@ class ConnectionService:
                 header_name=header_name, scheme=scheme,
             )  # fmt: skip
             photo = await transport_photograph(self.url_policy, conn, rolled_back=True)
-        sealed = sealer.seal(token, context=credential_context(tenant_id))
-        fields = {
-            "provider": transport,
-            "transport": transport,
-            "transport_config": transport_config or {},
-            "display_name": display_name or url,
-            "base_url": url,
-            "header_name": header_name,
-            "scheme": scheme,
-            "owner_user_id": owner_user_id,
-            "created_by_user_id": created_by_user_id,
-            "access": access,
-        }
-        return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
+        new = made.new(
+            transport, url, transport=transport, transport_config=transport_config or {}, header_name=header_name,
+            scheme=scheme,
+        )  # fmt: skip
+        return await self._store(tenant_id, new, photo, sealer.seal(token, context=credential_context(tenant_id)))
+
+    async def _store(
+        self, tenant_id: str, new: NewConnection, photo: dict[str, Any], sealed: bytes | None = None
+    ) -> Connected:
+        """Insert a photographed connection (with its sealed credential, if any) and its first snapshot."""
+        credential = (sealed, self.custody().key_id) if sealed is not None else None
+        row, snapshot = await self.connections.create(tenant_id, new, photo, credential)
+        assert snapshot is not None
+        return row, snapshot
 
     async def connect_relay(
         self,
@@ -169,7 +193,7 @@ class ConnectionService:
         owner_user_id: str | None = None,
         created_by_user_id: str | None = None,
         access: dict[str, Any] | None = None,
-    ) -> tuple[Row, Row]:
+    ) -> Connected:
         """A device relay (``transport: relay``): admitted like any URL, photographed through the registered
         ``relay`` provider (the one brokered calls use) with its credential and bounded timeout, then the
         credential sealed. Any refusal stores nothing."""
@@ -195,7 +219,7 @@ class ConnectionService:
             await provider.close()
         photo_doc = {"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest}
         sealed = sealer.seal(token, context=credential_context(tenant_id))
-        fields = {
+        fields: dict[str, Any] = {
             "provider": "relay",
             "transport": "relay",
             "transport_config": settings,
@@ -207,7 +231,7 @@ class ConnectionService:
             "created_by_user_id": created_by_user_id,
             "access": access,
         }
-        return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo_doc)
+        return await self._store(tenant_id, NewConnection(**fields), photo_doc, sealed)
 
     async def connect_sandbox_cli(
         self,
@@ -215,42 +239,23 @@ class ConnectionService:
         *,
         base_url: str,
         tools: Any,
-        display_name: str | None,
-        created_by_user_id: str | None = None,
-        access: dict[str, Any] | None = None,
-    ) -> tuple[Row, Row]:
+        made: Ownership,
+    ) -> Connected:
         """Reviewed CLI tools of the sandbox image (``transport: sandbox_cli``): the declarations are the
         photograph. No credential, ever: these tools run inside the sandbox."""
         if not base_url.startswith("sandbox-cli://") or not base_url[len("sandbox-cli://") :].strip("/"):
             raise BadRequest("a sandbox_cli connection is named by a `base_url` of the form sandbox-cli://<name>")
         declared = check_tools(tools)
         photo = {"protocol_version": "sandbox_cli", "tools": declared, "digest": document_digest(declared)}
-        fields: dict[str, Any] = {
-            "provider": "sandbox_cli",
-            "transport": "sandbox_cli",
-            "transport_config": {},
-            "auth_kind": "none",
-            "display_name": display_name or base_url,
-            "base_url": base_url.rstrip("/"),
-            "header_name": None,
-            "scheme": "",
-            "owner_user_id": None,
-            "created_by_user_id": created_by_user_id,
-            "access": access,
-        }
-        return await self.connections.create(tenant_id, fields, None, None, photo)
+        made = replace(made, display_name=made.display_name or base_url, owner_user_id=None)
+        new = made.new("sandbox_cli", base_url.rstrip("/"), transport="sandbox_cli", auth_kind="none", scheme="")
+        row, snapshot = await self.connections.create(tenant_id, new, photo)
+        assert snapshot is not None
+        return row, snapshot
 
     async def connect_git(
-        self,
-        tenant_id: str,
-        *,
-        base_url: str,
-        token: str,
-        scheme: str,
-        display_name: str | None,
-        owner_user_id: str | None = None,
-        created_by_user_id: str | None = None,
-    ) -> tuple[Row, Row]:
+        self, tenant_id: str, *, base_url: str, token: str, scheme: str, made: Ownership
+    ) -> Connected:
         """A credential for cloning private repositories (``transport: git``): no tools; ``base_url`` is the
         https prefix of the repositories it may be sent to. Sealed like every connection credential; only the
         control plane's clone ever opens it."""
@@ -264,22 +269,9 @@ class ConnectionService:
             raise BadRequest("a Basic git credential must be `user:token`")
         if any(ch in token for ch in "\r\n\0"):
             raise BadRequest("a git credential is one line")
-        url = base_url.rstrip("/")
         photo = {"protocol_version": "git", "tools": [], "digest": document_digest([])}
-        fields: dict[str, Any] = {
-            "provider": "git",
-            "transport": "git",
-            "transport_config": {},
-            "display_name": display_name or url,
-            "base_url": url,
-            "header_name": None,
-            "scheme": scheme,
-            "owner_user_id": owner_user_id,
-            "created_by_user_id": created_by_user_id,
-            "access": None,
-        }
-        sealed = sealer.seal(token, context=credential_context(tenant_id))
-        return await self.connections.create(tenant_id, fields, sealed, sealer.key_id, photo)
+        new = replace(made, access=None).new("git", base_url.rstrip("/"), transport="git", scheme=scheme)
+        return await self._store(tenant_id, new, photo, sealer.seal(token, context=credential_context(tenant_id)))
 
     async def openapi_base_url(self, config: dict[str, Any]) -> str:
         """The API's base URL from the document's first ``servers`` entry (400 when it names none)."""
@@ -297,30 +289,21 @@ class ConnectionService:
         tenant_id: str,
         *,
         base_url: str,
-        display_name: str | None,
-        owner_user_id: str | None = None,
-        created_by_user_id: str | None = None,
-        access: dict[str, Any] | None = None,
+        made: Ownership,
         transport: str = "mcp_http",
         transport_config: dict[str, Any] | None = None,
-    ) -> Row:
+    ) -> ConnectionRow:
         """A ``pending`` oauth connection (the row); it becomes usable after its first sign-in. An ``openapi`` or
         ``http`` one is photographed through its provider with the first access token."""
         self.oauth_connect()
         admitted = await self.admit(base_url)
-        fields = {
-            "provider": transport,
-            "transport": transport,
-            "transport_config": transport_config or {},
-            "display_name": display_name or admitted.url,
-            "base_url": admitted.url,
-            "owner_user_id": owner_user_id,
-            "created_by_user_id": created_by_user_id,
-            "access": access,
-        }
-        return await self.connections.create_pending_oauth(tenant_id, fields)
+        new = made.new(
+            transport, admitted.url, transport=transport, transport_config=transport_config or {}, auth_kind="oauth"
+        )
+        row, _ = await self.connections.create(tenant_id, new, None)
+        return row
 
-    async def start_sign_in(self, tenant_id: str, connection: Row, actor_user_id: str | None) -> str:
+    async def start_sign_in(self, tenant_id: str, connection: ConnectionRow, actor_user_id: str | None) -> str:
         """Record a one-time flow for ``connection``; returns its ``go_url``."""
         oauth = self.oauth_connect()
         try:
@@ -343,81 +326,68 @@ class ConnectionService:
         credential_env: str,
         header_name: str | None,
         scheme: str,
-        display_name: str | None,
-        owner_user_id: str | None = None,
-        created_by_user_id: str | None = None,
-        access: dict[str, Any] | None = None,
-    ) -> tuple[Row, Row]:
+        made: Ownership,
+    ) -> Connected:
         """A static connection whose credential is the environment variable ``credential_env`` (configuration,
         read by each process when it uses it); ``Missing <VAR>`` (409) when this process does not have it."""
         token = env_credential(credential_env)
         admitted = await self.admit(base_url)
         headers = auth_headers(token, header_name=header_name, scheme=scheme)
         photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
-        fields = {
-            "provider": "mcp_http",
-            "display_name": display_name or admitted.url,
-            "base_url": admitted.url,
-            "header_name": header_name,
-            "scheme": scheme,
-            "owner_user_id": owner_user_id,
-            "created_by_user_id": created_by_user_id,
-            "access": access,
-        }
-        row = await self.connections.create_env_backed(tenant_id, fields, credential_env, photo)
-        snapshot = await self.connections.latest_snapshot(str(row["id"]))
+        new = made.new("mcp_http", admitted.url, header_name=header_name, scheme=scheme, credential_env=credential_env)
+        row, snapshot = await self.connections.create(tenant_id, new, photo)
         assert snapshot is not None
         return row, snapshot
 
     async def replace_credential(
-        self, tenant_id: str, row: Row, *, token: str | None, credential_env: str | None
-    ) -> tuple[Row, Row]:
+        self, tenant_id: str, row: ConnectionRow, *, token: str | None, credential_env: str | None
+    ) -> Connected:
         """A static connection's new credential: photographed first (a rejected one changes nothing), then
         sealed (or taken from ``credential_env``) and made active at the next generation."""
         sealer = self.custody()
-        if row["auth_kind"] != "static":
+        if row.auth_kind != "static":
             raise BadRequest("an oauth connection's credential is obtained by signing in (oauth/start)")
         secret = env_credential(credential_env) if credential_env else token
         assert secret is not None
-        if row["scheme"] == "Basic" and ":" not in secret:
+        if row.scheme == "Basic" and ":" not in secret:
             raise BadRequest("a Basic credential must be `email:api_token`")
-        if row.get("transport") == "git":
+        if row.transport == "git":
             if credential_env:
                 raise BadRequest("a git connection's credential is sealed: give a `token`")
             photo: dict[str, Any] = {"protocol_version": "git", "tools": [], "digest": document_digest([])}
         else:
-            admitted = await self.admit(row["base_url"])
-            headers = auth_headers(secret, header_name=row["header_name"], scheme=row["scheme"])
+            admitted = await self.admit(row.base_url)
+            headers = auth_headers(secret, header_name=row.header_name, scheme=row.scheme)
             photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
         sealed = None if credential_env else (sealer.seal(secret, context=credential_context(tenant_id)), sealer.key_id)
-        updated = await self.connections.replace_credential(tenant_id, str(row["id"]), sealed, credential_env, photo)
-        snapshot = await self.connections.latest_snapshot(str(row["id"]))
+        updated = await self.connections.replace_credential(tenant_id, str(row.id), sealed, credential_env, photo)
+        snapshot = await self.connections.latest_snapshot(str(row.id))
         assert snapshot is not None
         return updated, snapshot
 
-    async def authorize(self, tenant_id: str, row: Row, actor_user_id: str | None) -> dict[str, Any]:
+    async def authorize(self, tenant_id: str, row: ConnectionRow, actor_user_id: str | None) -> dict[str, Any]:
         """Start or poll authorization of one connection: ``connected``; ``authorize`` with the sign-in link
         (a pending flow's link is reused, so asking again mints nothing); or :class:`Conflict` with
         ``status: unavailable`` and the reason (a missing environment credential named exactly)."""
-        env = await Parks(self.connections.store).connection_env(str(row["id"]))
+        env = await Parks(self.connections.store).connection_env(str(row.id))
         missing = f"Missing {env}" if env and not os.environ.get(env) else None
-        if row["status"] == "active":
+        if row.status == "active":
             if missing:
                 raise unavailable(missing)
-            return {"status": "connected", "connection_id": str(row["id"])}
-        if row["auth_kind"] != "oauth":
+            return {"status": "connected", "connection_id": str(row.id)}
+        if row.auth_kind != "oauth":
             if missing:
                 raise unavailable(missing)
             raise unavailable(
-                f"the connection is {row['status']} and has no sign-in to start: give it a new credential "
-                f"(PUT /v1/connections/{row['id']}/credential)"
+                f"the connection is {row.status} and has no sign-in to start: give it a new credential "
+                f"(PUT /v1/connections/{row.id}/credential)"
             )
-        if row["status"] == "revoked":
+        if row.status == "revoked":
             raise unavailable("the connection is revoked: create a new one")
-        url = await Challenges(self.connections.pool).pending(str(row["id"]), int(row["authorization_generation"]))
+        url = await Challenges(self.connections.pool).pending(str(row.id), int(row.authorization_generation))
         if url is None:
             url = await self.start_sign_in(tenant_id, row, actor_user_id)
-        return {"status": "authorize", "url": url, "connection_id": str(row["id"])}
+        return {"status": "authorize", "url": url, "connection_id": str(row.id)}
 
     def open_sign_in_link(self, f: str) -> tuple[str, str]:
         """The flow id and the authorization URL sealed into a ``go_url``; 400 when it was tampered with."""
@@ -429,58 +399,60 @@ class ConnectionService:
         except (ValueError, SealingError, KeyError, TypeError):
             raise BadRequest("this sign-in link is not valid") from None
 
-    async def refresh(self, tenant_id: str, row: Row) -> Row:
+    async def refresh(self, tenant_id: str, row: ConnectionRow) -> ConnectionToolSnapshot:
         """Photograph an active connection again: appends snapshot v+1 for future runs."""
         sealer = self.custody()
-        if row["status"] != "active":
-            raise BadRequest(f"connection is {row['status']}")
-        if row.get("transport") == "sandbox_cli":
+        if row.status != "active":
+            raise BadRequest(f"connection is {row.status}")
+        if row.transport == "sandbox_cli":
             raise BadRequest(
                 "a sandbox_cli connection's tools are its declarations: create a new connection to change them"
             )
-        if row.get("transport") == "git":
+        if row.transport == "git":
             raise BadRequest("a git connection has no tools to photograph")
-        transport = row.get("transport") or "mcp_http"
-        if transport != "mcp_http" and row["auth_kind"] == "oauth":
+        transport = row.transport or "mcp_http"
+        if transport != "mcp_http" and row.auth_kind == "oauth":
             return await self.connections.refresh(
-                str(row["id"]), row["authorization_generation"], await self.oauth_photograph(tenant_id, row, None)
+                str(row.id), row.authorization_generation, await self.oauth_photograph(tenant_id, row, None)
             )
         if transport != "mcp_http":
-            blob, _ = await self.connections.credential(str(row["id"]))
+            blob, _ = await self.connections.credential(str(row.id))
             conn = TransportConnection(
-                id=str(row["id"]), transport=transport, base_url=row["base_url"],
-                config=dict(row.get("transport_config") or {}),
+                id=str(row.id), transport=transport, base_url=row.base_url,
+                config=dict(row.transport_config or {}),
                 credential=sealer.open(blob, context=credential_context(tenant_id)).decode(),
-                header_name=row["header_name"], scheme=row["scheme"],
-                generation=int(row["authorization_generation"]),
+                header_name=row.header_name, scheme=row.scheme,
+                generation=int(row.authorization_generation),
             )  # fmt: skip
             photo = await transport_photograph(self.url_policy, conn, rolled_back=False)
-            return await self.connections.refresh(str(row["id"]), row["authorization_generation"], photo)
-        admitted = await self.admit(row["base_url"])  # it may resolve elsewhere by now
-        if row["auth_kind"] == "oauth":
+            return await self.connections.refresh(str(row.id), row.authorization_generation, photo)
+        admitted = await self.admit(row.base_url)  # it may resolve elsewhere by now
+        if row.auth_kind == "oauth":
             photo = await self.oauth_photograph(tenant_id, row, admitted)
-        elif env := await Parks(self.connections.store).connection_env(str(row["id"])):
+        elif env := await Parks(self.connections.store).connection_env(str(row.id)):
             token = env_credential(env)
-            headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
+            headers = auth_headers(token, header_name=row.header_name, scheme=row.scheme)
             photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
         else:
-            blob, _ = await self.connections.credential(str(row["id"]))
+            blob, _ = await self.connections.credential(str(row.id))
             token = sealer.open(blob, context=credential_context(tenant_id)).decode()
-            headers = auth_headers(token, header_name=row["header_name"], scheme=row["scheme"])
+            headers = auth_headers(token, header_name=row.header_name, scheme=row.scheme)
             photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)
-        return await self.connections.refresh(str(row["id"]), row["authorization_generation"], photo)
+        return await self.connections.refresh(str(row.id), row.authorization_generation, photo)
 
-    async def oauth_photograph(self, tenant_id: str, row: Row, admitted: AdmittedUrl | None) -> dict[str, Any]:
+    async def oauth_photograph(
+        self, tenant_id: str, row: ConnectionRow, admitted: AdmittedUrl | None
+    ) -> dict[str, Any]:
         """Photograph with the connection's access token; after a 401, once more with a refreshed one.
         ``admitted`` is None for a transport other than ``mcp_http`` (its provider admits what it connects to)."""
         tokens = self.access_tokens
         if tokens is None:
             raise Unavailable("OAuth connections need credential storage (FLUIDBOX_CREDENTIAL_KEY)")
-        generation = int(row["authorization_generation"])
+        generation = int(row.authorization_generation)
         rejected: SecretStr | None = None
         for _ in range(2):
             try:
-                token = await tokens.get(tenant_id, str(row["id"]), generation, rejected=rejected)
+                token = await tokens.get(tenant_id, str(row.id), generation, rejected=rejected)
             except GrantLost as lost:
                 raise BadRequest(f"the connection is now in error: {lost.reason} (reconnect it)") from None
             except OAuthClientError as err:
@@ -489,8 +461,8 @@ class ConnectionService:
             try:
                 if admitted is None:
                     conn = TransportConnection(
-                        id=str(row["id"]), transport=row["transport"], base_url=row["base_url"],
-                        config=dict(row.get("transport_config") or {}), credential=token.get_secret_value(),
+                        id=str(row.id), transport=row.transport, base_url=row.base_url,
+                        config=dict(row.transport_config or {}), credential=token.get_secret_value(),
                         auth_kind="oauth", generation=generation,
                     )  # fmt: skip
                     return await transport_photograph(self.url_policy, conn, rolled_back=False)
@@ -535,6 +507,7 @@ def unavailable(reason: str) -> Conflict:
 __all__ = [
     "GO_CONTEXT",
     "ConnectionService",
+    "Ownership",
     "env_credential",
     "take_photograph",
     "transport_photograph",

@@ -33,10 +33,10 @@ from core.access import from_catalog
 from core.errors import BadRequest, Conflict, NotFound, Unavailable, UpstreamFailed
 from core.tokens import token_digest
 from db.catalog import Catalog
-from db.connections import Connections, credential_context
-from db.managed_apps import HeldGrant, ManagedAppRecords, ManagedFlow
+from db.connections import ConnectionRow, Connections, credential_context
+from db.managed_apps import AppConnection, HeldGrant, ManagedAppRecords, ManagedFlow
 from db.oauth import FlowTarget, OAuthRecords
-from db.store import Row, Store
+from db.store import Store
 from integrations import mcp_client
 from integrations.oauth import AuthorizationServer, InvalidGrant, OAuthClientError
 from integrations.sealing import Sealer
@@ -72,7 +72,7 @@ class ManagedApp:
 @dataclass(frozen=True)
 class Outcome:
     status: Status
-    connection: Row | None = None
+    connection: ConnectionRow | None = None
     authorization_url: str | None = None
     reason: str | None = None
     """Why setup is still finishing (``PROVISIONING``)."""
@@ -152,19 +152,11 @@ class ManagedApps:
         out = []
         for app_id in self.app_ids:
             row = await self.catalog.get(tenant_id, app_id)
-            if row is None or row["auth_mode"] != "oauth" or not row["url"]:
+            if row is None or row.auth_mode != "oauth" or not row.url:
                 log.warning("managed app %r is not an OAuth catalog entry with a URL; not offered", app_id)
                 continue
             out.append(
-                ManagedApp(
-                    app_id,
-                    row["name"],
-                    row["icon"],
-                    row["description"],
-                    list(row["scopes"] or []),
-                    row["url"],
-                    row["access"],
-                )
+                ManagedApp(app_id, row.name, row.icon, row.description, list(row.scopes or []), row.url, row.access)
             )
         return out
 
@@ -174,14 +166,11 @@ class ManagedApps:
                 return app
         raise NotFound(f"unknown app '{app_id}' (GET /v1/mcp-oauth/catalog lists the apps offered)")
 
-    async def statuses(self, tenant_id: str, user_id: str) -> list[Row]:
-        """The account's app connections as stored (``status``: connected | PROVISIONING | pending | error |
-        revoked); reads only, repairs nothing."""
+    async def statuses(self, tenant_id: str, user_id: str) -> list[tuple[AppConnection, str]]:
+        """The account's app connections as stored, each with its status (connected | PROVISIONING | pending |
+        error | revoked); reads only, repairs nothing."""
         self.require_configured()
-        out = []
-        for row in await self.records.accounts_connections(tenant_id, user_id):
-            out.append({**row, "managed_status": _status_of(row)})
-        return out
+        return [(row, _status_of(row)) for row in await self.records.accounts_connections(tenant_id, user_id)]
 
     # ---- connect -------------------------------------------------------------------------------
 
@@ -204,12 +193,12 @@ class ManagedApps:
             app_id,
             {"display_name": app.name, "base_url": admitted.url, "access": from_catalog(app.access)},
         )
-        if connection["status"] == "active":
+        if connection.status == "active":
             return Outcome("connected", connection)
-        held = await self.records.waiting(tenant_id, managed_id, str(connection["id"]))
+        held = await self.records.waiting(tenant_id, managed_id, str(connection.id))
         if held is not None:
             return await self.finish(tenant_id, held)
-        if connection["status"] == "pending" and app.scopes:
+        if connection.status == "pending" and app.scopes:
             await self.connect_legs.preregister(tenant_id, connection, client_id=None, client_secret=None,
                                                 scopes=app.scopes)  # fmt: skip
         try:
@@ -263,12 +252,12 @@ class ManagedApps:
             raise NotFound()
         token, held = await self._access(tenant_id, held)
         try:
-            admitted = await self.policy.admit(connection["base_url"])
+            admitted = await self.policy.admit(connection.base_url)
             photo = await self.photographer(
                 admitted.url, {"Authorization": f"Bearer {token.get_secret_value()}"}, pin=admitted
             )
         except (mcp_client.McpClientError, UrlRefused) as err:
-            log.warning("managed connection %s still provisioning: %s", connection["id"], err)
+            log.warning("managed connection %s still provisioning: %s", connection.id, err)
             return Outcome("PROVISIONING", connection, reason=f"the app's server could not be set up yet: {err}")
         flow = FlowTarget(
             connection_id=held.connection_id,
@@ -290,13 +279,13 @@ class ManagedApps:
         except Conflict:
             await self.records.finish(str(held.flow_id))  # a newer sign-in won (or the connection was revoked)
             current = await self.connections.get(tenant_id, str(held.connection_id))
-            if current is not None and current["status"] == "active":
+            if current is not None and current.status == "active":
                 return Outcome("connected", current)
             raise
         await self.records.finish(str(held.flow_id))
         if self.access_tokens is not None:
-            self.access_tokens.evict(row["id"])
-        log.info("managed connection %s active at generation %s", row["id"], row["authorization_generation"])
+            self.access_tokens.evict(str(row.id))
+        log.info("managed connection %s active at generation %s", row.id, row.authorization_generation)
         return Outcome("connected", row)
 
     async def _access(self, tenant_id: str, held: HeldGrant) -> tuple[SecretStr, HeldGrant]:
@@ -343,9 +332,10 @@ class ManagedApps:
         return tokens.access_token, held
 
 
-def _status_of(row: Row) -> str:
-    if row["status"] == "active":
+def _status_of(row: AppConnection) -> str:
+    status = row.connection.status
+    if status == "active":
         return "connected"
-    if row["provisioning"] and row["status"] != "revoked":
+    if row.provisioning and status != "revoked":
         return "PROVISIONING"
-    return str(row["status"])
+    return status

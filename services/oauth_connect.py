@@ -27,10 +27,11 @@ from pydantic import SecretStr
 
 from core.errors import BadRequest, Conflict, NotFound
 from core.tokens import token_digest
-from db.connections import Connections, credential_context
+from db.connections import ConnectionRow, Connections, credential_context
+from db.models.connections import ConnectionToolSnapshot
 from db.models.oauth import OAuthClientRegistration
 from db.oauth import ClaimedFlow, OAuthFlow, OAuthRecords, flow_verifier_context, registration_secret_context
-from db.store import Row, Store
+from db.store import Store
 from integrations import mcp_client
 from integrations.oauth import (
     AuthorizationServer,
@@ -66,7 +67,7 @@ class Redeemed:
     """A claimed flow whose code was exchanged: the tokens are not stored anywhere yet."""
 
     flow: ClaimedFlow
-    connection: Row
+    connection: ConnectionRow
     tokens: TokenSet
     grant: dict[str, Any]
     """The non-secret grant description the connection will record (issuer, endpoints, resource, scope)."""
@@ -74,8 +75,8 @@ class Redeemed:
 
 @dataclass(frozen=True)
 class Activated:
-    connection: Row
-    snapshot: Row
+    connection: ConnectionRow
+    snapshot: ConnectionToolSnapshot
     tokens: TokenSet
     """The fresh access token is usable at once (the broker may cache it); the refresh token is already sealed."""
 
@@ -112,16 +113,21 @@ class OAuthConnect:
     # ---- start ---------------------------------------------------------------------------------
 
     async def start(
-        self, tenant_id: str, connection: Row, *, actor_user_id: str | None = None, purpose: str = "connection"
+        self,
+        tenant_id: str,
+        connection: ConnectionRow,
+        *,
+        actor_user_id: str | None = None,
+        purpose: str = "connection",
     ) -> StartedFlow:
         """Prepare a browser leg for ``connection`` (an ``oauth`` connection that is not revoked). ``purpose``
         names the callback that may finish it (``managed_app``: :mod:`services.managed_apps`)."""
-        if connection.get("auth_kind") != "oauth":
+        if connection.auth_kind != "oauth":
             raise BadRequest("this connection does not use OAuth")
-        if connection.get("status") == "revoked":
+        if connection.status == "revoked":
             raise Conflict("connection is revoked")
-        settings = await self.records.connection_settings(tenant_id, connection["id"])
-        discovery = await self.client.discover(connection["base_url"])
+        settings = await self.records.connection_settings(tenant_id, str(connection.id))
+        discovery = await self.client.discover(connection.base_url)
         requested = (settings.oauth or {}).get("requested_scope")
         if requested:
             scopes = requested.split()
@@ -137,20 +143,20 @@ class OAuthConnect:
         verifier = self.sealer.seal(request.code_verifier.get_secret_value(), context=flow_verifier_context(tenant_id))
         flow = await self.records.start_flow(
             tenant_id,
-            connection["id"],
+            str(connection.id),
             registration_id,
             state_hash=token_digest(request.state.get_secret_value()),
             verifier=(verifier, self.sealer.key_id),
             resource=discovery.resource,
             discovery=discovery.model_dump(mode="json"),
-            expected_generation=int(connection["authorization_generation"]),
+            expected_generation=int(connection.authorization_generation),
             created_by_user_id=actor_user_id,
             purpose=purpose,
         )
         log.info(
             "oauth flow %s started for connection %s at %s",
             flow.id,
-            connection["id"],
+            str(connection.id),
             discovery.authorization_server.issuer,
         )
         return StartedFlow(str(flow.id), request.url, flow.expires_at)
@@ -158,7 +164,7 @@ class OAuthConnect:
     async def preregister(
         self,
         tenant_id: str,
-        connection: Row,
+        connection: ConnectionRow,
         *,
         client_id: str | None,
         client_secret: SecretStr | None,
@@ -172,7 +178,7 @@ class OAuthConnect:
             document["requested_scope"] = " ".join(scopes)
         registration_id: str | None = None
         if client_id is not None:
-            discovery = await self.client.discover(connection["base_url"])
+            discovery = await self.client.discover(connection.base_url)
             identity = await self.client.identify(
                 discovery, self.redirect_uri, preregistered=(client_id, client_secret)
             )
@@ -189,7 +195,7 @@ class OAuthConnect:
             )
             registration_id = str(row.id)
         await self.records.configure_pending(
-            tenant_id, connection["id"], oauth=document, registration_id=registration_id
+            tenant_id, str(connection.id), oauth=document, registration_id=registration_id
         )
 
     async def _preregistered(
@@ -333,19 +339,19 @@ class OAuthConnect:
         flow, connection, tokens = redeemed.flow, redeemed.connection, redeemed.tokens
         tenant_id = str(flow.tenant_id)
         assert tokens.refresh_token is not None
-        transport = connection.get("transport") or "mcp_http"
+        transport = connection.transport or "mcp_http"
         if transport == "mcp_http":
-            pin = await self._admit(connection["base_url"])
+            pin = await self._admit(connection.base_url)
             photo = await self.photographer(
-                connection["base_url"],
+                connection.base_url,
                 {"Authorization": f"Bearer {tokens.access_token.get_secret_value()}"},
                 pin=pin,
             )
         else:  # an OpenAPI / HTTP API signed in with OAuth: its provider photographs it (issue 17)
             photo = await Transports(TransportDeps(self.policy)).provider_for(transport).list_tools(
                 TransportConnection(
-                    id=str(connection["id"]), transport=transport, base_url=connection["base_url"],
-                    config=dict(connection.get("transport_config") or {}),
+                    id=str(str(connection.id)), transport=transport, base_url=connection.base_url,
+                    config=dict(connection.transport_config or {}),
                     credential=tokens.access_token.get_secret_value(), auth_kind="oauth",
                 )
             )  # fmt: skip
@@ -359,10 +365,10 @@ class OAuthConnect:
             oauth=redeemed.grant,
             photo={"protocol_version": photo.protocol_version, "tools": photo.tools, "digest": photo.digest},
         )
-        log.info("oauth connection %s active at generation %s", row["id"], row["authorization_generation"])
+        log.info("oauth connection %s active at generation %s", row.id, row.authorization_generation)
         return Activated(row, snapshot, tokens)
 
-    async def _connection(self, tenant_id: str, connection_id: str) -> Row:
+    async def _connection(self, tenant_id: str, connection_id: str) -> ConnectionRow:
         row = await Connections(self.store).get(tenant_id, connection_id)
         if row is None:
             raise NotFound()

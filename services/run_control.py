@@ -36,6 +36,7 @@ from core.redaction import scrub_text
 from core.runspec import RunSpec
 from core.states import is_terminal
 from db.approvals import ApprovalRecord, ApprovalWithAuthority
+from db.connections import ConnectionRow
 from db.parks import Parks
 from db.store import Store
 from workflows.run import RunWorkflow
@@ -179,7 +180,7 @@ class RunControl:
             log.warning("approval signal for run %s not delivered", row.session_id, exc_info=True)
         return row
 
-    async def wake_parked(self, tenant_id: str, connection: dict[str, Any]) -> int:
+    async def wake_parked(self, tenant_id: str, connection: ConnectionRow) -> int:
         """``connection`` may be usable now (signed in, a new credential, reactivated): signal every run
         waiting on it, found in PostgreSQL (``run_parks``). Each run checks the live row itself, so a signal
         that is early, doubled or lost costs latency only (a parked run re-checks on a slow timer)."""

@@ -68,7 +68,7 @@ class RunFactory:
         """The revision's pinned bundles, narrowed (remove-only) by the run's keep-list; ``[]`` strips all."""
         pins = narrow_pins(pins, keep)
         rows = await self.capabilities.by_ids([p["id"] for p in pins])
-        frozen = [frozen_entry(rows[p["id"]]) for p in pins]
+        frozen = [frozen_entry(rows[p["id"]].model_dump()) for p in pins]
         aliases = [s["name"] for b in frozen for s in b["servers"]]
         clash = sorted({a for a in aliases if aliases.count(a) > 1})
         if clash:
@@ -151,9 +151,9 @@ class RunFactory:
         rows = [
             r
             for r in await self.connections.all(tenant_id, owner)
-            if same_url(r["base_url"], url)
-            and (r["owner_user_id"] is None) == (owner is None)
-            and (connection_id is None or str(r["id"]) == connection_id)
+            if same_url(r.base_url, url)
+            and (r.owner_user_id is None) == (owner is None)
+            and (connection_id is None or str(r.id) == connection_id)
         ]
         if not rows:
             return {"connection_id": None, "reason": f"no connection to {url} exists yet"}
@@ -162,8 +162,8 @@ class RunFactory:
             "pending": "the connection is not authorized yet",
             "revoked": "the connection was revoked",
             "error": "the connection's authorization failed (reconnect it)",
-        }.get(str(row["status"]), f"the connection is {row['status']}")
-        return {"connection_id": str(row["id"]), "reason": reason}
+        }.get(row.status, f"the connection is {row.status}")
+        return {"connection_id": str(row.id), "reason": reason}
 
     async def prepare(
         self, tenant_id: str, req: RunRequest, invocation: InvocationContext, invoker_user_id: str | None = None
@@ -249,16 +249,16 @@ class RunFactory:
         if credential is None:
             return
         row = await self.connections.get(tenant_id, credential)
-        if row is None or row.get("transport") != "git":
+        if row is None or row.transport != "git":
             raise BadRequest(f"unknown git credential '{credential}' (create a connection with transport: git)")
-        if row["owner_type"] == "user" and str(row["owner_user_id"]) != invoker_user_id:
+        if row.owner_type == "user" and str(row.owner_user_id) != invoker_user_id:
             raise Forbidden(
                 f"git credential '{credential}' is a personal connection: only runs its owner starts may use it"
             )
-        if row["status"] != "active":
-            raise Unprocessable(f"git credential '{credential}' is {row['status']}: replace its token first")
-        if not repository_in_scope(str(row["base_url"]), url):
-            raise BadRequest(f"git credential '{credential}' is for repositories under {row['base_url']}, not {url}")
+        if row.status != "active":
+            raise Unprocessable(f"git credential '{credential}' is {row.status}: replace its token first")
+        if not repository_in_scope(row.base_url, url):
+            raise BadRequest(f"git credential '{credential}' is for repositories under {row.base_url}, not {url}")
 
     async def start(
         self,

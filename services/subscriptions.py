@@ -290,11 +290,11 @@ class SubscriptionService:
         except ValueError:
             raise BadRequest(f"unknown connection {connection_id}") from None
         row = await self.connections.get(tenant_id, connection_id)
-        if row is None or row.get("owner_type", "organization") != "organization":
+        if row is None or row.owner_type != "organization":
             # A personal connection is its owner's alone (and invisible to everyone else).
             raise BadRequest(f"unknown connection {connection_id}")
-        if row["status"] != "active":
-            raise BadRequest(f"connection {connection_id} is {row['status']} — reconnect it first")
+        if row.status != "active":
+            raise BadRequest(f"connection {connection_id} is {row.status} — reconnect it first")
         return connection_id
 
 

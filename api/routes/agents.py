@@ -32,7 +32,7 @@ async def capability_pins(svc: ServicesDep, tenant_id: str, pins: list[str] | No
         row = await svc.capabilities.resolve(tenant_id, name, int(version) if version else None)
         if row is None:
             raise BadRequest(f"unknown capability bundle '{pin}'")
-        out.append({"id": row["id"], "name": row["name"], "version": row["version"]})
+        out.append({"id": str(row.id), "name": row.name, "version": row.version})
     return out
 
 

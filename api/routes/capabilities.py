@@ -11,23 +11,24 @@ from api.deps import OperatorDep, ServicesDep
 from api.errors import errors
 from core.capabilities import parse_bundle
 from core.digests import document_digest
-from core.errors import NotFound
+from core.errors import found
+from db.models.capabilities import CapabilityBundle
 
 router = APIRouter(prefix="/v1/capabilities", tags=["capabilities"])
 
 
-def summary(row: dict[str, Any]) -> dict[str, Any]:
-    servers = row["definition"]["servers"]
+def summary(row: CapabilityBundle) -> dict[str, Any]:
+    servers = row.definition["servers"]
     return {
-        "id": row["id"],
-        "name": row["name"],
-        "version": row["version"],
-        "description": row["description"],
-        "definition_digest": row["definition_digest"],
+        "id": str(row.id),
+        "name": row.name,
+        "version": row.version,
+        "description": row.description,
+        "definition_digest": row.definition_digest,
         "server_count": len(servers),
         "tool_count": sum(len(s.get("tools", [])) for s in servers),
         "classes": sorted({s["class"] for s in servers}),
-        "created_at": row["created_at"],
+        "created_at": row.created_at,
     }
 
 
@@ -61,9 +62,7 @@ async def list_bundles(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
 )
 async def get_bundle(bundle_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Tools are listed by name and description; schemas are in the frozen RunSpec of each run."""
-    row = await svc.capabilities.get(op.tenant_id, bundle_id)
-    if row is None:
-        raise NotFound()
+    row = found(await svc.capabilities.get(op.tenant_id, bundle_id))
     servers = [
         {
             "name": s["name"],
@@ -72,6 +71,6 @@ async def get_bundle(bundle_id: str, op: OperatorDep, svc: ServicesDep) -> dict[
             "tools_digest": document_digest(s.get("tools", [])),
             "tools": [{"name": t["name"], "description": t.get("description", "")} for t in s.get("tools", [])],
         }
-        for s in row["definition"]["servers"]
+        for s in row.definition["servers"]
     ]
     return {"bundle": summary(row), "servers": servers}

@@ -17,14 +17,16 @@ from api.views import snapshot_public
 from core.access import READ_ONLY, from_catalog, parse_access
 from core.capabilities import check_catalog_launch, launch_server, parse_bundle
 from core.digests import document_digest
-from core.errors import BadRequest, Conflict, NotFound, Unprocessable
+from core.errors import BadRequest, Conflict, Unprocessable, found
 from db.catalog import duplicate_slug
+from db.models.catalog import ConnectorCatalogEntry
 from integrations import mcp_client
 from integrations.catalog import CatalogEntryError, check_entry
 from integrations.oauth import OAuthClientError
 from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused, same_origin_path
+from services.connections import Ownership
 
 router = APIRouter(tags=["catalog"])
 SLUG = r"^[a-z0-9][a-z0-9-]{0,63}$"
@@ -88,18 +90,16 @@ class ServerIn(_Body):
     )
 
 
-def entry_public(row: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in row.items() if k not in ("disabled_at",)}
-    out["created_at"] = row["created_at"].isoformat()
-    return out
+def entry_public(row: ConnectorCatalogEntry) -> dict[str, Any]:
+    return row.model_dump(exclude={"disabled_at"})
 
 
 async def _covering(svc: Services, tenant_id: str, url: str | None) -> dict[str, Any] | None:
     if not url:
         return None
     for conn in await svc.connections.all(tenant_id):
-        named = conn["base_url"].rstrip("/") == url.rstrip("/")  # sandbox-cli://name is a name, not a URL
-        if conn["status"] != "revoked" and (named or same_origin_path(conn["base_url"], url)):
+        named = conn.base_url.rstrip("/") == url.rstrip("/")  # sandbox-cli://name is a name, not a URL
+        if conn.status != "revoked" and (named or same_origin_path(conn.base_url, url)):
             return public(conn)
     return None
 
@@ -112,14 +112,14 @@ async def catalog(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     return {"connectors": [await _listed(svc, op.tenant_id, row) for row in await svc.catalog.visible(op.tenant_id)]}
 
 
-def _connectable(row: dict[str, Any]) -> bool:
-    if row["transport"] == "relay":
-        return bool(row["url"])
-    return row["auth_mode"] == "api_key" or bool(row["sandbox_launch"]) or bool(row.get("transport_config"))
+def _connectable(row: ConnectorCatalogEntry) -> bool:
+    if row.transport == "relay":
+        return bool(row.url)
+    return row.auth_mode == "api_key" or bool(row.sandbox_launch) or bool(row.transport_config)
 
 
-async def _listed(svc: Services, tenant_id: str, row: dict[str, Any]) -> dict[str, Any]:
-    covering = await _covering(svc, tenant_id, row["url"])
+async def _listed(svc: Services, tenant_id: str, row: ConnectorCatalogEntry) -> dict[str, Any]:
+    covering = await _covering(svc, tenant_id, row.url)
     return {**entry_public(row), "connection": covering, "connectable": _connectable(row)}
 
 
@@ -131,10 +131,7 @@ async def _listed(svc: Services, tenant_id: str, row: dict[str, Any]) -> dict[st
 )
 async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """404 when unknown or another tenant's custom entry."""
-    row = await svc.catalog.get(op.tenant_id, slug)
-    if row is None:
-        raise NotFound()
-    return {"connector": entry_public(row)}
+    return {"connector": entry_public(found(await svc.catalog.get(op.tenant_id, slug)))}
 
 
 @router.post(
@@ -185,32 +182,32 @@ async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) 
 )
 async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """api_key → a sealed, photographed connection; an in-image server → a sandbox capability bundle."""
-    row = await svc.catalog.get(op.tenant_id, slug)
-    if row is None:
-        raise NotFound()
+    row = found(await svc.catalog.get(op.tenant_id, slug))
     if body.owner == "personal":
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
-    if row["sandbox_launch"]:
+    if row.sandbox_launch:
         definition = {
             "name": body.bundle_name or slug.replace("-", "_"),
-            "description": row["description"],
-            "servers": [launch_server(slug, row["sandbox_launch"])],
+            "description": row.description,
+            "servers": [launch_server(slug, row.sandbox_launch)],
         }
         bundle = parse_bundle(definition)
         doc = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
-        made = await svc.capabilities.publish(op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc))
-        return {"bundle": {"id": made["id"], "name": made["name"], "version": made["version"]}}
-    if row["transport"] in ("relay", "sandbox_cli"):
+        published = await svc.capabilities.publish(
+            op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc)
+        )
+        return {"bundle": {"id": str(published.id), "name": published.name, "version": published.version}}
+    if row.transport in ("relay", "sandbox_cli"):
         return await _connect_device_or_cli(svc, op.tenant_id, row, body)
-    if row["transport"] in ("openapi", "http", "stdio") and row.get("transport_config") is not None:
-        config = dict(row["transport_config"])
+    if row.transport in ("openapi", "http", "stdio") and row.transport_config is not None:
+        config = dict(row.transport_config)
         auth = config.get("auth") or {}
-        needs_token = row["transport"] != "stdio" and auth.get("type", "bearer") != "none"
+        needs_token = row.transport != "stdio" and auth.get("type", "bearer") != "none"
         if needs_token and (body.token is None or not body.token.get_secret_value()):
             raise BadRequest(f"'{slug}' needs a `token`")
-        if row["url"]:
-            base_url = row["url"]
-        elif row["transport"] == "openapi":
+        if row.url:
+            base_url = row.url
+        elif row.transport == "openapi":
             base_url = await svc.connection_service.openapi_base_url(config)
         else:
             base_url = f"stdio://{slug}"
@@ -220,77 +217,79 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
             token=body.token.get_secret_value() if body.token is not None else "",
             header_name=None,
             scheme="Basic" if auth.get("type") == "basic" else "Bearer",
-            display_name=body.display_name or row["name"],
-            transport=row["transport"],
+            made=Ownership(body.display_name or row.name),
+            transport=row.transport,
             transport_config=config,
         )
         return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
-    if not row["url"]:
+    if not row.url:
         raise BadRequest(f"'{slug}' has no URL to connect to")
-    if row["auth_mode"] == "oauth":
+    if row.auth_mode == "oauth":
         if body.token is not None:
             raise BadRequest(f"'{slug}' connects with OAuth: it takes no `token`")
         if body.client_secret is not None and body.client_id is None:
             raise BadRequest("`client_secret` needs the `client_id` it was issued with")
         made = await svc.connection_service.connect_oauth(
             op.tenant_id,
-            base_url=row["url"],
-            display_name=body.display_name or row["name"],
-            access=from_catalog(row["access"]),
+            base_url=row.url,
+            made=Ownership(body.display_name or row.name, access=from_catalog(row.access)),
         )
         try:
-            scopes = body.scopes or row["scopes"] or None
+            scopes = body.scopes or row.scopes or None
             if body.client_id is not None or scopes:
                 await svc.connection_service.oauth_connect().preregister(
                     op.tenant_id, made, client_id=body.client_id, client_secret=body.client_secret, scopes=scopes
                 )
             go_url = await svc.connection_service.start_sign_in(op.tenant_id, made, None)
         except (OAuthClientError, UrlRefused) as err:
-            await svc.connections.discard_pending_oauth(op.tenant_id, made["id"])
+            await svc.connections.discard_pending_oauth(op.tenant_id, str(made.id))
             raise BadRequest(f"cannot start OAuth with this server: {err}") from None
         except Exception:
             # One call, one outcome: a server we cannot start signing in to leaves no pending connection behind.
-            await svc.connections.discard_pending_oauth(op.tenant_id, made["id"])
+            await svc.connections.discard_pending_oauth(op.tenant_id, str(made.id))
             raise
         return {"connection": public(made), "go_url": go_url}
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest(f"'{slug}' needs a `token`")
-    hints = row["auth_hints"] or {}
+    hints = row.auth_hints or {}
     made, snapshot = await svc.connection_service.connect_static(
         op.tenant_id,
-        base_url=row["url"],
+        base_url=row.url,
         token=body.token.get_secret_value(),
         header_name=hints.get("header_name"),
         scheme=hints.get("scheme", "Bearer"),
-        display_name=body.display_name or row["name"],
-        access=from_catalog(row["access"]),
+        made=Ownership(body.display_name or row.name, access=from_catalog(row.access)),
     )
     await svc.run_control.wake_parked(op.tenant_id, made)
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
 
 
-async def _connect_device_or_cli(svc: Services, tenant_id: str, row: dict[str, Any], body: ConnectIn) -> dict[str, Any]:
+async def _connect_device_or_cli(
+    svc: Services, tenant_id: str, row: ConnectorCatalogEntry, body: ConnectIn
+) -> dict[str, Any]:
     """A relay entry with the relay's credential (``token``, sealed); a sandbox CLI entry with none at all."""
-    slug = row["slug"]
+    slug = row.slug
     if body.client_id is not None or body.client_secret is not None or body.scopes is not None:
-        raise BadRequest(f"'{slug}' ({row['transport']}) takes no OAuth settings")
-    config = dict(row.get("transport_config") or {})
-    if row["transport"] == "sandbox_cli":
+        raise BadRequest(f"'{slug}' ({row.transport}) takes no OAuth settings")
+    config = dict(row.transport_config or {})
+    if not row.url:
+        raise BadRequest(f"'{slug}' has no URL to connect to")
+    if row.transport == "sandbox_cli":
         if body.token is not None:
             raise BadRequest(
                 f"'{slug}' is a sandbox CLI: it takes no `token` (its tools run inside the sandbox, which never "
                 "holds a credential)"
             )
         made, snapshot = await svc.connection_service.connect_sandbox_cli(
-            tenant_id, base_url=row["url"], tools=config.get("tools"), display_name=body.display_name or row["name"],
-            access=from_catalog(row["access"]),
+            tenant_id, base_url=row.url, tools=config.get("tools"),
+            made=Ownership(body.display_name or row.name, access=from_catalog(row.access)),
         )  # fmt: skip
     else:
         if body.token is None or not body.token.get_secret_value():
             raise BadRequest(f"'{slug}' is a relay: it needs the relay's credential as `token`")
         made, snapshot = await svc.connection_service.connect_relay(
-            tenant_id, base_url=row["url"], token=body.token.get_secret_value(), config=config,
-            display_name=body.display_name or row["name"], access=from_catalog(row["access"]),
+            tenant_id, base_url=row.url, token=body.token.get_secret_value(), config=config,
+            display_name=body.display_name or row.name, access=from_catalog(row.access),
         )  # fmt: skip
     await svc.run_control.wake_parked(tenant_id, made)
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
@@ -395,10 +394,9 @@ async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[
             token=body.token.get_secret_value(),
             header_name=body.header_name,
             scheme=body.scheme,
-            display_name=body.display_name or body.name,
-            access=access,
+            made=Ownership(body.display_name or body.name, access=access),
         )
     except Exception:
-        await svc.catalog.delete(entry["id"])
+        await svc.catalog.delete(entry.id)
         raise
     return {"connector": entry_public(entry), "connection": public(made), "snapshot": snapshot_public(snapshot)}

@@ -20,14 +20,15 @@ from api.views import connection_public as public
 from api.views import snapshot_public
 from core.access import definition, definition_diff, from_catalog, parse_access, with_access
 from core.bindings import same_url
-from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable
-from db.models.connections import ConnectionToolChange
+from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable, found
+from db.connections import ConnectionRow
+from db.models.connections import ConnectionToolChange, ConnectionToolSnapshot
 from integrations.oauth import OAuthClientError
 from integrations.transports._auth import validate_auth as auth_problem
 from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused
-from services.connections import unavailable
+from services.connections import Ownership, unavailable
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
 
@@ -94,23 +95,23 @@ class CredentialReplace(BaseModel):
     _env = field_validator("credential_env")(classmethod(lambda cls, v: _not_ours(v)))
 
 
-async def visible(svc: Services, who: Principal, connection_id: str) -> dict[str, Any]:
+async def visible(svc: Services, who: Principal, connection_id: str) -> ConnectionRow:
     """The connection if the caller may see it: someone else's personal connection is 404 for
     everyone, the operator and admins included."""
     row = await svc.connections.get(who.tenant_id, connection_id)
-    if row is None or (row["owner_type"] == "user" and row["owner_user_id"] != who.user_id):
+    if row is None or (row.owner_type == "user" and str(row.owner_user_id) != who.user_id):
         raise NotFound()
     return row
 
 
-def require_manage(who: Principal, row: dict[str, Any], action: str) -> None:
+def require_manage(who: Principal, row: ConnectionRow, action: str) -> None:
     """A personal connection is managed by its owner (visibility already proved that); an
     organization connection by the operator, an admin or an owner."""
-    if row["owner_type"] != "user" and not who.mutates_resources:
+    if row.owner_type != "user" and not who.mutates_resources:
         raise Forbidden(f"{action} an organization connection requires the admin or owner role")
 
 
-async def manageable(svc: Services, who: Principal, connection_id: str, action: str) -> dict[str, Any]:
+async def manageable(svc: Services, who: Principal, connection_id: str, action: str) -> ConnectionRow:
     """The connection if the caller may see it (:func:`visible`) and manage it (:func:`require_manage`)."""
     row = await visible(svc, who, connection_id)
     require_manage(who, row, action)
@@ -147,12 +148,12 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         else:
             row, snapshot = await _create_described(body, transport, who, svc, access)
     if snapshot is None:  # a pending oauth connection: usable after its first sign-in
-        return {"connection": public(row), "next": f"/v1/connections/{row['id']}/oauth/start"}
+        return {"connection": public(row), "next": f"/v1/connections/{row.id}/oauth/start"}
     await svc.run_control.wake_parked(who.tenant_id, row)
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
 
-Created = tuple[dict[str, Any], dict[str, Any] | None]  # the row, and its first snapshot (None: pending oauth)
+Created = tuple[ConnectionRow, ConnectionToolSnapshot | None]  # the row, and its first snapshot (None: pending oauth)
 
 
 def _check_owner(body: ConnectionCreate, who: Principal) -> None:
@@ -164,6 +165,10 @@ def _check_owner(body: ConnectionCreate, who: Principal) -> None:
 
 def _owner_user_id(body: ConnectionCreate, who: Principal) -> str | None:
     return who.user_id if body.owner == "personal" else None
+
+
+def _made(body: ConnectionCreate, who: Principal, access: dict[str, Any] | None) -> Ownership:
+    return Ownership(body.display_name, _owner_user_id(body, who), who.user_id, access)
 
 
 def _check_oauth_client(body: ConnectionCreate) -> None:
@@ -180,7 +185,7 @@ def _check_no_oauth_client(body: ConnectionCreate) -> None:
         raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
 
 
-async def _preregistered(svc: Services, who: Principal, body: ConnectionCreate, row: dict[str, Any]) -> Created:
+async def _preregistered(svc: Services, who: Principal, body: ConnectionCreate, row: ConnectionRow) -> Created:
     """A pending oauth connection, with the client id (or scopes) it was given registered first; a client id
     the server will not take removes the connection again."""
     if body.client_id is not None or body.scopes:
@@ -189,7 +194,7 @@ async def _preregistered(svc: Services, who: Principal, body: ConnectionCreate, 
                 who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
             )
         except (OAuthClientError, UrlRefused) as err:
-            await svc.connections.discard_pending_oauth(who.tenant_id, row["id"])
+            await svc.connections.discard_pending_oauth(who.tenant_id, str(row.id))
             raise BadRequest(f"cannot use this client id with this server: {err}") from None
     return row, None
 
@@ -209,12 +214,7 @@ async def _create_mcp_http(
                 "an oauth connection sends `Authorization: Bearer`; `header_name` and `scheme` do not apply"
             )
         row = await svc.connection_service.connect_oauth(
-            who.tenant_id,
-            base_url=body.base_url,
-            display_name=body.display_name,
-            owner_user_id=_owner_user_id(body, who),
-            created_by_user_id=who.user_id,
-            access=access,
+            who.tenant_id, base_url=body.base_url, made=_made(body, who, access)
         )
         return await _preregistered(svc, who, body, row)
     _check_no_oauth_client(body)
@@ -227,10 +227,7 @@ async def _create_mcp_http(
             credential_env=body.credential_env,
             header_name=body.header_name,
             scheme=body.scheme,
-            display_name=body.display_name,
-            owner_user_id=_owner_user_id(body, who),
-            created_by_user_id=who.user_id,
-            access=access,
+            made=_made(body, who, access),
         )
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a static connection needs a `token` (or `credential_env`)")
@@ -240,10 +237,7 @@ async def _create_mcp_http(
         token=body.token.get_secret_value(),
         header_name=body.header_name,
         scheme=body.scheme,
-        display_name=body.display_name,
-        owner_user_id=_owner_user_id(body, who),
-        created_by_user_id=who.user_id,
-        access=access,
+        made=_made(body, who, access),
     )
 
 
@@ -263,7 +257,7 @@ async def _create_git(body: ConnectionCreate, who: Principal, svc: Services) -> 
         raise BadRequest("a git connection needs a `token` (`user:token` with scheme Basic, or a Bearer token)")
     return await svc.connection_service.connect_git(
         who.tenant_id, base_url=body.base_url, token=body.token.get_secret_value(), scheme=body.scheme,
-        display_name=body.display_name, owner_user_id=_owner_user_id(body, who), created_by_user_id=who.user_id,
+        made=_made(body, who, None),
     )  # fmt: skip
 
 
@@ -292,9 +286,8 @@ async def _create_device_or_cli(
         if body.owner == "personal":
             raise BadRequest("a sandbox_cli connection is an organization connection")
         return await svc.connection_service.connect_sandbox_cli(
-            who.tenant_id, base_url=body.base_url, tools=body.tools, display_name=body.display_name,
-            created_by_user_id=who.user_id, access=access,
-        )  # fmt: skip
+            who.tenant_id, base_url=body.base_url, tools=body.tools, made=_made(body, who, access)
+        )
     if body.tools is not None:
         raise BadRequest("a relay connection photographs its tools; it takes no `tools`")
     if body.credential_env is not None:
@@ -359,12 +352,9 @@ async def _create_described(
         row = await svc.connection_service.connect_oauth(
             who.tenant_id,
             base_url=base_url,
-            display_name=body.display_name,
-            owner_user_id=_owner_user_id(body, who),
-            created_by_user_id=who.user_id,
+            made=_made(body, who, access),
             transport=transport,
             transport_config={**config, "auth": {"type": "oauth"}},
-            access=access,
         )
         return await _preregistered(svc, who, body, row)
     auth = config.get("auth") or {}
@@ -377,12 +367,9 @@ async def _create_described(
         token=token,
         header_name=body.header_name,
         scheme="Basic" if auth.get("type") == "basic" else body.scheme,
-        display_name=body.display_name,
-        owner_user_id=_owner_user_id(body, who),
-        created_by_user_id=who.user_id,
+        made=_made(body, who, access),
         transport=transport,
         transport_config=config,
-        access=access,
     )
 
 
@@ -413,43 +400,36 @@ async def authorize(
     return await svc.connection_service.authorize(who.tenant_id, row, who.user_id)
 
 
-async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: str) -> dict[str, Any]:
+async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: str) -> ConnectionRow:
     """The connection serving catalog entry ``slug`` for this caller: the newest to its URL (active first), or
     one made now (a pending oauth connection; a static one from its ``credential_env``)."""
-    entry = await svc.catalog.get(who.tenant_id, slug)
-    if entry is None:
-        raise NotFound()
-    if not entry["url"]:
+    entry = found(await svc.catalog.get(who.tenant_id, slug))
+    if not entry.url:
         raise unavailable(f"'{slug}' has no URL to connect to (no auth definition)")
     personal = owner == "personal"
     rows = [
         r
         for r in await svc.connections.all(who.tenant_id, who.user_id)
-        if same_url(r["base_url"], entry["url"])
-        and (r["owner_type"] == "user") == personal
-        and r["status"] != "revoked"
+        if same_url(r.base_url, entry.url) and (r.owner_type == "user") == personal and r.status != "revoked"
     ]
-    rows.sort(key=lambda r: r["status"] != "active")
+    rows.sort(key=lambda r: r.status != "active")
     if rows:
         return rows[0]
     owner_user_id = who.user_id if personal else None
     if not personal and not who.mutates_resources:  # checked before anything is created
         raise Forbidden("authorizing an organization connection requires the admin or owner role")
-    if entry["auth_mode"] == "oauth":
-        return await svc.connection_service.connect_oauth(
-            who.tenant_id, base_url=entry["url"], display_name=entry["name"], owner_user_id=owner_user_id,
-            created_by_user_id=who.user_id, access=from_catalog(entry.get("access")),
-        )  # fmt: skip
-    hints = entry["auth_hints"] or {}
+    made = Ownership(entry.name, owner_user_id, who.user_id, from_catalog(entry.access))
+    if entry.auth_mode == "oauth":
+        return await svc.connection_service.connect_oauth(who.tenant_id, base_url=entry.url, made=made)
+    hints = entry.auth_hints or {}
     env = hints.get("credential_env")
     if not env:
         raise unavailable(
             f"'{slug}' has no auth definition to start: connect it with a token (POST /v1/catalog/{slug}/connect)"
         )
     row, _ = await svc.connection_service.connect_env(
-        who.tenant_id, base_url=entry["url"], credential_env=env, header_name=hints.get("header_name"),
-        scheme=hints.get("scheme", "Bearer"), display_name=entry["name"], owner_user_id=owner_user_id,
-        created_by_user_id=who.user_id, access=from_catalog(entry.get("access")),
+        who.tenant_id, base_url=entry.url, credential_env=env, header_name=hints.get("header_name"),
+        scheme=hints.get("scheme", "Bearer"), made=made,
     )  # fmt: skip
     return row
 
@@ -471,7 +451,7 @@ async def replace_credential(
         raise BadRequest("give exactly one of `token` or `credential_env`")
     row = await visible(svc, who, connection_id)
     require_manage(who, row, "changing the credential of")
-    if row.get("transport") == "sandbox_cli":
+    if row.transport == "sandbox_cli":
         raise BadRequest(NO_SANDBOX_CREDENTIAL.format(field="credential"))
     updated, snapshot = await svc.connection_service.replace_credential(
         who.tenant_id,
@@ -493,9 +473,9 @@ async def oauth_start(connection_id: str, who: PrincipalDep, svc: ServicesDep) -
     """A one-time ``go_url`` (600 s) to open in the browser that signs in; reconnecting bumps the generation."""
     svc.connection_service.oauth_connect()
     row = await manageable(svc, who, connection_id, "connecting")
-    if row["auth_kind"] != "oauth":
+    if row.auth_kind != "oauth":
         raise BadRequest("this connection does not use OAuth")
-    if row["status"] == "revoked":
+    if row.status == "revoked":
         raise Conflict("connection is revoked")
     return {"go_url": await svc.connection_service.start_sign_in(who.tenant_id, row, who.user_id)}
 
@@ -558,18 +538,16 @@ async def tools(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict
     tool with its access class under the connection's declaration and whether new runs may bind it
     (``review: approved``) or it is quarantined until an admin approves its change (``pending``)."""
     row = await visible(svc, who, connection_id)
-    snapshot = await svc.connections.latest_snapshot(connection_id)
-    if snapshot is None:
-        raise NotFound()
+    snapshot = found(await svc.connections.latest_snapshot(connection_id))
     return {"snapshot": await _classified(svc, row, snapshot)}
 
 
-async def _classified(svc: Services, row: dict[str, Any], snapshot: dict[str, Any]) -> dict[str, Any]:
-    approved = {a.tool_name: a.definition for a in await svc.connections.approved_tools(str(row["id"]))}
+async def _classified(svc: Services, row: ConnectionRow, snapshot: ConnectionToolSnapshot) -> dict[str, Any]:
+    approved = {a.tool_name: a.definition for a in await svc.connections.approved_tools(str(row.id))}
     view = snapshot_public(snapshot)
-    by_name = {t["name"]: t for t in snapshot["tools_json"]}
+    by_name = {t["name"]: t for t in snapshot.tools_json}
     for tool in view["tools"]:
-        classed = with_access(row["access"], by_name[tool["name"]])
+        classed = with_access(row.access, by_name[tool["name"]])
         access, approval = classed["access"], classed["approval"]
         review = "approved" if approved.get(tool["name"]) == definition(by_name[tool["name"]]) else "pending"
         tool.update(access=access, approval=approval, review=review)

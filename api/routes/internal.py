@@ -217,7 +217,7 @@ async def propose_connection(
     if decision.decision != "allow":
         return {"ok": False, "denied": True, "message": decision.message}
     row, _ = await svc.connections.save_proposal(spec.tenant_id, run_id, req.tool_call_id, proposal, spec.agent_name)
-    return {"ok": True, "connection_id": str(row["id"]), "status": row["status"]}
+    return {"ok": True, "connection_id": str(row.id), "status": row.status}
 
 
 @router.post(

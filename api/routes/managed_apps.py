@@ -19,6 +19,7 @@ from api.deps import Principal, PrincipalDep, ServicesDep
 from api.errors import errors, json_errors
 from api.views import connection_public as public
 from core.errors import BadRequest, Forbidden, Unavailable, UpstreamFailed
+from db.connections import ConnectionRow
 from integrations import mcp_client
 from integrations.oauth import AuthorizationFailed, OAuthClientError
 from integrations.urls import UrlRefused
@@ -64,9 +65,9 @@ def writer(who: Principal) -> str:
     return user_id
 
 
-def managed_public(row: dict[str, Any]) -> dict[str, Any]:
+def managed_public(row: ConnectionRow) -> dict[str, Any]:
     """A connection as the managed surface shows it: ``server_id`` is the connection's id."""
-    return {**public(row), "server_id": row["id"]}
+    return {**public(row), "server_id": str(row.id)}
 
 
 def outcome_public(outcome: Outcome) -> dict[str, Any]:
@@ -90,8 +91,8 @@ async def apps(request: Request, who: PrincipalDep, svc: ServicesDep) -> dict[st
     """App ids with name, icon, description, scopes and ``connected``; a read-only token may read."""
     managed = managed_of(request)
     user_id = account(who)
-    connected = {row["app_id"] for row in await managed.statuses(who.tenant_id, user_id)
-                 if row["managed_status"] == "connected"}  # fmt: skip
+    connected = {row.app_id for row, status in await managed.statuses(who.tenant_id, user_id)
+                 if status == "connected"}  # fmt: skip
     return {"apps": [
         {"app_id": app.app_id, "name": app.name, "icon": app.icon, "description": app.description,
          "scopes": app.scopes, "connected": app.app_id in connected}
@@ -111,10 +112,9 @@ async def connections(request: Request, who: PrincipalDep) -> dict[str, Any]:
     rows = await managed.statuses(who.tenant_id, account(who))
     return {
         "connections": [
-            {"app_id": r["app_id"], "status": r["managed_status"], "server_id": r["id"],
-             "connection": managed_public({k: v for k, v in r.items() if k not in ("app_id", "provisioning",
-                                                                                   "managed_status")})}
-            for r in rows
+            {"app_id": r.app_id, "status": status, "server_id": str(r.connection.id),
+             "connection": managed_public(r.connection)}
+            for r, status in rows
         ]
     }  # fmt: skip
 

@@ -102,13 +102,13 @@ async def callback(request: Request, svc: ServicesDep) -> HTMLResponse:
     except (OAuthClientError, mcp_client.McpClientError, UrlRefused) as err:
         raise UpstreamFailed(f"the connection could not be completed: {err}") from None
     if svc.access_tokens is not None:
-        svc.access_tokens.evict(done.connection["id"])
+        svc.access_tokens.evict(str(done.connection.id))
     # Runs parked on this connection (or on its URL) resume: each re-checks the live row itself.
-    await svc.run_control.wake_parked(str(done.connection["tenant_id"]), done.connection)
-    name = html.escape(str(done.connection.get("display_name") or "the server"))
+    await svc.run_control.wake_parked(str(done.connection.tenant_id), done.connection)
+    name = html.escape(done.connection.display_name or "the server")
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>Connected</title></head><body>"
-        f"<h1>Connected</h1><p>{name} is connected ({len(done.snapshot['tools_json'])} tools). "
+        f"<h1>Connected</h1><p>{name} is connected ({len(done.snapshot.tools_json)} tools). "
         "You can close this window.</p></body></html>"
     )
     return HTMLResponse(page, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})

@@ -230,8 +230,8 @@ async def test_activation_stores_the_sealed_grant_and_the_photograph(
     row, snapshot = await records.activate(
         tenant, flow, credential=refresh_credential(sealer, tenant, "rt-1"), oauth=GRANT, photo=PHOTO
     )
-    assert row["status"] == "active" and row["authorization_generation"] == 1
-    assert snapshot["snapshot_version"] == 1 and snapshot["authorization_generation"] == 1
+    assert row.status == "active" and row.authorization_generation == 1
+    assert snapshot.snapshot_version == 1 and snapshot.authorization_generation == 1
     async with store.pool.acquire() as conn:
         stored = await conn.fetchrow(
             "SELECT credential_sealed, oauth, registration_id FROM integration_connections WHERE id = $1",
@@ -276,8 +276,8 @@ async def test_reconnecting_an_active_connection_bumps_the_generation(
     row, snapshot = await records.activate(
         tenant, again, credential=refresh_credential(sealer, tenant, "b"), oauth=GRANT, photo=PHOTO
     )
-    assert row["authorization_generation"] == 2
-    assert (snapshot["snapshot_version"], snapshot["authorization_generation"]) == (2, 2)
+    assert row.authorization_generation == 2
+    assert (snapshot.snapshot_version, snapshot.authorization_generation) == (2, 2)
 
     # The broker's writes under the old generation change nothing.
     assert not await records.store_rotated(cid, 1, refresh_credential(sealer, tenant, "stale"))
@@ -303,7 +303,7 @@ async def test_a_failed_refresh_moves_the_connection_to_error_with_the_reason(
     revived, _ = await records.activate(
         tenant, again, credential=refresh_credential(sealer, tenant, "b"), oauth=GRANT, photo=PHOTO
     )
-    assert revived["status"] == "active" and revived["authorization_generation"] == 2
+    assert revived.status == "active" and revived.authorization_generation == 2
 
 
 async def test_a_revoked_connection_cannot_be_activated(

@@ -14,10 +14,10 @@ import pytest
 
 from core.errors import Conflict, Forbidden
 from core.tokens import token_digest
-from db.connections import Connections, credential_context
+from db.connections import ConnectionRow, Connections, credential_context
 from db.ids import new_id
 from db.oauth import SUPERSEDED
-from db.store import Row, Store
+from db.store import Store
 from integrations import mcp_client
 from integrations.oauth import AuthorizationFailed, OAuthClient
 from integrations.sealing import Sealer
@@ -36,7 +36,7 @@ def service(store: Store, sealer: Sealer) -> OAuthConnect:
     return OAuthConnect(store, sealer, OAuthClient(policy), policy, redirect_uri=REDIRECT_URI)
 
 
-async def oauth_connection(store: Store, tenant: str, url: str) -> Row:
+async def oauth_connection(store: Store, tenant: str, url: str) -> ConnectionRow:
     cid = new_id()
     async with store.pool.acquire() as conn:
         await conn.execute(
@@ -52,7 +52,7 @@ async def oauth_connection(store: Store, tenant: str, url: str) -> Row:
 
 
 async def signed_in(
-    service: OAuthConnect, auth: AuthorizationServer, tenant: str, connection: Row, browser: str = BROWSER
+    service: OAuthConnect, auth: AuthorizationServer, tenant: str, connection: ConnectionRow, browser: str = BROWSER
 ) -> dict[str, str]:
     """Start a flow, open its link in ``browser``, sign in; returns the callback's query."""
     started = await service.start(tenant, connection)
@@ -68,12 +68,12 @@ async def test_connecting_activates_the_connection_with_a_sealed_grant_and_a_pho
     connection = await oauth_connection(store, tenant, mcp.url)
     done = await service.complete(await signed_in(service, auth, tenant, connection), BROWSER)
 
-    assert done.connection["status"] == "active" and done.connection["authorization_generation"] == 1
-    assert [t["name"] for t in done.snapshot["tools_json"]] == ["add", "echo"]
+    assert done.connection.status == "active" and done.connection.authorization_generation == 1
+    assert [t["name"] for t in done.snapshot.tools_json] == ["add", "echo"]
     async with store.pool.acquire() as conn:
         row = await conn.fetchrow(
             "SELECT credential_sealed, oauth FROM integration_connections WHERE id = $1",
-            uuid.UUID(connection["id"]),
+            connection.id,
         )
     refresh = sealer.open(bytes(row["credential_sealed"]), context=credential_context(tenant)).decode()
     assert done.tokens.refresh_token is not None and refresh == done.tokens.refresh_token.get_secret_value()
@@ -94,7 +94,7 @@ async def test_a_callback_from_another_browser_is_refused_without_burning_the_fl
     with pytest.raises(Forbidden):
         await service.complete(query, None)
     done = await service.complete(query, BROWSER)
-    assert done.connection["status"] == "active"
+    assert done.connection.status == "active"
 
 
 async def test_a_replayed_callback_is_refused(
@@ -139,11 +139,11 @@ async def test_reconnecting_bumps_the_generation(
 ) -> None:
     connection = await oauth_connection(store, tenant, mcp.url)
     await service.complete(await signed_in(service, auth, tenant, connection), BROWSER)
-    current = await Connections(store).get(tenant, connection["id"])
+    current = await Connections(store).get(tenant, str(connection.id))
     assert current is not None
     again = await service.complete(await signed_in(service, auth, tenant, current), BROWSER)
-    assert again.connection["authorization_generation"] == 2
-    assert (again.snapshot["snapshot_version"], again.snapshot["authorization_generation"]) == (2, 2)
+    assert again.connection.authorization_generation == 2
+    assert (again.snapshot.snapshot_version, again.snapshot.authorization_generation) == (2, 2)
 
 
 async def test_a_refused_consent_leaves_the_connection_pending(
@@ -155,5 +155,5 @@ async def test_a_refused_consent_leaves_the_connection_pending(
     landed = await auth.sign_in(started.authorization_url, approve=False)
     with pytest.raises(AuthorizationFailed, match="refused"):
         await service.complete(dict(parse_qsl(urlsplit(landed).query)), BROWSER)
-    after = await Connections(store).get(tenant, connection["id"])
-    assert after is not None and after["status"] == "pending"
+    after = await Connections(store).get(tenant, str(connection.id))
+    assert after is not None and after.status == "pending"

@@ -13,7 +13,7 @@ from pydantic import SecretStr
 
 from core.errors import Conflict, NotFound
 from db.connections import Connections, credential_context
-from db.store import Row, Store
+from db.store import Store
 from integrations import mcp_client
 from integrations.oauth import OAuthClient
 from integrations.sealing import Sealer
@@ -67,7 +67,7 @@ async def test_a_fresh_access_token_is_served_without_asking_the_provider(
     done = await connected(connect, auth, mcp, store, tenant)
     await auth.clear_requests()
     access = tokens(store, sealer, margin=timedelta(0))
-    cid = done.connection["id"]
+    cid = str(done.connection.id)
     first = await access.get(tenant, cid, 1)
     assert first.get_secret_value() == done.tokens.access_token.get_secret_value()
     assert (await access.get(tenant, cid, 1)) == first
@@ -79,7 +79,7 @@ async def test_a_token_inside_the_margin_is_refreshed_and_the_rotated_refresh_to
     connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
 ) -> None:
     done = await connected(connect, auth, mcp, store, tenant)
-    cid = done.connection["id"]
+    cid = str(done.connection.id)
     before = await stored_refresh(store, sealer, tenant, cid)
     await auth.clear_requests()
 
@@ -99,7 +99,7 @@ async def test_concurrent_callers_across_processes_refresh_once(
     connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
 ) -> None:
     done = await connected(connect, auth, mcp, store, tenant)
-    cid = done.connection["id"]
+    cid = str(done.connection.id)
     async with store.pool.acquire() as conn:  # the stored access token has expired
         await conn.execute(
             "UPDATE integration_connections SET access_expires_at = now() - interval '1 hour' WHERE id = $1",
@@ -116,7 +116,7 @@ async def test_refreshes_serialize_so_a_rotated_refresh_token_is_never_presented
     connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
 ) -> None:
     done = await connected(connect, auth, mcp, store, tenant)
-    cid = done.connection["id"]
+    cid = str(done.connection.id)
     await auth.clear_requests()
     # With the 300 s margin every 60 s token is due, so every caller refreshes. Under the row lock each presents
     # the refresh token the previous one stored; had two presented the same one, oidc-provider would have revoked
@@ -125,7 +125,7 @@ async def test_refreshes_serialize_so_a_rotated_refresh_token_is_never_presented
     assert len({r.get_secret_value() for r in results}) == 5
     assert await refresh_requests(auth) == 5
     row = await Connections(store).get(tenant, cid)
-    assert row is not None and row["status"] == "active"
+    assert row is not None and row.status == "active"
     current = await tokens(store, sealer, margin=timedelta(0)).get(tenant, cid, 1)
     assert (await mcp_client.photograph(mcp.url, bearer(current))).tools
 
@@ -134,7 +134,7 @@ async def test_a_rejected_token_is_refreshed_even_if_it_looks_valid(
     connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
 ) -> None:
     done = await connected(connect, auth, mcp, store, tenant)
-    cid = done.connection["id"]
+    cid = str(done.connection.id)
     access = tokens(store, sealer, margin=timedelta(0))
     first = await access.get(tenant, cid, 1)
     second = await access.get(tenant, cid, 1, rejected=first)
@@ -145,7 +145,7 @@ async def test_a_revoked_grant_moves_the_connection_to_error_with_the_providers_
     connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
 ) -> None:
     done = await connected(connect, auth, mcp, store, tenant)
-    cid = done.connection["id"]
+    cid = str(done.connection.id)
     assert done.tokens.refresh_token is not None
     server = connect.client
     discovery = await server.discover(mcp.url)
@@ -162,7 +162,7 @@ async def test_a_revoked_grant_moves_the_connection_to_error_with_the_providers_
         await tokens(store, sealer).get(tenant, cid, 1)
     assert lost.value.reason and lost.value.status == 502
     row = await Connections(store).get(tenant, cid)
-    assert row is not None and row["status"] == "error"
+    assert row is not None and row.status == "error"
     async with store.pool.acquire() as conn:
         oauth = await conn.fetchval("SELECT oauth FROM integration_connections WHERE id = $1", uuid.UUID(cid))
     assert oauth["last_error"] == lost.value.reason
@@ -174,9 +174,9 @@ async def test_a_binding_frozen_before_a_reconnect_is_stale(
     connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
 ) -> None:
     done = await connected(connect, auth, mcp, store, tenant)
-    current: Row | None = await Connections(store).get(tenant, done.connection["id"])
+    current = await Connections(store).get(tenant, str(done.connection.id))
     assert current is not None
     await connect.complete(await signed_in(connect, auth, tenant, current), BROWSER)
     with pytest.raises(Conflict, match="stale"):
-        await tokens(store, sealer).get(tenant, done.connection["id"], 1)
-    assert await tokens(store, sealer, margin=timedelta(0)).get(tenant, done.connection["id"], 2)
+        await tokens(store, sealer).get(tenant, str(done.connection.id), 1)
+    assert await tokens(store, sealer, margin=timedelta(0)).get(tenant, str(done.connection.id), 2)
