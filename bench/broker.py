@@ -90,6 +90,9 @@ OAUTH_ACCESS_TTL = 3600
 # Target from issue 14: p50(brokered over OAuth) within 10% of p50(brokered with a static credential).
 OAUTH_TARGET = 1.10
 ARGS = {"a": 2, "b": 3}
+# Every connection declares its tools read-only: an unclassified tool is denied by the gate, and the benchmark
+# would time denials instead of calls.
+READ = {"read": True}
 EXPECTED_TEXT = "5"
 # Issue 17: an OpenAPI operation (our FastAPI app's document) and a stdio MCP tool (npm server-everything), each
 # brokered and made directly in the same run; their overhead ratio is reported next to the MCP transport's.
@@ -453,7 +456,7 @@ def stack_env() -> dict[str, str]:
 
 async def connect_oauth(api: httpx.AsyncClient, auth: AuthorizationServer, osrv: RunningServer) -> None:
     """An OAuth connection to ``osrv``, signed in over HTTP at oidc-provider (its own sign-in form)."""
-    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": osrv.url, "auth_kind": "oauth"})
+    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": osrv.url, "auth_kind": "oauth", "access": READ})
     if r.status_code != 200:
         raise gb.BenchError(f"creating the OAuth connection failed: HTTP {r.status_code} {r.text[:300]}")
     r = await api.post(f"/v1/connections/{r.json()['connection']['id']}/oauth/start")
@@ -475,7 +478,7 @@ async def setup_run(
     extra: list[dict[str, Any]] | None = None,
 ) -> tuple[str, str]:
     """Connect the server, create the agent, start the run; returns (run id, snapshot protocol version)."""
-    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": credential})
+    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": credential, "access": READ})
     if r.status_code != 200:
         raise gb.BenchError(f"connecting the MCP server failed: HTTP {r.status_code} {r.text[:300]}")
     snapshot = r.json()["snapshot"]
@@ -527,14 +530,14 @@ async def connect_transports(api: httpx.AsyncClient, app: RunningApp, credential
     """Connect the OpenAPI app and server-everything over stdio; the requirements that bind them."""
     r = await api.post(
         "/v1/connections",
-        json={"transport": "openapi", "base_url": app.url, "token": credential,
+        json={"transport": "openapi", "base_url": app.url, "token": credential, "access": READ,
               "transport_config": {"document_url": app.url + "/openapi.json"}},
     )  # fmt: skip
     if r.status_code != 200:
         raise gb.BenchError(f"connecting the OpenAPI app failed: HTTP {r.status_code} {r.text[:300]}")
     r = await api.post(
         "/v1/connections",
-        json={"transport": "stdio", "display_name": "bench-everything",
+        json={"transport": "stdio", "display_name": "bench-everything", "access": READ,
               "transport_config": {"command": "node", "args": [str(EVERYTHING), "stdio"]}},
     )  # fmt: skip
     if r.status_code != 200:
