@@ -456,7 +456,9 @@ def stack_env() -> dict[str, str]:
 
 async def connect_oauth(api: httpx.AsyncClient, auth: AuthorizationServer, osrv: RunningServer) -> None:
     """An OAuth connection to ``osrv``, signed in over HTTP at oidc-provider (its own sign-in form)."""
-    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": osrv.url, "auth_kind": "oauth", "access": READ})
+    r = await api.post(
+        "/v1/connections", json={"provider": "mcp_http", "base_url": osrv.url, "auth_kind": "oauth", "access": READ}
+    )
     if r.status_code != 200:
         raise gb.BenchError(f"creating the OAuth connection failed: HTTP {r.status_code} {r.text[:300]}")
     r = await api.post(f"/v1/connections/{r.json()['connection']['id']}/oauth/start")
@@ -478,7 +480,9 @@ async def setup_run(
     extra: list[dict[str, Any]] | None = None,
 ) -> tuple[str, str]:
     """Connect the server, create the agent, start the run; returns (run id, snapshot protocol version)."""
-    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": credential, "access": READ})
+    r = await api.post(
+        "/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": credential, "access": READ}
+    )
     if r.status_code != 200:
         raise gb.BenchError(f"connecting the MCP server failed: HTTP {r.status_code} {r.text[:300]}")
     snapshot = r.json()["snapshot"]

@@ -147,11 +147,7 @@ def _compiled(text: str) -> Any:
     and a different schema never reuses another's); None when the schema itself is unusable. Compiling and
     meta-checking a schema costs far more than validating one small input, and a run calls the same few tools."""
     schema = json.loads(text)
-    if (
-        not isinstance(schema, dict)
-        or _depth(schema) > MAX_SCHEMA_DEPTH
-        or not _local_refs_only(schema)
-    ):
+    if not isinstance(schema, dict) or _depth(schema) > MAX_SCHEMA_DEPTH or not _local_refs_only(schema):
         return None
     try:
         validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
