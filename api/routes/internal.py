@@ -172,7 +172,8 @@ def _maybe_stale(claim: dict[str, Any]) -> bool:
     claimed_at = claim.get("claimed_at")
     if claim["state"] != "claimed" or claimed_at is None:
         return False
-    return (datetime.now(UTC) - claimed_at).total_seconds() > CLAIM_TTL_SECS / 2
+    age: float = (datetime.now(UTC) - claimed_at).total_seconds()
+    return age > CLAIM_TTL_SECS / 2
 
 
 def _envelope(claim: dict[str, Any]) -> dict[str, Any]:
