@@ -46,6 +46,7 @@ import json
 import logging
 import os
 import platform
+import re
 import secrets
 import ssl
 import sys
@@ -273,23 +274,44 @@ async def client_construction(verify: ssl.SSLContext | bool) -> list[float]:
 # (key, where, what): consecutive segments of one brokered call, between timestamps the stack records.
 SEGMENTS = [
     ("api_in", "API", "HTTP in, run token check, RunSpec, until the gate's transaction starts"),
-    ("gate", "API, PostgreSQL", "gate transaction (policy decision, ledger) and the execution claim registered"),
     (
-        "dispatch",
-        "API → Temporal → worker, PostgreSQL",
-        "`execute_update`, the workflow task that accepts it and starts the local `broker_call` activity; "
-        "claim, binding and credential read; claim taken",
+        "gate",
+        "API ↔ PostgreSQL",
+        "gate transaction (policy decision, approval row, ledger), the execution claim registered",
     ),
-    ("pre_call", "worker", "between the claim and the MCP call"),
-    ("upstream", "worker → MCP server", "`latency_ms`: URL admit, MCP session + `tools/call`"),
     (
-        "return",
-        "worker, PostgreSQL → Temporal → API",
-        "settle transaction (claim, `tool.brokered`), the workflow task completes the update, the result "
-        "reaches the API, claim re-read, response",
+        "update_in",
+        "API → Temporal → worker",
+        "`execute_update` until the worker starts the workflow task that runs the update (update RPC, task "
+        "dispatch, poll)",
     ),
+    (
+        "worker_in",
+        "worker ↔ PostgreSQL",
+        "that workflow task: the update handler starts the local `broker_call`; dispatch view (claim, binding, "
+        "credential) read, unseal, claim taken",
+    ),
+    ("pre_call", "worker", "between the claim and the upstream call"),
+    ("upstream", "worker → upstream", "`latency_ms`: URL admit, the call (MCP `tools/call` on a kept session)"),
+    (
+        "update_out",
+        "worker → Temporal",
+        "settle (claim + `tool.brokered`), the local activity's result back in the workflow, the workflow task "
+        "completed with the update's outcome",
+    ),
+    ("api_out", "Temporal → API ↔ PostgreSQL", "the outcome reaches the API, claim re-read, HTTP response"),
 ]
-TEMPORAL_SEGMENTS = ("dispatch", "return")
+# The four groups the issue asks about: every segment belongs to one.
+GROUPS = {
+    "API + gate (HTTP, token, gate transaction, claim registration)": ("api_in", "gate"),
+    "Temporal update leg (update RPC, workflow task dispatch and completion, outcome back to the API)": (
+        "update_in",
+        "update_out",
+        "api_out",
+    ),
+    "worker before the call (dispatch view, unseal, claim taken)": ("worker_in", "pre_call"),
+    "upstream call": ("upstream",),
+}
 
 
 def _ts(value: Any) -> float:
@@ -411,17 +433,23 @@ def breakdown(
         g, b, row = requested.get(s.tool_call_id), brokered.get(s.tool_call_id), rows.get(s.tool_call_id)
         if g is None or b is None or row is None or row["claimed_at"] is None or row["settled_at"] is None:
             continue
-        matched += 1
         reg, took, settled = row["created_at"].timestamp(), row["claimed_at"].timestamp(), row["settled_at"].timestamp()
         lat = float(b["latency_ms"]) / 1000.0
+        h = hist.times.get(s.tool_call_id, {})
+        wft_started, wft_completed = h.get("wft1_started"), h.get("wft2_completed")
+        if wft_started is None or wft_completed is None:
+            continue
         points = {
             "api_in": (s.sent, g),
             "gate": (g, reg),
-            "dispatch": (reg, took),
+            "update_in": (reg, wft_started),
+            "worker_in": (wft_started, took),
             "pre_call": (took, settled - lat),
             "upstream": (settled - lat, settled),
-            "return": (settled, s.received),
+            "update_out": (settled, wft_completed),
+            "api_out": (wft_completed, s.received),
         }
+        matched += 1
         tag = s.tool_call_id.split("-")[1]  # bench-<round tag>-<n>
         per = by_round.setdefault(tag, {k: [] for k, _, _ in SEGMENTS})
         for key, (start, end) in points.items():
@@ -683,6 +711,123 @@ def render_transports(rounds: list[gb.Round], mcp: tuple[float, float, float], t
 
 
 # ---------------------------------------------------------------------------------------------------
+# PostgreSQL statements per brokered call
+
+PROFILE_CALLS = 20
+_DURATION = re.compile(r"^(\S+ \S+) \S+ \[\d+\] LOG:  duration: ([0-9.]+) ms  (?:execute [^:]*|statement): (.*)")
+CLAIM_READ = "SELECT * FROM tool_execution_claims WHERE session_id = $1 AND tool_call_id = $2 AND input_digest"
+
+
+@dataclass
+class Statements:
+    """What PostgreSQL executed for ``calls`` brokered calls, less an idle window as long (background work)."""
+
+    calls: int
+    during: list[tuple[float, str]]  # (server ms, statement text) while the calls ran
+    idle: list[tuple[float, str]]  # the same, over an equally long idle window after them
+    rereads: list[float] = field(default_factory=list)  # per call, when the API's claim re-read ended (wall clock)
+    delivered: list[float] = field(default_factory=list)  # update completed (history) → claim re-read, seconds
+    answered: list[float] = field(default_factory=list)  # claim re-read → the client has the response, seconds
+
+    def per_call(self) -> float:
+        return (len(self.during) - len(self.idle)) / self.calls
+
+    def server_ms(self) -> float:
+        return (sum(ms for ms, _ in self.during) - sum(ms for ms, _ in self.idle)) / self.calls
+
+    def render(self) -> list[str]:
+        kinds: dict[str, list[float]] = {}
+        for ms, text in self.during:
+            kinds.setdefault(_kind(text), []).append(ms)
+        for _, text in self.idle:
+            kinds.setdefault(_kind(text), []).append(0.0)
+            kinds[_kind(text)].pop()
+        rows = sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+        out = [
+            "#### PostgreSQL statements per brokered call",
+            "",
+            f"`log_min_duration_statement = 0` for {self.calls} more brokered calls (not measured above), then for "
+            f"an idle window as long, subtracted (heartbeats, listeners): **{self.per_call():.1f} statements "
+            f"(round trips) per call**, {self.server_ms():.2f} ms of server-side execution per call. Each round "
+            "trip also costs a loopback exchange and a pool acquire in the API or worker process, which is "
+            "where most of the database's share of the segments above goes.",
+            "",
+            "| statement | per call | server ms per call |",
+            "|---|---:|---:|",
+        ]
+        tail = (
+            [
+                "",
+                "The last segment above (`api_out`) split with the log's timestamp of each call's claim re-read (the "
+                "API's first statement once `execute_update` returned), for these calls: the workflow task completed → "
+                f"the API has the update's outcome and re-read the claim, p50 **{pct(self.delivered, 50):.1f} ms** "
+                f"(p99 {pct(self.delivered, 99):.1f}); → the client has the response, "
+                f"p50 {pct(self.answered, 50):.1f} ms "
+                f"(p99 {pct(self.answered, 99):.1f}).",
+            ]
+            if self.delivered
+            else []
+        )
+        for kind, xs in rows:
+            if len(xs) >= self.calls // 2:
+                out.append(f"| `{kind}` | {len(xs) / self.calls:.1f} | {sum(xs) / self.calls:.2f} |")
+        return out + tail
+
+
+def _kind(text: str) -> str:
+    words = " ".join(text.split())
+    return (words[:90] + "…") if len(words) > 90 else words
+
+
+async def statement_profile(database_url: str, call: Any) -> Statements:
+    """Count what PostgreSQL runs for ``PROFILE_CALLS`` calls of ``call()``, from its own log."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            log = Path(str(await conn.fetchval("SHOW data_directory"))) / "log"
+            await conn.execute("ALTER SYSTEM SET log_min_duration_statement = 0")
+            await conn.execute("ALTER SYSTEM SET log_timezone = 'UTC'")
+            await conn.execute("SELECT pg_reload_conf()")
+        await asyncio.sleep(1.0)  # every backend applies the reload at its next command
+        start = log.stat().st_size
+        t0 = time.monotonic()
+        for _ in range(PROFILE_CALLS):
+            await call()
+        middle = log.stat().st_size
+        await asyncio.sleep(time.monotonic() - t0)
+        end = log.stat().st_size
+        async with pool.acquire() as conn:
+            await conn.execute("ALTER SYSTEM RESET log_min_duration_statement")
+            await conn.execute("ALTER SYSTEM RESET log_timezone")
+            await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await pool.close()
+    with log.open("rb") as f:
+        f.seek(start)
+        during = f.read(middle - start).decode(errors="replace")
+        idle = f.read(end - middle).decode(errors="replace")
+    stamped = _statements(during)
+    # Each call reads its claim twice, in order: after registering it, and once the update returned.
+    reads = [at for at, _, text in stamped if " ".join(text.split()).startswith(CLAIM_READ)]
+    return Statements(
+        PROFILE_CALLS, [(ms, t) for _, ms, t in stamped], [(ms, t) for _, ms, t in _statements(idle)], reads[1::2]
+    )
+
+
+def _statements(text: str) -> list[tuple[float, float, str]]:
+    """(wall clock at the log line, server ms, statement text) per logged statement."""
+    out: list[tuple[float, float, str]] = []
+    for line in text.splitlines():
+        m = _DURATION.search(line)
+        if m:
+            at = dt.datetime.strptime(m.group(1) + "+0000", "%Y-%m-%d %H:%M:%S.%f%z").timestamp()
+            out.append((at, float(m.group(2)), m.group(3)))
+        elif out and line.startswith(("\t", " ")):
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + " " + line.strip())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
 # Report
 
 
@@ -698,6 +843,7 @@ class Outcome:
     client_shared: list[float]  # the same with a prebuilt SSL context
     oauth_calls: int = 0  # tools/call requests the OAuth-backed server counted
     oauth_refreshes: int = 0  # refresh_token grants oidc-provider saw during the measurement
+    statements: Statements | None = None  # PostgreSQL statements per brokered call
 
     def pooled(self, kind: str) -> list[float]:
         return [x for r in self.rounds if r.kind == kind for x in r.latencies]
@@ -792,19 +938,24 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
             lines.append(f"| {label} | {where} | {medians[key]:.1f} | {pct(xs, 99):.1f} | {medians[key] / total:.0%} |")
     lines.append(f"| sum of the medians | | {total:.1f} | | |")
     if medians:
-        temporal = sum(medians.get(k, 0.0) for k in TEMPORAL_SEGMENTS)
-        upstream = medians.get("upstream", 0.0)
-        rest = total - temporal - upstream
         per_call = sp.history_events / max(out.check.brokered, 1)
         lines += [
             "",
-            f"In short: the upstream call inside the local activity, p50 {upstream:.1f} ms, against {d50:.1f} ms "
-            "for the same call made directly; the dispatch and return legs (the update, the workflow task running "
-            "the local `broker_call` activity with its database reads, the settle transaction, the outcome back "
-            f"to the API), {temporal:.1f} ms ({temporal / total:.0%}); everything else (HTTP, run token, gate, "
-            f"claim registration), {rest:.1f} ms ({rest / total:.0%}). The workflow history of the run grew to "
-            f"{sp.history_events} events, {per_call:.1f} per brokered call.",
+            "Grouped (sums of the segment medians, and each group's share of the brokered p50 "
+            f"{b50:.1f} ms; the ratio column is the group over the kept-open direct p50 {k50:.1f} ms):",
+            "",
+            "| group | p50 (ms) | share of brokered p50 | × direct-kept p50 |",
+            "|---|---:|---:|---:|",
         ]
+        for label, keys in GROUPS.items():
+            ms = sum(medians.get(key, 0.0) for key in keys)
+            lines.append(f"| {label} | {ms:.1f} | {ms / b50:.0%} | {ms / k50:.2f}x |")
+        lines += [
+            "",
+            f"The workflow history of the run grew to {sp.history_events} events, {per_call:.1f} per brokered call.",
+        ]
+    if out.statements is not None:
+        lines += ["", *out.statements.render()]
     new50, shared50 = pct(out.client_new, 50), pct(out.client_shared, 50)
     lines += [
         "",
@@ -890,6 +1041,11 @@ async def bench(args: argparse.Namespace) -> int:
             check = Check()
             await auth.clear_requests()
             rounds = await measure(target, args, check)
+            say(f"• PostgreSQL statements of {PROFILE_CALLS} more brokered calls")
+            statements = await statement_profile(
+                stack.database_url or "", lambda: brokered_call(target, check, "db", measured=False)
+            )
+            say(f"  {statements.per_call():.1f} statements per call, {statements.server_ms():.2f} ms server-side")
             server_calls, server_executions = srv.call_count(TOOL), srv.executions.count(TOOL)
             oauth_calls = osrv.call_count(TOOL)
             refreshes = sum(1 for q in await auth.requests() if q["route"] == "token")
@@ -899,8 +1055,15 @@ async def bench(args: argparse.Namespace) -> int:
             rows = await claims(stack.database_url or "", run_id)
             hist = await workflow_history(stack.temporal_address or "", run_id)
             split = breakdown(target.samples, evs, rows, hist)
+            profiled = [x for x in target.samples if x.tool_call_id.split("-")[1] == "db"]
+            if len(profiled) == len(statements.rereads):
+                for sample, reread in zip(profiled, statements.rereads, strict=True):
+                    done = hist.times.get(sample.tool_call_id, {}).get("wft2_completed")
+                    if done is not None:
+                        statements.delivered.append(reread - done)
+                        statements.answered.append(sample.received - reread)
             out = Outcome(rounds, check, server_calls, server_executions, split, protocol, client_new, client_shared,
-                          oauth_calls, refreshes)  # fmt: skip
+                          oauth_calls, refreshes, statements)  # fmt: skip
 
             # The other transports after the MCP figures are read (their calls would be counted in its ledger).
             direct_http = await exits.enter_async_context(httpx.AsyncClient(base_url=app.url, timeout=60))
