@@ -850,6 +850,7 @@ class Outcome:
     oauth_calls: int = 0  # tools/call requests the OAuth-backed server counted
     oauth_refreshes: int = 0  # refresh_token grants oidc-provider saw during the measurement
     statements: Statements | None = None  # PostgreSQL statements per brokered call
+    load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # os.getloadavg() when the MCP rounds ended
 
     def pooled(self, kind: str) -> list[float]:
         return [x for r in self.rounds if r.kind == kind for x in r.latencies]
@@ -868,7 +869,8 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         "## Brokered MCP call vs a direct MCP client call",
         "",
         f"Run {now}; `nproc` {len(os.sched_getaffinity(0))}, Python {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}.",
+        f"{platform.system()} {platform.release()}; load average (1/5/15 min) when the MCP rounds ended "
+        f"{'/'.join(f'{x:.1f}' for x in out.load)} (the machine is shared; other jobs ran meanwhile).",
         "`bench/broker.py` connects a real MCP server (`basic()` of `tests/mcp_servers.py`: the mcp SDK's "
         "Streamable HTTP app under uvicorn, in a background thread of the benchmark process, on loopback) "
         f"and binds one idle replay run to it (slot `{SLOT}`, required tool `{TOOL}`, a policy allowing "
@@ -1047,6 +1049,7 @@ async def bench(args: argparse.Namespace) -> int:
             check = Check()
             await auth.clear_requests()
             rounds = await measure(target, args, check)
+            load = os.getloadavg()
             say(f"• PostgreSQL statements of {PROFILE_CALLS} more brokered calls")
             statements = await statement_profile(
                 stack.database_url or "", lambda: brokered_call(target, check, "db", measured=False)
@@ -1069,7 +1072,7 @@ async def bench(args: argparse.Namespace) -> int:
                         statements.delivered.append(reread - done)
                         statements.answered.append(sample.received - reread)
             out = Outcome(rounds, check, server_calls, server_executions, split, protocol, client_new, client_shared,
-                          oauth_calls, refreshes, statements)  # fmt: skip
+                          oauth_calls, refreshes, statements, load)  # fmt: skip
 
             # The other transports after the MCP figures are read (their calls would be counted in its ledger).
             direct_http = await exits.enter_async_context(httpx.AsyncClient(base_url=app.url, timeout=60))
