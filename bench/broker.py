@@ -119,6 +119,7 @@ EVENT_PAGE = 1000
 MAX_EVENT_PAGES = 200  # bounds the ledger read (200k events)
 
 
+PAUSE = [0.0]  # --pause-ms, in seconds: think time before every MCP call (not timed)
 KEPT = "direct-kept"
 OAUTH = "brokered-oauth"
 KINDS = ("direct", "brokered", KEPT, OAUTH)
@@ -225,6 +226,8 @@ async def run_round(kind: str, t: Target, n: int, check: Check, tag: str, measur
     rnd = gb.Round(kind)
     t0 = time.perf_counter()
     for _ in range(n):
+        if PAUSE[0]:
+            await asyncio.sleep(PAUSE[0])
         if kind in ("brokered", OAUTH):
             seconds = await brokered_call(t, check, tag, measured, oauth=kind == OAUTH)
         else:
@@ -731,7 +734,7 @@ class Statements:
     calls: int
     during: list[tuple[float, str]]  # (server ms, statement text) while the calls ran
     idle: list[tuple[float, str]]  # the same, over an equally long idle window after them
-    rereads: list[float] = field(default_factory=list)  # per call, when the API's claim re-read ended (wall clock)
+    rereads: list[float] = field(default_factory=list)  # when each claim read ended (wall clock, from the log)
     delivered: list[float] = field(default_factory=list)  # update completed (history) → claim re-read, seconds
     answered: list[float] = field(default_factory=list)  # claim re-read → the client has the response, seconds
 
@@ -813,10 +816,9 @@ async def statement_profile(database_url: str, call: Any) -> Statements:
         during = f.read(middle - start).decode(errors="replace")
         idle = f.read(end - middle).decode(errors="replace")
     stamped = _statements(during)
-    # Each call reads its claim twice, in order: after registering it, and once the update returned.
     reads = [at for at, _, text in stamped if " ".join(text.split()).startswith(CLAIM_READ)]
     return Statements(
-        PROFILE_CALLS, [(ms, t) for _, ms, t in stamped], [(ms, t) for _, ms, t in _statements(idle)], reads[1::2]
+        PROFILE_CALLS, [(ms, t) for _, ms, t in stamped], [(ms, t) for _, ms, t in _statements(idle)], reads
     )
 
 
@@ -1069,13 +1071,17 @@ async def bench(args: argparse.Namespace) -> int:
             rows = await claims(stack.database_url or "", run_id)
             hist = await workflow_history(stack.temporal_address or "", run_id)
             split = breakdown(target.samples, evs, rows, hist)
-            profiled = [x for x in target.samples if x.tool_call_id.split("-")[1] == "db"]
-            if len(profiled) == len(statements.rereads):
-                for sample, reread in zip(profiled, statements.rereads, strict=True):
-                    row = rows.get(sample.tool_call_id)
-                    if row is not None and row["settled_at"] is not None:
-                        statements.delivered.append(reread - row["settled_at"].timestamp())
-                        statements.answered.append(sample.received - reread)
+            for sample in (x for x in target.samples if x.tool_call_id.split("-")[1] == "db"):
+                row = rows.get(sample.tool_call_id)
+                if row is None or row["settled_at"] is None:
+                    continue
+                settled = row["settled_at"].timestamp()
+                # The read that answered: the call's last claim read, after its settle (the log has ms precision).
+                reads = [at for at in statements.rereads if settled - 0.001 <= at <= sample.received]
+                if reads:
+                    reread = reads[-1]
+                    statements.delivered.append(reread - settled)
+                    statements.answered.append(sample.received - reread)
             out = Outcome(rounds, check, server_calls, server_executions, split, protocol, client_new, client_shared,
                           oauth_calls, refreshes, statements, load)  # fmt: skip
 
@@ -1162,7 +1168,9 @@ def main(argv: list[str] | None = None) -> int:
         help="update docs/benchmarks.md (the default, except with --quick)",
     )
     p.add_argument("--no-write", dest="write", action="store_false", help="do not update docs/benchmarks.md")
+    p.add_argument("--pause-ms", type=float, default=0.0, help="idle time before every MCP call (default 0)")
     args = p.parse_args(argv)
+    PAUSE[0] = args.pause_ms / 1000.0
     if args.quick:
         args.calls, args.rounds, args.warmup = 40, 2, 3
     if args.write is None:
