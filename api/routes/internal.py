@@ -279,43 +279,9 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
         # The attempt number is in the update id: a duplicate re-attaches to the same execution,
         # and only a proven pre-send failure ever gets a fresh one.
         attempt = claim["attempts"] + (0 if claim["state"] == "claimed" else 1)
-        claim = await _dispatch(svc, run_id, req.tool_call_id, digest, attempt) or claim
+        await svc.run_control.broker(run_id, req.tool_call_id, digest, attempt)
+        claim = await svc.connections.claim(run_id, req.tool_call_id, digest) or claim
     return _envelope(claim)
-
-
-SETTLED = frozenset({"succeeded", "failed_upstream", "refused", "ambiguous", "failed_before_send"})
-
-
-async def _dispatch(svc: ServicesDep, run_id: str, tool_call_id: str, digest: str, attempt: int) -> Any:
-    """Run one attempt's update and answer from its claim as soon as the attempt has settled it.
-
-    The settle commits the claim's outcome and its ``tool.brokered`` event together, and the event's NOTIFY
-    wakes this wait: the claim row is the authority, so the answer need not wait for the workflow task that
-    completes the update, for Temporal to record it and for the outcome to travel back (~30 ms of a ~85 ms
-    call in bench/broker.py). The update still runs to completion in the workflow; a lost NOTIFY only falls
-    back to waiting for it, as before. A parked call (its claim still ``registered``) waits for the update."""
-    with svc.hub.subscribe(run_id) as moved:
-        update = asyncio.create_task(svc.run_control.broker(run_id, tool_call_id, digest, attempt))
-        try:
-            while True:
-                woken = asyncio.create_task(moved.wait())
-                try:
-                    await asyncio.wait({update, woken}, return_when=FIRST_COMPLETED)
-                finally:
-                    woken.cancel()
-                if update.done():
-                    await update  # its refusals (run gone, busy, unavailable) are the answer
-                    return await svc.connections.claim(run_id, tool_call_id, digest)
-                moved.clear()  # before the read: a settle committed after it wakes the wait again
-                claim = await svc.connections.claim(run_id, tool_call_id, digest)
-                # attempts: a previous attempt's failed_before_send is not this attempt's outcome.
-                if claim is not None and claim["state"] in SETTLED and claim["attempts"] >= attempt:
-                    return claim
-        finally:
-            if not update.done():
-                update.cancel()  # only this wait: the update itself is the workflow's and completes there
-            elif not update.cancelled():
-                update.exception()  # answered from the claim meanwhile: retrieved, not logged
 
 
 @router.post(
