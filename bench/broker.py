@@ -297,19 +297,27 @@ SEGMENTS = [
     ("pre_call", "worker", "between the claim and the upstream call"),
     ("upstream", "worker → upstream", "`latency_ms`: URL admit, the call (MCP `tools/call` on a kept session)"),
     (
-        "return",
-        "worker ↔ PostgreSQL → API",
-        "settle (claim + `tool.brokered` in one transaction, NOTIFY at commit), the API's wait wakes on it, claim "
-        "re-read, HTTP response (the update completes in the workflow meanwhile, off this path)",
+        "update_out",
+        "worker ↔ PostgreSQL → Temporal",
+        "settle (claim + `tool.brokered`, NOTIFY at commit), the local activity's result back in the workflow, "
+        "the workflow task completed with the update's outcome",
+    ),
+    (
+        "api_out",
+        "Temporal → API ↔ PostgreSQL",
+        "Temporal records the completed task and answers `execute_update`; claim re-read, HTTP response",
     ),
 ]
 # The four groups the issue asks about: every segment belongs to one.
 GROUPS = {
     "API + gate (HTTP, token, gate transaction, claim registration)": ("api_in", "gate"),
-    "Temporal update leg (update RPC, workflow task dispatch, poll)": ("update_in",),
+    "Temporal update leg (update RPC, task dispatch and poll; task completion recorded, outcome to the API)": (
+        "update_in",
+        "api_out",
+    ),
     "worker before the call (dispatch view, unseal, claim taken)": ("worker_in", "pre_call"),
     "upstream call": ("upstream",),
-    "settle and answer (settle, NOTIFY, claim re-read, response)": ("return",),
+    "settle and the local activity's return into the workflow task": ("update_out",),
 }
 
 
@@ -404,8 +412,6 @@ class Breakdown:
     matched: int  # measured calls with every timestamp found
     history_events: int  # the workflow history's length at the end
     by_round: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # round tag -> key -> seconds
-    # per measured call, seconds from the response reaching the client to the workflow task completing the update
-    wft_after: list[float] = field(default_factory=list)
 
 
 WFT_KEYS = ("wft1_scheduled", "wft1_started", "wft1_completed", "activity_completed", "wft2_started", "wft2_completed")
@@ -428,7 +434,6 @@ def breakdown(
     upstream: list[float] = []
     by_round: dict[str, dict[str, list[float]]] = {}
     matched = 0
-    after: list[float] = []
     for s in samples:
         if not s.measured:
             continue
@@ -448,9 +453,9 @@ def breakdown(
             "worker_in": (wft_started, took),
             "pre_call": (took, settled - lat),
             "upstream": (settled - lat, settled),
-            "return": (settled, s.received),
+            "update_out": (settled, wft_completed),
+            "api_out": (wft_completed, s.received),
         }
-        after.append(wft_completed - s.received)
         matched += 1
         tag = s.tool_call_id.split("-")[1]  # bench-<round tag>-<n>
         per = by_round.setdefault(tag, {k: [] for k, _, _ in SEGMENTS})
@@ -468,7 +473,6 @@ def breakdown(
         matched,
         hist.events,
         by_round,
-        after,
     )
 
 
@@ -767,8 +771,9 @@ class Statements:
         tail = (
             [
                 "",
-                "The last segment above split with the log's timestamp of each call's claim re-read (the API's read "
-                "once its wait woke), for these calls: settle started → the API re-read the claim, p50 "
+                "The return path split with the log's timestamp of each call's claim re-read (the API's first "
+                "statement once `execute_update` returned), for these calls: settle started → the API re-read the "
+                "claim, p50 "
                 f"**{pct(self.delivered, 50):.1f} ms** (p99 {pct(self.delivered, 99):.1f}); → the client has the "
                 "response, "
                 f"p50 {pct(self.answered, 50):.1f} ms "
@@ -960,14 +965,11 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         for label, keys in GROUPS.items():
             ms = sum(medians.get(key, 0.0) for key in keys)
             lines.append(f"| {label} | {ms:.1f} | {ms / b50:.0%} | {ms / k50:.2f}x |")
-        early = sum(1 for x in sp.wft_after if x > 0)
         lines += [
             "",
             f"The workflow history of the run grew to {sp.history_events} events, {per_call:.1f} per brokered call "
             "(one workflow task per update: scheduled, started, completed, update accepted, the local activity's "
-            f"marker, update completed). {early} of {len(sp.wft_after)} responses reached the client before that "
-            f"workflow task completed (p50 {pct(sp.wft_after, 50):.1f} ms before it): the answer comes from the "
-            "settled claim, not from the update's outcome.",
+            "marker, update completed).",
         ]
     if out.statements is not None:
         lines += ["", *out.statements.render()]
