@@ -46,6 +46,7 @@ import json
 import logging
 import os
 import platform
+import re
 import secrets
 import ssl
 import sys
@@ -90,6 +91,9 @@ OAUTH_ACCESS_TTL = 3600
 # Target from issue 14: p50(brokered over OAuth) within 10% of p50(brokered with a static credential).
 OAUTH_TARGET = 1.10
 ARGS = {"a": 2, "b": 3}
+# Every connection declares its tools read-only: an unclassified tool is denied by the gate, and the benchmark
+# would time denials instead of calls.
+READ = {"read": True}
 EXPECTED_TEXT = "5"
 # Issue 17: an OpenAPI operation (our FastAPI app's document) and a stdio MCP tool (npm server-everything), each
 # brokered and made directly in the same run; their overhead ratio is reported next to the MCP transport's.
@@ -115,6 +119,7 @@ EVENT_PAGE = 1000
 MAX_EVENT_PAGES = 200  # bounds the ledger read (200k events)
 
 
+PAUSE = [0.0]  # --pause-ms, in seconds: think time before every MCP call (not timed)
 KEPT = "direct-kept"
 OAUTH = "brokered-oauth"
 KINDS = ("direct", "brokered", KEPT, OAUTH)
@@ -221,6 +226,8 @@ async def run_round(kind: str, t: Target, n: int, check: Check, tag: str, measur
     rnd = gb.Round(kind)
     t0 = time.perf_counter()
     for _ in range(n):
+        if PAUSE[0]:
+            await asyncio.sleep(PAUSE[0])
         if kind in ("brokered", OAUTH):
             seconds = await brokered_call(t, check, tag, measured, oauth=kind == OAUTH)
         else:
@@ -270,23 +277,48 @@ async def client_construction(verify: ssl.SSLContext | bool) -> list[float]:
 # (key, where, what): consecutive segments of one brokered call, between timestamps the stack records.
 SEGMENTS = [
     ("api_in", "API", "HTTP in, run token check, RunSpec, until the gate's transaction starts"),
-    ("gate", "API, PostgreSQL", "gate transaction (policy decision, ledger) and the execution claim registered"),
     (
-        "dispatch",
-        "API → Temporal → worker, PostgreSQL",
-        "`execute_update`, the workflow task that accepts it and starts the local `broker_call` activity; "
-        "claim, binding and credential read; claim taken",
+        "gate",
+        "API ↔ PostgreSQL",
+        "gate transaction (policy decision, approval row, ledger), the execution claim registered",
     ),
-    ("pre_call", "worker", "between the claim and the MCP call"),
-    ("upstream", "worker → MCP server", "`latency_ms`: URL admit, MCP session + `tools/call`"),
     (
-        "return",
-        "worker, PostgreSQL → Temporal → API",
-        "settle transaction (claim, `tool.brokered`), the workflow task completes the update, the result "
-        "reaches the API, claim re-read, response",
+        "update_in",
+        "API → Temporal → worker",
+        "`execute_update` until the worker starts the workflow task that runs the update (update RPC, task "
+        "dispatch, poll)",
+    ),
+    (
+        "worker_in",
+        "worker ↔ PostgreSQL",
+        "that workflow task: the update handler starts the local `broker_call`; dispatch view (claim, binding, "
+        "credential) read, unseal, claim taken",
+    ),
+    ("pre_call", "worker", "between the claim and the upstream call"),
+    ("upstream", "worker → upstream", "`latency_ms`: URL admit, the call (MCP `tools/call` on a kept session)"),
+    (
+        "update_out",
+        "worker ↔ PostgreSQL → Temporal",
+        "settle (claim + `tool.brokered`, NOTIFY at commit), the local activity's result back in the workflow, "
+        "the workflow task completed with the update's outcome",
+    ),
+    (
+        "api_out",
+        "Temporal → API ↔ PostgreSQL",
+        "Temporal records the completed task and answers `execute_update`; claim re-read, HTTP response",
     ),
 ]
-TEMPORAL_SEGMENTS = ("dispatch", "return")
+# The four groups the issue asks about: every segment belongs to one.
+GROUPS = {
+    "API + gate (HTTP, token, gate transaction, claim registration)": ("api_in", "gate"),
+    "Temporal update leg (update RPC, task dispatch and poll; task completion recorded, outcome to the API)": (
+        "update_in",
+        "api_out",
+    ),
+    "worker before the call (dispatch view, unseal, claim taken)": ("worker_in", "pre_call"),
+    "upstream call": ("upstream",),
+    "settle and the local activity's return into the workflow task": ("update_out",),
+}
 
 
 def _ts(value: Any) -> float:
@@ -408,17 +440,23 @@ def breakdown(
         g, b, row = requested.get(s.tool_call_id), brokered.get(s.tool_call_id), rows.get(s.tool_call_id)
         if g is None or b is None or row is None or row["claimed_at"] is None or row["settled_at"] is None:
             continue
-        matched += 1
         reg, took, settled = row["created_at"].timestamp(), row["claimed_at"].timestamp(), row["settled_at"].timestamp()
         lat = float(b["latency_ms"]) / 1000.0
+        h = hist.times.get(s.tool_call_id, {})
+        wft_started, wft_completed = h.get("wft1_started"), h.get("wft2_completed")
+        if wft_started is None or wft_completed is None:
+            continue
         points = {
             "api_in": (s.sent, g),
             "gate": (g, reg),
-            "dispatch": (reg, took),
+            "update_in": (reg, wft_started),
+            "worker_in": (wft_started, took),
             "pre_call": (took, settled - lat),
             "upstream": (settled - lat, settled),
-            "return": (settled, s.received),
+            "update_out": (settled, wft_completed),
+            "api_out": (wft_completed, s.received),
         }
+        matched += 1
         tag = s.tool_call_id.split("-")[1]  # bench-<round tag>-<n>
         per = by_round.setdefault(tag, {k: [] for k, _, _ in SEGMENTS})
         for key, (start, end) in points.items():
@@ -453,7 +491,9 @@ def stack_env() -> dict[str, str]:
 
 async def connect_oauth(api: httpx.AsyncClient, auth: AuthorizationServer, osrv: RunningServer) -> None:
     """An OAuth connection to ``osrv``, signed in over HTTP at oidc-provider (its own sign-in form)."""
-    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": osrv.url, "auth_kind": "oauth"})
+    r = await api.post(
+        "/v1/connections", json={"provider": "mcp_http", "base_url": osrv.url, "auth_kind": "oauth", "access": READ}
+    )
     if r.status_code != 200:
         raise gb.BenchError(f"creating the OAuth connection failed: HTTP {r.status_code} {r.text[:300]}")
     r = await api.post(f"/v1/connections/{r.json()['connection']['id']}/oauth/start")
@@ -475,7 +515,9 @@ async def setup_run(
     extra: list[dict[str, Any]] | None = None,
 ) -> tuple[str, str]:
     """Connect the server, create the agent, start the run; returns (run id, snapshot protocol version)."""
-    r = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": credential})
+    r = await api.post(
+        "/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": credential, "access": READ}
+    )
     if r.status_code != 200:
         raise gb.BenchError(f"connecting the MCP server failed: HTTP {r.status_code} {r.text[:300]}")
     snapshot = r.json()["snapshot"]
@@ -527,14 +569,14 @@ async def connect_transports(api: httpx.AsyncClient, app: RunningApp, credential
     """Connect the OpenAPI app and server-everything over stdio; the requirements that bind them."""
     r = await api.post(
         "/v1/connections",
-        json={"transport": "openapi", "base_url": app.url, "token": credential,
+        json={"transport": "openapi", "base_url": app.url, "token": credential, "access": READ,
               "transport_config": {"document_url": app.url + "/openapi.json"}},
     )  # fmt: skip
     if r.status_code != 200:
         raise gb.BenchError(f"connecting the OpenAPI app failed: HTTP {r.status_code} {r.text[:300]}")
     r = await api.post(
         "/v1/connections",
-        json={"transport": "stdio", "display_name": "bench-everything",
+        json={"transport": "stdio", "display_name": "bench-everything", "access": READ,
               "transport_config": {"command": "node", "args": [str(EVERYTHING), "stdio"]}},
     )  # fmt: skip
     if r.status_code != 200:
@@ -583,7 +625,7 @@ async def transport_call(t: TransportTarget, kind: str, tag: str) -> float | Non
     if kind.startswith("openapi"):
         resp = await t.http.get(
             f"/stores/{API_ARGS['store']}/items/{API_ARGS['item_id']}",
-            headers={"authorization": f"Bearer {t.credential}"},
+            headers={"authorization": f"Bearer {t.credential}", "x-bench": "direct"},
         )
         seconds = time.perf_counter() - t0
         good = resp.status_code == 200
@@ -628,6 +670,10 @@ def render_transports(rounds: list[gb.Round], mcp: tuple[float, float, float], t
 
     b50, d50, k50 = mcp
     check, seen = t.check, t.app.seen.count("/stores/")
+    items = [r for r in t.app.seen.requests if r["path"].startswith("/stores/")]
+    brokered = [r for r in items if r["headers"].get("x-bench") != "direct"]
+    brokered_requests, brokered_peers = len(brokered), len({r.get("peer") for r in brokered})
+    direct_peers = len({r.get("peer") for r in items if r["headers"].get("x-bench") == "direct"})
     api_calls = t.counts.get("openapi-brokered", 0) + t.counts.get("openapi-direct", 0)
     lines = [
         "",
@@ -664,8 +710,10 @@ def render_transports(rounds: list[gb.Round], mcp: tuple[float, float, float], t
         "activity, settle) over the direct call, and these direct calls are cheap (loopback HTTP with a kept "
         "connection, an in-process stdio pipe), so it is large; in added milliseconds per call the two transports "
         f"cost +{added['openapi']:.1f} ms (OpenAPI) and +{added['stdio']:.1f} ms (stdio) against +{b50 - k50:.1f} ms "
-        "for MCP over HTTP in the same run. The broker opens one pinned TCP connection per OpenAPI call (the direct "
-        "client keeps its own) and pings a reused stdio process once before each call (proof it is alive).",
+        "for MCP over HTTP in the same run. The broker keeps a pinned client per OpenAPI connection while "
+        "admission keeps vetting the same addresses (closed after 2 s idle): the app saw "
+        f"{brokered_peers} TCP connection(s) for the {brokered_requests} brokered requests (the direct client "
+        f"{direct_peers}); it pings a reused stdio process once before each call (proof it is alive).",
         "",
         f"Correctness: {check.brokered_ok} of {check.brokered} brokered and {check.direct_ok} of {check.direct} "
         f"direct answers right (warm-up included); the app received {seen} requests for "
@@ -673,6 +721,123 @@ def render_transports(rounds: list[gb.Round], mcp: tuple[float, float, float], t
         f"average when the rounds ended: {os.getloadavg()[0]:.1f} on {len(os.sched_getaffinity(0))} CPUs.",
     ]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# PostgreSQL statements per brokered call
+
+PROFILE_CALLS = 20
+_DURATION = re.compile(r"^(\S+ \S+) \S+ \[\d+\] LOG:  duration: ([0-9.]+) ms  (?:execute [^:]*|statement): (.*)")
+CLAIM_READ = "SELECT * FROM tool_execution_claims WHERE session_id = $1 AND tool_call_id = $2 AND input_digest"
+
+
+@dataclass
+class Statements:
+    """What PostgreSQL executed for ``calls`` brokered calls, less an idle window as long (background work)."""
+
+    calls: int
+    during: list[tuple[float, str]]  # (server ms, statement text) while the calls ran
+    idle: list[tuple[float, str]]  # the same, over an equally long idle window after them
+    rereads: list[float] = field(default_factory=list)  # when each claim read ended (wall clock, from the log)
+    delivered: list[float] = field(default_factory=list)  # update completed (history) → claim re-read, seconds
+    answered: list[float] = field(default_factory=list)  # claim re-read → the client has the response, seconds
+
+    def per_call(self) -> float:
+        return (len(self.during) - len(self.idle)) / self.calls
+
+    def server_ms(self) -> float:
+        return (sum(ms for ms, _ in self.during) - sum(ms for ms, _ in self.idle)) / self.calls
+
+    def render(self) -> list[str]:
+        kinds: dict[str, list[float]] = {}
+        for ms, text in self.during:
+            kinds.setdefault(_kind(text), []).append(ms)
+        for _, text in self.idle:
+            kinds.setdefault(_kind(text), []).append(0.0)
+            kinds[_kind(text)].pop()
+        rows = sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+        out = [
+            "#### PostgreSQL statements per brokered call",
+            "",
+            f"`log_min_duration_statement = 0` for {self.calls} more brokered calls (not measured above), then for "
+            f"an idle window as long, subtracted (heartbeats, listeners): **{self.per_call():.1f} statements "
+            f"(round trips) per call**, {self.server_ms():.2f} ms of server-side execution per call. Each round "
+            "trip also costs a loopback exchange and a pool acquire in the API or worker process, which is "
+            "where most of the database's share of the segments above goes.",
+            "",
+            "| statement | per call | server ms per call |",
+            "|---|---:|---:|",
+        ]
+        tail = (
+            [
+                "",
+                "The return path split with the log's timestamp of each call's claim re-read (the API's first "
+                "statement once `execute_update` returned), for these calls: settle started → the API re-read the "
+                "claim, p50 "
+                f"**{pct(self.delivered, 50):.1f} ms** (p99 {pct(self.delivered, 99):.1f}); → the client has the "
+                "response, "
+                f"p50 {pct(self.answered, 50):.1f} ms "
+                f"(p99 {pct(self.answered, 99):.1f}).",
+            ]
+            if self.delivered
+            else []
+        )
+        for kind, xs in rows:
+            if len(xs) >= self.calls // 2:
+                out.append(f"| `{kind}` | {len(xs) / self.calls:.1f} | {sum(xs) / self.calls:.2f} |")
+        return out + tail
+
+
+def _kind(text: str) -> str:
+    words = " ".join(text.split())
+    return (words[:90] + "…") if len(words) > 90 else words
+
+
+async def statement_profile(database_url: str, call: Any) -> Statements:
+    """Count what PostgreSQL runs for ``PROFILE_CALLS`` calls of ``call()``, from its own log."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            log = Path(str(await conn.fetchval("SHOW data_directory"))) / "log"
+            await conn.execute("ALTER SYSTEM SET log_min_duration_statement = 0")
+            await conn.execute("ALTER SYSTEM SET log_timezone = 'UTC'")
+            await conn.execute("SELECT pg_reload_conf()")
+        await asyncio.sleep(1.0)  # every backend applies the reload at its next command
+        start = log.stat().st_size
+        t0 = time.monotonic()
+        for _ in range(PROFILE_CALLS):
+            await call()
+        middle = log.stat().st_size
+        await asyncio.sleep(time.monotonic() - t0)
+        end = log.stat().st_size
+        async with pool.acquire() as conn:
+            await conn.execute("ALTER SYSTEM RESET log_min_duration_statement")
+            await conn.execute("ALTER SYSTEM RESET log_timezone")
+            await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await pool.close()
+    with log.open("rb") as f:
+        f.seek(start)
+        during = f.read(middle - start).decode(errors="replace")
+        idle = f.read(end - middle).decode(errors="replace")
+    stamped = _statements(during)
+    reads = [at for at, _, text in stamped if " ".join(text.split()).startswith(CLAIM_READ)]
+    return Statements(
+        PROFILE_CALLS, [(ms, t) for _, ms, t in stamped], [(ms, t) for _, ms, t in _statements(idle)], reads
+    )
+
+
+def _statements(text: str) -> list[tuple[float, float, str]]:
+    """(wall clock at the log line, server ms, statement text) per logged statement."""
+    out: list[tuple[float, float, str]] = []
+    for line in text.splitlines():
+        m = _DURATION.search(line)
+        if m:
+            at = dt.datetime.strptime(m.group(1) + "+0000", "%Y-%m-%d %H:%M:%S.%f%z").timestamp()
+            out.append((at, float(m.group(2)), m.group(3)))
+        elif out and line.startswith(("\t", " ")):
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + " " + line.strip())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -691,6 +856,8 @@ class Outcome:
     client_shared: list[float]  # the same with a prebuilt SSL context
     oauth_calls: int = 0  # tools/call requests the OAuth-backed server counted
     oauth_refreshes: int = 0  # refresh_token grants oidc-provider saw during the measurement
+    statements: Statements | None = None  # PostgreSQL statements per brokered call
+    load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # os.getloadavg() when the MCP rounds ended
 
     def pooled(self, kind: str) -> list[float]:
         return [x for r in self.rounds if r.kind == kind for x in r.latencies]
@@ -709,7 +876,8 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         "## Brokered MCP call vs a direct MCP client call",
         "",
         f"Run {now}; `nproc` {len(os.sched_getaffinity(0))}, Python {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}.",
+        f"{platform.system()} {platform.release()}; load average (1/5/15 min) when the MCP rounds ended "
+        f"{'/'.join(f'{x:.1f}' for x in out.load)} (the machine is shared; other jobs ran meanwhile).",
         "`bench/broker.py` connects a real MCP server (`basic()` of `tests/mcp_servers.py`: the mcp SDK's "
         "Streamable HTTP app under uvicorn, in a background thread of the benchmark process, on loopback) "
         f"and binds one idle replay run to it (slot `{SLOT}`, required tool `{TOOL}`, a policy allowing "
@@ -770,8 +938,8 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         "Consecutive segments of each measured brokered call, between timestamps the stack records anyway: "
         "the client's send and receive times, the `tool.requested` event (the gate's transaction start), the "
         "execution claim's `created_at` / `claimed_at` / `settled_at`, the `tool.brokered` event's `latency_ms` "
-        "(whole ms, truncated) and the run's workflow history (event times of the two workflow tasks, the "
-        "activity's completion), read once after the measurement. The client, PostgreSQL's `now()` and the "
+        "(whole ms, truncated) and the run's workflow history (event times of the workflow task that ran each "
+        "update), read once after the measurement. The client, PostgreSQL's `now()` and the "
         "Temporal server read the same clock. Medians per segment; they need not add up to the p50 of the whole.",
         "",
         "| segment | where | p50 (ms) | p99 (ms) | share of the p50 sum |",
@@ -785,19 +953,26 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
             lines.append(f"| {label} | {where} | {medians[key]:.1f} | {pct(xs, 99):.1f} | {medians[key] / total:.0%} |")
     lines.append(f"| sum of the medians | | {total:.1f} | | |")
     if medians:
-        temporal = sum(medians.get(k, 0.0) for k in TEMPORAL_SEGMENTS)
-        upstream = medians.get("upstream", 0.0)
-        rest = total - temporal - upstream
         per_call = sp.history_events / max(out.check.brokered, 1)
         lines += [
             "",
-            f"In short: the upstream call inside the local activity, p50 {upstream:.1f} ms, against {d50:.1f} ms "
-            "for the same call made directly; the dispatch and return legs (the update, the workflow task running "
-            "the local `broker_call` activity with its database reads, the settle transaction, the outcome back "
-            f"to the API), {temporal:.1f} ms ({temporal / total:.0%}); everything else (HTTP, run token, gate, "
-            f"claim registration), {rest:.1f} ms ({rest / total:.0%}). The workflow history of the run grew to "
-            f"{sp.history_events} events, {per_call:.1f} per brokered call.",
+            "Grouped (sums of the segment medians, and each group's share of the brokered p50 "
+            f"{b50:.1f} ms; the ratio column is the group over the kept-open direct p50 {k50:.1f} ms):",
+            "",
+            "| group | p50 (ms) | share of brokered p50 | × direct-kept p50 |",
+            "|---|---:|---:|---:|",
         ]
+        for label, keys in GROUPS.items():
+            ms = sum(medians.get(key, 0.0) for key in keys)
+            lines.append(f"| {label} | {ms:.1f} | {ms / b50:.0%} | {ms / k50:.2f}x |")
+        lines += [
+            "",
+            f"The workflow history of the run grew to {sp.history_events} events, {per_call:.1f} per brokered call "
+            "(one workflow task per update: scheduled, started, completed, update accepted, the local activity's "
+            "marker, update completed).",
+        ]
+    if out.statements is not None:
+        lines += ["", *out.statements.render()]
     new50, shared50 = pct(out.client_new, 50), pct(out.client_shared, 50)
     lines += [
         "",
@@ -883,6 +1058,12 @@ async def bench(args: argparse.Namespace) -> int:
             check = Check()
             await auth.clear_requests()
             rounds = await measure(target, args, check)
+            load = os.getloadavg()
+            say(f"• PostgreSQL statements of {PROFILE_CALLS} more brokered calls")
+            statements = await statement_profile(
+                stack.database_url or "", lambda: brokered_call(target, check, "db", measured=False)
+            )
+            say(f"  {statements.per_call():.1f} statements per call, {statements.server_ms():.2f} ms server-side")
             server_calls, server_executions = srv.call_count(TOOL), srv.executions.count(TOOL)
             oauth_calls = osrv.call_count(TOOL)
             refreshes = sum(1 for q in await auth.requests() if q["route"] == "token")
@@ -892,8 +1073,19 @@ async def bench(args: argparse.Namespace) -> int:
             rows = await claims(stack.database_url or "", run_id)
             hist = await workflow_history(stack.temporal_address or "", run_id)
             split = breakdown(target.samples, evs, rows, hist)
+            for sample in (x for x in target.samples if x.tool_call_id.split("-")[1] == "db"):
+                row = rows.get(sample.tool_call_id)
+                if row is None or row["settled_at"] is None:
+                    continue
+                settled = row["settled_at"].timestamp()
+                # The read that answered: the call's last claim read, after its settle (the log has ms precision).
+                reads = [at for at in statements.rereads if settled - 0.001 <= at <= sample.received]
+                if reads:
+                    reread = reads[-1]
+                    statements.delivered.append(reread - settled)
+                    statements.answered.append(sample.received - reread)
             out = Outcome(rounds, check, server_calls, server_executions, split, protocol, client_new, client_shared,
-                          oauth_calls, refreshes)  # fmt: skip
+                          oauth_calls, refreshes, statements, load)  # fmt: skip
 
             # The other transports after the MCP figures are read (their calls would be counted in its ledger).
             direct_http = await exits.enter_async_context(httpx.AsyncClient(base_url=app.url, timeout=60))
@@ -978,7 +1170,9 @@ def main(argv: list[str] | None = None) -> int:
         help="update docs/benchmarks.md (the default, except with --quick)",
     )
     p.add_argument("--no-write", dest="write", action="store_false", help="do not update docs/benchmarks.md")
+    p.add_argument("--pause-ms", type=float, default=0.0, help="idle time before every MCP call (default 0)")
     args = p.parse_args(argv)
+    PAUSE[0] = args.pause_ms / 1000.0
     if args.quick:
         args.calls, args.rounds, args.warmup = 40, 2, 3
     if args.write is None:

@@ -8,7 +8,9 @@ The first two steps need the database and run in the API's transaction; this mod
 
 from __future__ import annotations
 
+import json
 import re
+from functools import lru_cache
 from typing import Any, Literal
 
 import jsonschema
@@ -135,24 +137,38 @@ def _local_refs_only(value: Any) -> bool:
     return True
 
 
+SCHEMA_CACHE_SIZE = 128
+INVALID_SCHEMA = "frozen schema invalid — refresh the snapshot"
+
+
+@lru_cache(maxsize=SCHEMA_CACHE_SIZE)
+def _compiled(text: str) -> Any:
+    """The checked validator of one frozen schema, by its canonical JSON text (so two equal schemas share one
+    and a different schema never reuses another's); None when the schema itself is unusable. Compiling and
+    meta-checking a schema costs far more than validating one small input, and a run calls the same few tools."""
+    schema = json.loads(text)
+    if not isinstance(schema, dict) or _depth(schema) > MAX_SCHEMA_DEPTH or not _local_refs_only(schema):
+        return None
+    try:
+        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        validator_cls.check_schema(schema)
+    except (jsonschema.SchemaError, RecursionError):
+        return None
+    return validator_cls(schema)
+
+
 def schema_problems(schema: Any, tool_input: dict[str, Any]) -> str | None:
     """Why ``tool_input`` breaks the frozen schema, or None. Guards size, depth and remote refs."""
     if schema is None:
         return None
     text = canonical_json(schema)
-    if (
-        not isinstance(schema, dict)
-        or len(text) > MAX_SCHEMA_BYTES
-        or _depth(schema) > MAX_SCHEMA_DEPTH
-        or not _local_refs_only(schema)
-    ):
-        return "frozen schema invalid — refresh the snapshot"
+    validator = _compiled(text) if len(text) <= MAX_SCHEMA_BYTES else None
+    if validator is None:
+        return INVALID_SCHEMA
     try:
-        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        validator_cls.check_schema(schema)
-        errors = sorted(validator_cls(schema).iter_errors(tool_input), key=lambda e: list(e.absolute_path))
+        errors = sorted(validator.iter_errors(tool_input), key=lambda e: list(e.absolute_path))
     except (jsonschema.SchemaError, jsonschema.exceptions.RefResolutionError, RecursionError):
-        return "frozen schema invalid — refresh the snapshot"
+        return INVALID_SCHEMA
     if not errors:
         return None
     pointers = sorted({"/" + "/".join(str(p) for p in e.absolute_path) for e in errors})

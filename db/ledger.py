@@ -10,7 +10,7 @@ import asyncpg
 
 from core import events as ev
 from core.redaction import Redactor
-from db._base import Conn, ReadModel, Repository
+from db._base import Conn, ReadModel, Repository, Row, as_row
 from db.ids import new_id
 
 NOTIFY_CHANNEL = "fluidbox_events"
@@ -66,6 +66,57 @@ class Ledger(Repository):
             NOTIFY_CHANNEL,
         )
         return int(last)
+
+    async def settle_claim(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        digest: str,
+        state: str,
+        result: dict[str, Any] | None,
+        error: str | None,
+        event: ev.NewEvent,
+    ) -> Row | None:
+        """Settle a brokered call in one statement (one round trip, atomic without a transaction block): its
+        claim ``claimed`` → ``state`` with the result, and ``event`` (its single ``tool.brokered``, or the
+        refusal's decision) appended under the run's row lock, NOTIFY at commit. Only a claim still ``claimed``
+        moves and only then is the event written; the claim's row is returned either way (as it now stands), or
+        None when there is no such claim."""
+        doc = {"id": new_id(), "actor": event.actor, "type": event.type,
+               "payload": self.redactor.redact(event.payload()).value}  # fmt: skip
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                """
+                WITH c AS (
+                    UPDATE tool_execution_claims SET state = $4, result = $5, error = $6, settled_at = now()
+                    WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3 AND state = 'claimed'
+                    RETURNING *
+                ), s AS (
+                    UPDATE sessions SET event_seq = event_seq + 1 WHERE id = $1 AND EXISTS (SELECT 1 FROM c)
+                    RETURNING event_seq
+                ), e AS (
+                    INSERT INTO events (event_id, session_id, seq, actor, type, payload)
+                    SELECT ($7::jsonb->>'id')::uuid, $1, s.event_seq, $7::jsonb->>'actor', $7::jsonb->>'type',
+                           $7::jsonb->'payload'
+                    FROM s
+                ), n AS (
+                    SELECT pg_notify($8, $1::text || ':' || s.event_seq) FROM s
+                )
+                SELECT c.* FROM c, (SELECT count(*) FROM n) AS notified
+                UNION ALL
+                SELECT t.* FROM tool_execution_claims t
+                WHERE t.session_id = $1 AND t.tool_call_id = $2 AND t.input_digest = $3 AND NOT EXISTS (SELECT 1 FROM c)
+                """,
+                uuid.UUID(run_id),
+                tool_call_id,
+                digest,
+                state,
+                result,
+                error,
+                doc,
+                NOTIFY_CHANNEL,
+            )
+        return as_row(row)
 
     async def append_events(self, run_id: str, new: list[ev.NewEvent]) -> int:
         async with self.pool.acquire() as conn, conn.transaction():

@@ -18,19 +18,30 @@ Errors::
     httpx2.TransportError
     ├── PinViolation           a request left the pinned origin (nothing resolved, nothing sent)
     └── httpx2.ConnectError    no admitted address accepted the connection (nothing sent)
+
+:class:`PinnedClients` keeps one pinned client per connection between calls (its TCP/TLS connections stay
+open), and hands it out again only when admission, run again for the new call, vetted exactly the addresses
+the client is pinned to: a host whose DNS answer changed gets a fresh client pinned to the new answer, so a
+kept client can never carry a request to an address the latest admission did not check. A client idle for
+``idle_secs`` is closed, and :meth:`PinnedClients.aclose` closes them all (process shutdown).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import ssl
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from types import TracebackType
 
 import httpx2
 
 from integrations.urls import AdmittedUrl
 
-__all__ = ["PinViolation", "PinnedTransport"]
+__all__ = ["PinViolation", "PinnedClients", "PinnedTransport"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -129,3 +140,85 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _pin_of(admitted: AdmittedUrl) -> tuple[str, str, int, frozenset[str]]:
+    """What a kept client is pinned to: the origin and the set of vetted addresses."""
+    return admitted.scheme, admitted.host, admitted.port, frozenset(str(a) for a in admitted.addresses)
+
+
+@dataclass(eq=False)
+class _Kept:
+    pin: tuple[str, str, int, frozenset[str]]
+    client: httpx2.AsyncClient
+    users: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    retired: bool = False  # replaced or expired: closed once its last user is done
+    timer: asyncio.TimerHandle | None = None
+
+
+class PinnedClients:
+    """``httpx2`` clients kept between calls, one per key (a connection) and admitted address set."""
+
+    def __init__(self, factory: Callable[[AdmittedUrl], httpx2.AsyncClient], *, idle_secs: float = 2.0) -> None:
+        """``factory(admitted)`` builds a client whose transport is a :class:`PinnedTransport` of ``admitted``."""
+        self._factory = factory
+        self.idle_secs = idle_secs
+        self._kept: dict[str, _Kept] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    @asynccontextmanager
+    async def client(self, key: str, admitted: AdmittedUrl) -> AsyncIterator[httpx2.AsyncClient]:
+        """The kept client for ``key`` if it is pinned to exactly ``admitted``'s origin and addresses; otherwise a
+        new one, kept in its place (the old one closes once no call uses it)."""
+        pin = _pin_of(admitted)
+        kept = self._kept.get(key)
+        if kept is None or kept.pin != pin:
+            if kept is not None:
+                self._retire(key, kept)
+            kept = _Kept(pin, self._factory(admitted))
+            self._kept[key] = kept
+        if kept.timer is not None:
+            kept.timer.cancel()
+            kept.timer = None
+        kept.users += 1
+        try:
+            yield kept.client
+        finally:
+            kept.users -= 1
+            kept.last_used = time.monotonic()
+            if kept.users == 0:
+                if kept.retired:
+                    self._close_soon(kept)
+                else:
+                    kept.timer = asyncio.get_running_loop().call_later(self.idle_secs, self._expire, key, kept)
+
+    def _expire(self, key: str, kept: _Kept) -> None:
+        kept.timer = None
+        if kept.users == 0 and self._kept.get(key) is kept:
+            self._retire(key, kept)
+
+    def _retire(self, key: str, kept: _Kept) -> None:
+        if self._kept.get(key) is kept:
+            del self._kept[key]
+        kept.retired = True
+        if kept.timer is not None:
+            kept.timer.cancel()
+            kept.timer = None
+        if kept.users == 0:
+            self._close_soon(kept)
+
+    def _close_soon(self, kept: _Kept) -> None:
+        task = asyncio.get_running_loop().create_task(kept.client.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def aclose(self) -> None:
+        """Close every kept client (and wait for those already closing)."""
+        for key, kept in list(self._kept.items()):
+            self._retire(key, kept)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

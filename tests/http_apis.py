@@ -71,6 +71,8 @@ def items_app(seen: Seen, guard: Any = None) -> FastAPI:
                     "query": request.url.query,
                     "headers": {k.lower(): v for k, v in request.headers.items()},
                     "body": body.decode(errors="replace"),
+                    # The client's address and port: one per TCP connection (reuse shows as a repeated peer).
+                    "peer": f"{request.client.host}:{request.client.port}" if request.client else None,
                 }
             )
         return await call_next(request)

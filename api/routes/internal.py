@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from asyncio import FIRST_COMPLETED
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
@@ -165,6 +166,16 @@ def stale_claim_event(claim: dict[str, Any]) -> ev.NewEvent:
     )
 
 
+def _maybe_stale(claim: dict[str, Any]) -> bool:
+    """Whether a ``claimed`` claim may be past its TTL. Judged by this host's clock with half the TTL to spare,
+    so a skewed clock only runs the database's own (authoritative) sweep early, never skips a stale claim."""
+    claimed_at = claim.get("claimed_at")
+    if claim["state"] != "claimed" or claimed_at is None:
+        return False
+    age: float = (datetime.now(UTC) - claimed_at).total_seconds()
+    return age > CLAIM_TTL_SECS / 2
+
+
 def _envelope(claim: dict[str, Any]) -> dict[str, Any]:
     state = claim["state"]
     if state in ("succeeded", "failed_upstream"):
@@ -254,10 +265,16 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
     if decision.decision == "deny":
         return {"ok": False, "denied": True, "message": decision.message}
     digest = input_digest(req.tool, req.input)
-    await svc.connections.expire_stale(run_id, CLAIM_TTL_SECS, stale_claim_event)
     claim = await svc.connections.register_claim(
         run_id, req.tool_call_id, digest, surface["binding_id"], req.tool, req.input
     )
+    if _maybe_stale(claim):
+        # This call's own claim has been in flight a long time (a dispatcher may have died): the database's
+        # sweep decides (by its clock), and a lost claim becomes ambiguous instead of being re-attached. Other
+        # calls' stale claims are swept when they are retried, or settled ambiguous when the run ends; a fresh
+        # call skips the sweep (a transaction of three round trips on every call otherwise).
+        await svc.connections.expire_stale(run_id, CLAIM_TTL_SECS, stale_claim_event)
+        claim = await svc.connections.claim(run_id, req.tool_call_id, digest) or claim
     if claim["state"] in ("registered", "failed_before_send", "claimed") and claim["attempts"] < MAX_ATTEMPTS:
         # The attempt number is in the update id: a duplicate re-attaches to the same execution,
         # and only a proven pre-send failure ever gets a fresh one.

@@ -10,7 +10,8 @@ A recipe (photographed with the tool, so a run sends exactly what it froze)::
 Order for every call: the arguments are validated against the frozen input schema (nothing is sent when they
 break it) → the request is built (path values percent-encoded one segment each; an argument can never set a
 header or query parameter that carries the credential) → the base URL is admitted again and the request
-connects only to the vetted addresses (no redirects, no proxies from the environment) → the answer is read up
+connects only to the vetted addresses (no redirects, no proxies from the environment; the connection's kept
+client is reused only while it is pinned to exactly the addresses this admission vetted) → the answer is read up
 to ``max_response_bytes`` → the result keeps the status, the allowed response headers and the (possibly
 truncated) body.
 
@@ -22,6 +23,8 @@ after sending → ``ambiguous`` (never retried).
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import quote
 
@@ -29,10 +32,10 @@ import httpx2
 
 from core.gate import schema_problems
 from integrations.mcp_client import CallOutcome, _describe, _tls_context
-from integrations.pinning import PinnedTransport, PinViolation
+from integrations.pinning import PinnedClients, PinnedTransport, PinViolation
 from integrations.transports import TransportConnection, TransportDeps
 from integrations.transports._auth import auth_definition, credential_parts, reserved_names
-from integrations.urls import UrlRefused
+from integrations.urls import AdmittedUrl, UrlRefused
 
 # Response headers a tool result may carry; anything else (cookies, auth challenges, server internals) is dropped.
 ALLOWED_RESPONSE_HEADERS = frozenset(
@@ -44,6 +47,7 @@ ALLOWED_RESPONSE_HEADERS = frozenset(
 )  # fmt: skip
 NEVER_RESPONSE_HEADERS = frozenset({"set-cookie", "authorization", "www-authenticate", "proxy-authenticate"})
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+KEEP_IDLE_SECS = 2.0  # a connection's client (and its open TCP/TLS connections) outlives its last call this long
 
 
 def config_problem(config: dict[str, Any]) -> str | None:
@@ -122,6 +126,20 @@ def build(conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, 
     return request
 
 
+@asynccontextmanager
+async def _use(
+    deps: TransportDeps, conn: TransportConnection, admitted: AdmittedUrl, clients: PinnedClients | None
+) -> AsyncIterator[httpx2.AsyncClient]:
+    """The connection's kept client when ``clients`` is given (key: connection id and its authorization
+    generation), else a client for this one call."""
+    if clients is None:
+        async with _client(deps, admitted) as client:
+            yield client
+        return
+    async with clients.client(f"{conn.id}:{conn.generation}", admitted) as client:
+        yield client
+
+
 def _decode(raw: bytes, content_type: str, truncated: bool) -> Any:
     text = raw.decode("utf-8", errors="replace")
     if not truncated and "json" in content_type.lower() and text.strip():
@@ -143,8 +161,27 @@ def _result(status: int, headers: httpx2.Headers, raw: bytes, truncated: bool, e
     return {"content": [{"type": "text", "text": text}], "is_error": status >= 400, "structured_content": structured}
 
 
+def _client(deps: TransportDeps, admitted: AdmittedUrl) -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(
+        timeout=httpx2.Timeout(deps.timeout),
+        follow_redirects=False,
+        trust_env=False,
+        verify=_tls_context(),
+        transport=PinnedTransport(admitted, verify=_tls_context()),
+    )
+
+
+def kept_clients(deps: TransportDeps, idle_secs: float = KEEP_IDLE_SECS) -> PinnedClients:
+    """The clients a provider keeps between calls (one per connection and admitted address set)."""
+    return PinnedClients(lambda admitted: _client(deps, admitted), idle_secs=idle_secs)
+
+
 async def send(
-    deps: TransportDeps, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
+    deps: TransportDeps,
+    conn: TransportConnection,
+    tool: dict[str, Any],
+    arguments: dict[str, Any],
+    clients: PinnedClients | None = None,
 ) -> CallOutcome:
     """Validate, build, admit and send one request; classify the outcome (never raises for upstream trouble)."""
     name = str(tool.get("name"))
@@ -161,16 +198,9 @@ async def send(
     cap = int(conn.config.get("max_response_bytes") or deps.max_response_bytes)
     cap = min(cap, deps.max_response_bytes)
     extra = frozenset(h.lower() for h in conn.config.get("response_headers", []) if isinstance(h, str))
-    client = httpx2.AsyncClient(
-        timeout=httpx2.Timeout(deps.timeout),
-        follow_redirects=False,
-        trust_env=False,
-        verify=_tls_context(),
-        transport=PinnedTransport(admitted, verify=_tls_context()),
-    )
     sent = False
     try:
-        async with client:
+        async with _use(deps, conn, admitted, clients) as client:
             request = client.build_request(**built)
             sent = True
             response = await client.send(request, stream=True)

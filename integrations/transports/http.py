@@ -83,6 +83,7 @@ class HttpProvider:
 
     def __init__(self, deps: TransportDeps) -> None:
         self.deps = deps
+        self.clients = _http.kept_clients(deps)  # a pinned client per connection, kept between calls
 
     async def list_tools(self, conn: TransportConnection) -> Photograph:
         tools = endpoint_tools(conn.config)
@@ -91,10 +92,11 @@ class HttpProvider:
     async def call_tool(
         self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
     ) -> CallOutcome:
-        return await _http.send(self.deps, conn, tool, arguments)
+        return await _http.send(self.deps, conn, tool, arguments, self.clients)
 
     async def close(self) -> None:
-        """Nothing is kept open between calls."""
+        """Close the kept clients (and their connections)."""
+        await self.clients.aclose()
 
 
 __all__ = ["HttpProvider", "endpoint_tools"]

@@ -258,6 +258,7 @@ class OpenApiProvider:
 
     def __init__(self, deps: TransportDeps) -> None:
         self.deps = deps
+        self.clients = _http.kept_clients(deps)  # a pinned client per connection, kept between calls
 
     async def document(self, config: dict[str, Any]) -> dict[str, Any]:
         if config.get("document") is not None:
@@ -275,7 +276,8 @@ class OpenApiProvider:
     async def call_tool(
         self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
     ) -> CallOutcome:
-        return await _http.send(self.deps, conn, tool, arguments)
+        return await _http.send(self.deps, conn, tool, arguments, self.clients)
 
     async def close(self) -> None:
-        """Nothing is kept open between calls."""
+        """Close the kept clients (and their connections)."""
+        await self.clients.aclose()

@@ -55,3 +55,22 @@ def test_a_tool_without_a_schema_skips_the_step_and_an_unfrozen_tool_never_reach
     assert decide(spec_with(None), "mcp__tracker__create_issue", {"any": 1}, registered_calls=1).verdict == "allow"
     d = decide(spec_with(SCHEMA), "mcp__tracker__delete_everything", {}, registered_calls=1)
     assert (d.verdict, d.source) == ("deny", "capability")
+
+
+def test_each_schema_is_judged_on_its_own_after_another_was_checked() -> None:
+    counted = {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]}
+    tool = "mcp__tracker__create_issue"
+    # In turns, so each check follows one against the other schema (and its compiled validator).
+    for _ in range(2):
+        assert decide(spec_with(SCHEMA), tool, {"title": "bug"}, registered_calls=1).verdict == "allow"
+        d = decide(spec_with(counted), tool, {"title": "bug"}, registered_calls=1)
+        assert (d.verdict, d.reason) == ("deny", "arguments rejected by frozen schema: /")
+        assert decide(spec_with(counted), tool, {"count": 3}, registered_calls=1).verdict == "allow"
+        d = decide(spec_with(SCHEMA), tool, {"count": 3}, registered_calls=1)
+        assert (d.verdict, d.reason) == ("deny", "arguments rejected by frozen schema: /")
+        d = decide(spec_with(counted), tool, {"count": "three"}, registered_calls=1)
+        assert (d.verdict, d.reason) == ("deny", "arguments rejected by frozen schema: /count")
+    # An equal schema built anew (another run's snapshot, keys in another order) is judged the same way.
+    reordered = {"required": ["count"], "properties": {"count": {"type": "integer"}}, "type": "object"}
+    assert decide(spec_with(reordered), tool, {"count": "x"}, registered_calls=1).verdict == "deny"
+    assert decide(spec_with(SCHEMA), tool, {"title": "y"}, registered_calls=1).verdict == "allow"

@@ -348,6 +348,66 @@ async def test_a_claim_whose_dispatcher_died_becomes_ambiguous_and_is_never_rese
         await wait_status(api, run_id, {"cancelled"})
 
 
+async def test_settling_a_claim_records_its_outcome_and_one_redacted_event_only_once(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    """``Ledger.settle_claim``: the claim's outcome and its ``tool.brokered`` event land together (next seq,
+    redacted, NOTIFY), and only while the claim is still in flight; a second settle changes nothing."""
+    import uuid
+
+    from core import events as ev
+    from core.digests import input_digest
+    from core.redaction import Redactor
+    from db.engine import create_pool
+    from db.ledger import Ledger
+
+    secret = "upstream-secret-" + secrets.token_hex(8)
+    async with serve(basic()) as srv:
+        run_id = await idle_bound_run(api, srv.url, ["add"])
+        binding_id = (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["run_spec"]["brokered"][0][
+            "binding_id"
+        ]
+        tool, args = "mcp__calc__add", {"a": 1, "b": 2}
+        digest = input_digest(tool, args)
+        pool = await create_pool(stack.database_url or "", min_size=1, max_size=2)
+        try:
+            async with pool.acquire() as conn:  # a call the broker has claimed and is about to settle
+                await conn.execute(
+                    "INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, tool,"
+                    " input, state, attempts, claimed_at) VALUES ($1, 's-1', $2, $3, $4, $5, 'claimed', 1, now())",
+                    uuid.UUID(run_id), digest, uuid.UUID(binding_id), tool, args,
+                )  # fmt: skip
+            ledger = Ledger(pool, Redactor(extra_secrets=(secret,)))
+            before = [e["seq"] for e in await events(api, run_id)]
+            data = {"tool_call_id": "s-1", "tool": tool, "ok": True, "outcome": "succeeded", "note": secret}
+            result = {"content": [{"type": "text", "text": "3"}], "is_error": False}
+            row = await ledger.settle_claim(
+                run_id, "s-1", digest, "succeeded", result, None, ev.NewEvent(type="tool.brokered", data=data)
+            )
+            assert row is not None and (row["state"], row["result"]) == ("succeeded", result)
+            assert row["settled_at"] is not None
+            again = await ledger.settle_claim(
+                run_id, "s-1", digest, "ambiguous", None, "late", ev.NewEvent(type="tool.brokered", data=data)
+            )
+            assert again is not None and (again["state"], again["result"], again["error"]) == (
+                "succeeded",
+                result,
+                None,
+            )
+            assert await ledger.settle_claim(
+                run_id, "nope", digest, "succeeded", None, None, ev.NewEvent(type="tool.brokered", data=data)
+            ) is None  # fmt: skip
+        finally:
+            await pool.close()
+        after = await events(api, run_id)
+        settled = [e for e in after if e["type"] == "tool.brokered"]
+        assert len(settled) == 1 and settled[0]["seq"] == max(before) + 1 == max(e["seq"] for e in after)
+        assert settled[0]["payload"]["data"]["outcome"] == "succeeded"
+        assert secret not in json.dumps(after)
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})
+
+
 async def test_tools_call_refuses_a_non_brokered_tool_before_the_gate(api: httpx.AsyncClient, stack: Stack) -> None:
     async with serve(basic()) as srv:
         run_id = await idle_bound_run(api, srv.url, ["add"])

@@ -302,3 +302,52 @@ async def test_a_stdio_command_that_does_not_exist_fails_before_send(transports:
 
 
 __all__ = ["httpx"]
+
+
+async def test_calls_reuse_a_kept_connection_only_to_the_addresses_admission_just_vetted(items: RunningApp) -> None:
+    # The connection names a host whose DNS answer the test controls (a rebinding resolver): the app listens
+    # on 127.0.0.1 only, so an answer of 127.0.0.2 alone must never reach it.
+    answer = ["127.0.0.1"]
+    policy = UrlPolicy(allow_loopback=True, resolver=lambda host, port: list(answer) if host == "items.test" else [])
+    transports = Transports(TransportDeps(policy))
+    provider = transports.provider_for("openapi")
+    try:
+        photo = await provider.list_tools(openapi_conn(items))
+        get = by_name(photo.tools)["getItem"]
+        port = items.url.rsplit(":", 1)[1]
+        conn = TransportConnection(
+            id="c-rebind", transport="openapi", base_url=f"http://items.test:{port}", config={}, credential="tok-1234"
+        )
+
+        async def call(item: int) -> str:
+            out = await provider.call_tool(conn, get, {"store": "s", "item_id": item})
+            assert out.outcome == "succeeded", out.error
+            assert out.result["structured_content"]["body"]["item_id"] == item
+            seen = items.seen.requests[-1]
+            assert seen["path"] == f"/stores/s/items/{item}" and seen["headers"]["host"] == f"items.test:{port}"
+            return str(seen["peer"])
+
+        first = await call(1)
+        assert [await call(2), await call(3)] == [first, first], "the same vetted address set reuses the connection"
+
+        answer[:] = ["127.0.0.2"]  # rebinding: a kept connection to 127.0.0.1 must not carry this call
+        before = items.seen.count()
+        out = await provider.call_tool(conn, get, {"store": "s", "item_id": 4})
+        assert out.outcome == "failed_before_send" and "127.0.0.2" in (out.error or "")
+        assert items.seen.count() == before, "nothing reached the app through the old connection"
+
+        answer[:] = ["127.0.0.1", "127.0.0.3"]  # a different set (even one that includes the old address)
+        second = await call(5)
+        assert second != first
+        assert await call(6) == second
+
+        # Idle kept clients close (their connections with them); the next call opens a fresh one.
+        await eventually(lambda: _true(len(provider.clients) == 0), timeout=30, message="the kept client stayed")
+        assert await call(7) not in (first, second)
+    finally:
+        await transports.aclose()
+    assert len(provider.clients) == 0, "shutdown closes what is kept"
+
+
+async def _true(value: bool) -> bool:
+    return value
