@@ -657,10 +657,13 @@ class Connections(Repository):
         self, run_id: str, tool_call_id: str, digest: str, binding_id: str, tool: str, tool_input: dict[str, Any]
     ) -> Row:
         """The call's durable record (input kept here, never in the ledger or workflow history)."""
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                "INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, tool, input, "
-                "state) VALUES ($1,$2,$3,$4,$5,$6,'registered') ON CONFLICT DO NOTHING",
+        # One round trip: the new claim, or (a retried call) the one already registered under this digest.
+        row = as_row(
+            await self.pool.fetchrow(
+                "WITH i AS (INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, "
+                "tool, input, state) VALUES ($1,$2,$3,$4,$5,$6,'registered') ON CONFLICT DO NOTHING RETURNING *) "
+                "SELECT * FROM i UNION ALL SELECT * FROM tool_execution_claims WHERE session_id = $1 "
+                "AND tool_call_id = $2 AND input_digest = $3 AND NOT EXISTS (SELECT 1 FROM i)",
                 uuid.UUID(run_id),
                 tool_call_id,
                 digest,
@@ -668,6 +671,11 @@ class Connections(Repository):
                 tool,
                 tool_input,
             )
+        )
+        if row is not None:
+            return row
+        # A concurrent registration of the same call committed after this statement's snapshot: read it now.
+        async with self.pool.acquire() as conn:
             return await self._claim(conn, run_id, tool_call_id, digest)
 
     async def _claim(self, conn: Conn, run_id: str, tool_call_id: str, digest: str) -> Row:
@@ -730,22 +738,9 @@ class Connections(Repository):
         error: str | None,
         event: ev.NewEvent,
     ) -> Row:
-        """claimed → outcome, and the single ``tool.brokered`` event, in one transaction."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            row = as_row(
-                await conn.fetchrow(
-                    "UPDATE tool_execution_claims SET state = $4, result = $5, error = $6, settled_at = now() "
-                    "WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3 AND state = 'claimed' "
-                    "RETURNING *",
-                    uuid.UUID(run_id),
-                    tool_call_id,
-                    digest,
-                    state,
-                    result,
-                    error,
-                )
-            )
-            if row is None:
-                return await self._claim(conn, run_id, tool_call_id, digest)
-            await self.store.append(conn, run_id, [event])
-            return row
+        """claimed → outcome, and the single ``tool.brokered`` event, in one statement (see
+        :meth:`db.ledger.Ledger.settle_claim`); a claim no longer ``claimed`` is returned as it stands."""
+        row = await self.store.ledger.settle_claim(run_id, tool_call_id, digest, state, result, error, event)
+        if row is None:
+            raise NotFound()
+        return row
