@@ -395,9 +395,7 @@ async def bench(args: argparse.Namespace) -> int:
         out.all_waiting_s = time.monotonic() - t0
         out.cpu = cpu_by_part(cpu_before, processes(), stack, set(burst))
         threads_after = threads_of(worker_pid)
-        out.worker_threads = {
-            name: used - threads_before.get(name, 0.0) for name, used in threads_after.items()
-        }
+        out.worker_threads = {name: used - threads_before.get(name, 0.0) for name, used in threads_after.items()}
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes what it recorded and exits
             spy.wait(timeout=60)

@@ -267,9 +267,7 @@ async def test_an_unchanged_workspace_gives_an_empty_patch(tmp_path: Path, sourc
     assert not marker.exists()
 
 
-async def test_the_baseline_written_without_git_is_a_repository_git_checks_clean(
-    tmp_path: Path, source: Path
-) -> None:
+async def test_the_baseline_written_without_git_is_a_repository_git_checks_clean(tmp_path: Path, source: Path) -> None:
     (source / "bin").mkdir()
     (source / "bin" / "run.sh").write_text("#!/bin/sh\necho hi\n")
     (source / "bin" / "run.sh").chmod(0o755)
