@@ -87,6 +87,7 @@ class Outcome:
     all_done_s: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per part, burst start → all waiting
     worker_threads: dict[str, float] = field(default_factory=dict)  # the (first) worker's, by thread name
+    history: dict[str, int] = field(default_factory=dict)  # one burst run's history while it waits
 
 
 class Ledger:
@@ -269,6 +270,24 @@ def threads_of(pid: int) -> dict[str, float]:
     return out
 
 
+async def history_of(stack: Stack, run_id: str) -> dict[str, int]:
+    """What one waiting run's start cost Temporal: its history's events, workflow tasks and activity tasks."""
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client
+
+    from contracts import temporal as c
+
+    client = await Client.connect(stack.temporal_address or "", namespace="default")
+    events = [e async for e in client.get_workflow_handle(c.workflow_id(run_id)).fetch_history_events()]
+    kinds = [e.event_type for e in events]
+    return {
+        "events": len(kinds),
+        "workflow tasks": kinds.count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED),
+        "activity tasks": kinds.count(EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED),
+        "markers": kinds.count(EventType.EVENT_TYPE_MARKER_RECORDED),
+    }
+
+
 def mem_available_mb() -> float:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -402,6 +421,7 @@ async def bench(args: argparse.Namespace) -> int:
             say(f"  worker profile written to {args.profile}")
         say(f"  all {args.runs} waiting after {out.all_waiting_s:.1f}s")
         out.starts, out.phases = await ledger.starts(burst)
+        out.history = await history_of(stack, burst[0])
 
         pids = sandbox_pids(stack.home)
         live = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
@@ -491,6 +511,10 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         "|---|---|",
         *(f"| {part} | {used / max(out.runs, 1) * ms:.0f} ms |" for part, used in out.cpu.items()),
         f"| **all parts** | **{sum(out.cpu.values()) / max(out.runs, 1) * ms:.0f} ms** |",
+        "",
+        "One burst run's history while it waits: "
+        + ", ".join(f"{n} {what}" for what, n in out.history.items())
+        + " (markers: local activities and patches).",
         "",
         "The worker's share by thread (the Python event loop is `python`; Temporal's core runs in `tokio-runtime-*`;"
         " git and the sandbox launcher are its waited-for children):",
