@@ -34,6 +34,8 @@ SANDBOX_CAPACITY = "sandbox-capacity"
 LOCAL_APPROVAL_STEPS = "local-approval-steps"
 # workflow.patched id: a run waits for a connection (up front, or on one brokered call) instead of failing.
 PARKED_RUNS = "parked-runs"
+# workflow.patched id: a run started with no sandbox maximum takes no place (no local activity to say "claimed").
+CAPACITY_IF_LIMITED = "capacity-if-limited"
 # workflow.patched id: with no sandbox task queue of its own, provisioning is a local activity (one workflow
 # task and one activity task fewer per run start).
 LOCAL_PROVISION = "local-provision"
@@ -204,7 +206,7 @@ class RunWorkflow:
             return await self._finalize()
         if inp.parked and workflow.patched(PARKED_RUNS) and not await self._wait_for_connection():
             return await self._finalize()  # expired or cancelled while it waited; nothing was provisioned
-        if workflow.patched(SANDBOX_CAPACITY) and not await self._wait_for_capacity():
+        if workflow.patched(SANDBOX_CAPACITY) and self._limited() and not await self._wait_for_capacity():
             return await self._finalize()  # cancelled while it waited
         try:
             out = await self._provision(ref)
@@ -214,6 +216,10 @@ class RunWorkflow:
         else:
             await self._supervise()
         return await self._finalize()
+
+    def _limited(self) -> bool:
+        """Whether the run takes a sandbox place first (always, for runs recorded before it could skip it)."""
+        return self._inp.sandbox_limit or not workflow.patched(CAPACITY_IF_LIMITED)
 
     async def _provision(self, ref: c.RunRef) -> c.StatusOut:
         """Provision the sandbox: on the sandbox task queue when it has one, else in this worker.
