@@ -516,7 +516,7 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         + ", ".join(f"{n} {what}" for what, n in out.history.items())
         + " (markers: local activities and patches).",
         "",
-        "The worker's share by thread (the Python event loop is `python`; Temporal's core runs in `tokio-runtime-*`;"
+        "The worker's share by thread (the Python event loop is `python`; Temporal's core runs in `tokio-rt-worker`;"
         " git and the sandbox launcher are its waited-for children):",
         "",
         "| worker thread | CPU per run |",
