@@ -240,7 +240,7 @@ class BubblewrapProvider:
         self._limiter = limiter if limiter is not None else CgroupLimiter()
         self._sandbox_user = sandbox_user
         self._account: Account | None = None
-        self._launcher = LaunchServer()
+        self._launcher = LAUNCH_SERVER  # one per process, whatever the number of providers
         arch = machine_arch()
         self._filter = seccomp_program(arch) if syscall_filter and arch is not None else None
         if not syscall_filter:
@@ -252,7 +252,7 @@ class BubblewrapProvider:
             self._filter_note = "on"
 
     def close(self) -> None:
-        """Stop the launcher server (the worker's exit stops it too)."""
+        """Stop the process's launcher server (the next launch starts it again; the worker's exit stops it)."""
         self._launcher.close()
 
     @property
@@ -562,7 +562,7 @@ class BubblewrapProvider:
 
 
 class LaunchServer:
-    """The sandbox launcher kept running for this provider (``_launcher.py --serve``), started on first use.
+    """The sandbox launcher kept running for this process (``_launcher.py --serve``), started on first use.
 
     A burst of runs otherwise starts a Python interpreter per sandbox in the worker's name. The server is a
     child in a session of its own (a signal to the worker's process group must not kill it mid-launch, after
@@ -653,6 +653,10 @@ class LaunchServer:
     def close(self) -> None:
         with self._lock:
             self._stop()
+
+
+# Orders carry everything a launch needs, so every provider of a process shares the one server.
+LAUNCH_SERVER = LaunchServer()
 
 
 def _launch_once(order: dict[str, Any]) -> dict[str, Any]:
