@@ -29,6 +29,7 @@ import re
 import shutil
 import stat
 import tarfile
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -259,19 +260,54 @@ def _copy(source: Path | None, dest: Path, baseline: Path) -> None:
     dest.chmod(0o755)
 
 
-async def prepare(run_dir: Path, source: str | None) -> tuple[str, int]:
-    """Copy ``source`` (or nothing, for scratch) into ``run_dir/workspace`` and commit a baseline of all of it."""
-    worktree, baseline = run_dir / "workspace", run_dir / "baseline.git"
-    await asyncio.to_thread(_copy, Path(source) if source else None, worktree, baseline)
-    await _git(baseline, "init", "-q", "--bare")
+BASELINE_BRANCH = b"refs/heads/baseline"
+BASELINE_CONFIG = b"[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n"
+
+
+def _init_bare(baseline: Path) -> None:
+    """The smallest bare repository git reads: ``HEAD``, ``config``, ``objects/`` and ``refs/``.
+
+    Written directly rather than by ``git init``, which would copy its hook templates too: a run's start
+    spawns no git process at all (``diff`` is the first, at the end of the run)."""
+    for sub in ("objects", "refs/heads", "refs/tags"):
+        (baseline / sub).mkdir(parents=True, exist_ok=True)
+    (baseline / "config").write_bytes(BASELINE_CONFIG)
+    (baseline / "HEAD").write_bytes(b"ref: " + BASELINE_BRANCH + b"\n")
+
+
+def _commit(baseline: Path, tree: str) -> str:
+    """Store the baseline commit of ``tree`` (fluidbox as author and committer, now) and point HEAD at it."""
+    who = f"{GIT_ENV['GIT_AUTHOR_NAME']} <{GIT_ENV['GIT_AUTHOR_EMAIL']}> {int(time.time())} +0000".encode()
+    body = b"tree " + tree.encode() + b"\nauthor " + who + b"\ncommitter " + who + b"\n\nfluidbox baseline\n"
+    commit = _store(baseline / "objects", b"commit", body).hex()
+    ref = baseline / os.fsdecode(BASELINE_BRANCH)
+    tmp = ref.with_name(f".{ref.name}.{os.urandom(4).hex()}")
+    tmp.write_text(commit + "\n")
+    os.replace(tmp, ref)
+    return commit
+
+
+def _baseline(worktree: Path, baseline: Path, run_dir: Path) -> tuple[str, int]:
+    _init_bare(baseline)
     try:
-        tree, manifest = await asyncio.to_thread(_snapshot, worktree, baseline)
+        tree, manifest = _snapshot(worktree, baseline)
     except (OSError, RecursionError) as err:
         raise WorkspaceError(f"cannot read the workspace copy: {err}") from err
-    await asyncio.to_thread((run_dir / MANIFEST).write_text, json.dumps(manifest))
-    commit = (await _git(baseline, "commit-tree", tree, "-m", "fluidbox baseline"))[0].decode().strip()
-    await _git(baseline, "update-ref", "HEAD", commit)
-    return commit, len(manifest)
+    (run_dir / MANIFEST).write_text(json.dumps(manifest))
+    return _commit(baseline, tree), len(manifest)
+
+
+async def prepare(run_dir: Path, source: str | None) -> tuple[str, int]:
+    """Copy ``source`` (or nothing, for scratch) into ``run_dir/workspace`` and commit a baseline of all of it.
+
+    One thread hop, no process: the bare repository, its objects, the commit and its ref are written here."""
+    worktree, baseline = run_dir / "workspace", run_dir / "baseline.git"
+
+    def work() -> tuple[str, int]:
+        _copy(Path(source) if source else None, worktree, baseline)
+        return _baseline(worktree, baseline, run_dir)
+
+    return await asyncio.to_thread(work)
 
 
 async def diff(run_dir: Path) -> tuple[str, bool]:

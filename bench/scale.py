@@ -18,6 +18,10 @@ the runner's next event (the tool's output), so the client's polling adds nothin
 Writes the ``bench:scale`` section of ``docs/benchmarks.md`` and prints it.
 
     .venv/bin/python bench/scale.py [--runs 200] [--idle 10] [--sample 20] [--quick] [--no-write]
+                                    [--profile worker.txt]
+
+``--profile`` records the worker with py-spy (a dev dependency) from the burst's start until every run
+waits, as collapsed stacks (``--format raw``): where the worker's share of a start goes.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ import asyncio
 import datetime as dt
 import os
 import platform
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -79,6 +86,8 @@ class Outcome:
     avail_drop_mb: float = 0.0
     all_done_s: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per part, burst start → all waiting
+    worker_threads: dict[str, float] = field(default_factory=dict)  # the (first) worker's, by thread name
+    history: dict[str, int] = field(default_factory=dict)  # one burst run's history while it waits
 
 
 class Ledger:
@@ -242,11 +251,60 @@ def cpu_by_part(before: dict[int, Proc], after: dict[int, Proc], stack: Stack, r
     return used
 
 
+def threads_of(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name of ``pid`` (its own threads; children not included), and its children's."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        f = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / CLOCK_TICKS
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out["(waited-for children)"] = (int(f[13]) + int(f[14])) / CLOCK_TICKS
+    except OSError:
+        pass
+    return out
+
+
+async def history_of(stack: Stack, run_id: str) -> dict[str, int]:
+    """What one waiting run's start cost Temporal: its history's events, workflow tasks and activity tasks."""
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client
+
+    from contracts import temporal as c
+
+    client = await Client.connect(stack.temporal_address or "", namespace="default")
+    events = [e async for e in client.get_workflow_handle(c.workflow_id(run_id)).fetch_history_events()]
+    kinds = [e.event_type for e in events]
+    return {
+        "events": len(kinds),
+        "workflow tasks": kinds.count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED),
+        "activity tasks": kinds.count(EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED),
+        "markers": kinds.count(EventType.EVENT_TYPE_MARKER_RECORDED),
+    }
+
+
 def mem_available_mb() -> float:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def profile_worker(stack: Stack, path: str) -> subprocess.Popen[bytes]:
+    """py-spy recording the (first) worker process until it is sent SIGINT."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        raise BenchError("--profile needs py-spy (make install puts it in .venv)")
+    pid = stack.procs["worker"].pid
+    argv = [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--nonblocking", "--output", path]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # attached before the burst starts
+    return proc
 
 
 async def wait_until(check, within: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -340,8 +398,11 @@ async def bench(args: argparse.Namespace) -> int:
             async with sem:
                 burst.append(await start_run(api, name))  # type: ignore[arg-type]
 
+        spy = profile_worker(stack, args.profile) if args.profile else None
         t0 = time.monotonic()
         cpu_before = processes()
+        worker_pid = stack.procs["worker"].pid
+        threads_before = threads_of(worker_pid)
         await asyncio.gather(*(one() for _ in range(args.runs)))
         ids.extend(burst)
         say(f"  created in {time.monotonic() - t0:.1f}s; waiting until every run waits on its approval")
@@ -352,8 +413,15 @@ async def bench(args: argparse.Namespace) -> int:
         await wait_until(all_waiting, args.within, f"all {args.runs} runs waiting")
         out.all_waiting_s = time.monotonic() - t0
         out.cpu = cpu_by_part(cpu_before, processes(), stack, set(burst))
+        threads_after = threads_of(worker_pid)
+        out.worker_threads = {name: used - threads_before.get(name, 0.0) for name, used in threads_after.items()}
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes what it recorded and exits
+            spy.wait(timeout=60)
+            say(f"  worker profile written to {args.profile}")
         say(f"  all {args.runs} waiting after {out.all_waiting_s:.1f}s")
         out.starts, out.phases = await ledger.starts(burst)
+        out.history = await history_of(stack, burst[0])
 
         pids = sandbox_pids(stack.home)
         live = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
@@ -444,6 +512,21 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         *(f"| {part} | {used / max(out.runs, 1) * ms:.0f} ms |" for part, used in out.cpu.items()),
         f"| **all parts** | **{sum(out.cpu.values()) / max(out.runs, 1) * ms:.0f} ms** |",
         "",
+        "One burst run's history while it waits: "
+        + ", ".join(f"{n} {what}" for what, n in out.history.items())
+        + " (markers: local activities and patches).",
+        "",
+        "The worker's share by thread (the Python event loop is `python`; Temporal's core runs in `tokio-rt-worker`;"
+        " git and the sandbox launcher are its waited-for children):",
+        "",
+        "| worker thread | CPU per run |",
+        "|---|---|",
+        *(
+            f"| {name} | {used / max(out.runs, 1) * ms:.0f} ms |"
+            for name, used in sorted(out.worker_threads.items(), key=lambda kv: -kv[1])
+            if used / max(out.runs, 1) * ms >= 0.5
+        ),
+        "",
         f"<sub>{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, `bench/scale.py --runs {out.runs}`</sub>",
     ]
@@ -457,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=int, default=20, help="burst runs approved one at a time (default 20)")
     p.add_argument("--within", type=float, default=600, help="seconds allowed for the burst to wait / end")
     p.add_argument("--workers", type=int, default=1, help="worker processes (FLUIDBOX_WORKER_PROCESSES, default 1)")
+    p.add_argument("--profile", metavar="PATH", help="record the worker with py-spy during the burst (raw stacks)")
     p.add_argument("--quick", action="store_true", help="a small smoke run (20 runs) that only prints")
     p.add_argument("--no-write", dest="write", action="store_false", help="do not update docs/benchmarks.md")
     args = p.parse_args(argv)

@@ -119,6 +119,8 @@ class RunInput(BaseModel):
     # Parked before provisioning (a requirement could not be bound): wait for the connection first.
     parked: bool = False
     queues: Queues | None = None  # absent in runs started before task queues were split
+    # False: no FLUIDBOX_MAX_SANDBOXES when the run started, so there is no place to take before provisioning.
+    sandbox_limit: bool = True
 
 
 class RunRef(BaseModel):

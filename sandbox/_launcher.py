@@ -1,8 +1,12 @@
-"""The sandbox launcher: a program of its own, run once per sandbox by ``sandbox.bubblewrap``.
+"""The sandbox launcher: a program of its own that ``sandbox.bubblewrap`` runs to start each sandbox.
 
-Run as ``python -I -S sandbox/_launcher.py <log_path> <bwrap> <cgroup.procs path...>`` with an empty
-environment and a JSON request on stdin (see ``BubblewrapProvider._launch``). ``-I`` keeps this file's
-directory off ``sys.path``, so it imports the standard library only, never the project.
+Run as ``python -I -S sandbox/_launcher.py --serve <fd>`` with an empty environment, it stays up for the
+worker's life and forks one child per sandbox (``serve``): each order is a socket the worker passes over
+``<fd>``, carrying the JSON request (see ``BubblewrapProvider._launch``) and receiving the outcome. A fork of
+this small single-threaded process costs a fraction of a fresh interpreter, which a burst of runs pays per
+sandbox otherwise. Run as ``python -I -S sandbox/_launcher.py <log_path> <bwrap> <cgroup.procs path...>``
+with the request on stdin, it does one launch and exits (the fallback when no server can be used).
+``-I`` keeps this file's directory off ``sys.path``, so it imports the standard library only, never the project.
 
 * It joins the sandbox's cgroups first, so the fork that becomes bwrap starts inside them.
 * Started by root, the child that becomes bwrap gives itself a private mount namespace in which the host
@@ -22,10 +26,13 @@ directory off ``sys.path``, so it imports the standard library only, never the p
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
 import os
+import signal
+import socket
 import sys
 import threading
 import time
@@ -159,12 +166,10 @@ def sandbox_init(pid: int) -> tuple[int, int, int | None]:
     return (child if child_start else 0), child_start, exit_status
 
 
-def main(argv: list[str]) -> int:
-    log_path, bwrap, cgroups = argv[1], argv[2], argv[3:]
-    request: dict[str, Any] = json.loads(sys.stdin.buffer.read())
+def launch(log_path: str, bwrap: str, cgroups: list[str], request: dict[str, Any]) -> dict[str, Any]:
+    """Start one sandbox from this process (which joins its cgroups): the outcome ``main`` prints."""
     if (problem := join_cgroups(cgroups)) is not None:
-        print(json.dumps({"error": problem, "cgroup": True}))
-        return 1
+        return {"error": problem, "cgroup": True}
     args_r, args_w = os.pipe()
     secrets_r, secrets_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -206,24 +211,79 @@ def main(argv: list[str]) -> int:
         err += chunk
     if err:
         os.waitpid(pid, 0)
-        print(json.dumps({"error": err.decode(errors="replace")}))
-        return 1
+        return {"error": err.decode(errors="replace")}
     child, child_start, exit_status = sandbox_init(pid)
     for t in writers:
         t.join(timeout=5.0)
-    print(
-        json.dumps(
-            {
-                "pid": pid,
-                "start_time": outer_start,
-                "child_pid": child,
-                "child_start_time": child_start,
-                "exit_status": exit_status,
-            }
-        )
-    )
-    return 0
+    return {
+        "pid": pid,
+        "start_time": outer_start,
+        "child_pid": child,
+        "child_start_time": child_start,
+        "exit_status": exit_status,
+    }
+
+
+def main(argv: list[str]) -> int:
+    """One launch: the request on stdin, the outcome as one JSON line on stdout."""
+    out = launch(argv[1], argv[2], argv[3:], json.loads(sys.stdin.buffer.read()))
+    print(json.dumps(out))
+    return 1 if "error" in out else 0
+
+
+def handle(conn: socket.socket) -> int:
+    """In a child of ``serve``: read one launch (``{"log_path", "bwrap", "cgroups", "request"}``) to EOF,
+    start it, answer with one JSON line."""
+    data = b""
+    while chunk := conn.recv(65536):
+        data += chunk
+    order = json.loads(data)
+    try:
+        out = launch(order["log_path"], order["bwrap"], list(order["cgroups"]), order["request"])
+    except Exception as exc:  # the worker reports it; the server itself carries on
+        out = {"error": f"launcher: {exc!r}"}
+    conn.sendall(json.dumps(out).encode() + b"\n")
+    return 1 if "error" in out else 0
+
+
+def serve(control_fd: int) -> int:
+    """Stay up and start a sandbox per order: the worker pays for one interpreter, not one per sandbox.
+
+    Each order is a socket passed over ``control_fd`` (``SCM_RIGHTS``); a forked child of this single-threaded
+    process reads it, launches exactly as ``main`` does, answers on it and exits. The server exits when the
+    worker closes its end of ``control_fd``."""
+    os.set_inheritable(control_fd, False)
+    control = socket.socket(fileno=control_fd)
+    signal.signal(signal.SIGCHLD, reap)
+    while True:
+        _, fds, _, _ = socket.recv_fds(control, 16, 4)
+        if not fds:
+            return 0  # the worker went away
+        for fd in fds:
+            os.set_inheritable(fd, False)  # received descriptors are inheritable: never let bwrap keep one
+        for fd in fds[1:]:
+            os.close(fd)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the launch waits for bwrap itself
+                control.close()
+                with socket.socket(fileno=fds[0]) as conn:
+                    code = handle(conn)
+            finally:
+                os._exit(code)
+        os.close(fds[0])
+
+
+def reap(signum: int, frame: object) -> None:
+    """Collect every finished order (never blocking on one still launching)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        sys.exit(serve(int(sys.argv[2])))
     sys.exit(main(sys.argv))

@@ -40,13 +40,15 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from core.contract import ENV_SECRETS_FD, SECRETS_FD
 from core.ports import Collected, SandboxHandle, SandboxSpec, SandboxState, WorkspaceTransfer
@@ -238,6 +240,7 @@ class BubblewrapProvider:
         self._limiter = limiter if limiter is not None else CgroupLimiter()
         self._sandbox_user = sandbox_user
         self._account: Account | None = None
+        self._launcher = LAUNCH_SERVER  # one per process, whatever the number of providers
         arch = machine_arch()
         self._filter = seccomp_program(arch) if syscall_filter and arch is not None else None
         if not syscall_filter:
@@ -247,6 +250,10 @@ class BubblewrapProvider:
             _warn_once(f"sandboxes run without a syscall filter: {self._filter_note}")
         else:
             self._filter_note = "on"
+
+    def close(self) -> None:
+        """Stop the process's launcher server (the next launch starts it again; the worker's exit stops it)."""
+        self._launcher.close()
 
     @property
     def python_prefixes(self) -> list[str]:
@@ -519,35 +526,20 @@ class BubblewrapProvider:
         # The options travel on stdin and through a pipe into bwrap (--args), so neither the
         # launcher's nor bwrap's command line (visible in /proc) carries the environment or a token.
         account = launch.account
-        proc = subprocess.run(
-            [sys.executable, "-I", "-S", LAUNCHER, log_path, argv[0], *prepared.procs],
-            input=json.dumps(
-                {
-                    "args": argv[1:split],
-                    "command": argv[split + 1 :],
-                    "secrets": launch.secrets,
-                    "run_id": run_id,
-                    "pidfile": _pidfile(log_path),
-                    "extra": extra,
-                    "seccomp": self._filter.hex() if self._filter is not None else "",
-                    "account": [account.uid, account.gid] if account is not None else None,
-                    "stage": {"root": STAGE_ROOT, "binds": sorted(launch.staged.items())} if launch.staged else None,
-                }
-            ).encode(),
-            capture_output=True,
-            env={},
-            cwd="/",
-            timeout=_LAUNCH_TIMEOUT_SECS,
-            check=False,
-            # Its own session: a signal to the worker's process group must not kill it mid-launch,
-            # after bwrap was forked but before the sandbox is recorded.
-            start_new_session=True,
+        request = {
+            "args": argv[1:split],
+            "command": argv[split + 1 :],
+            "secrets": launch.secrets,
+            "run_id": run_id,
+            "pidfile": _pidfile(log_path),
+            "extra": extra,
+            "seccomp": self._filter.hex() if self._filter is not None else "",
+            "account": [account.uid, account.gid] if account is not None else None,
+            "stage": {"root": STAGE_ROOT, "binds": sorted(launch.staged.items())} if launch.staged else None,
+        }
+        out = self._launcher.order(
+            {"log_path": log_path, "bwrap": argv[0], "cgroups": list(prepared.procs), "request": request}
         )
-        lines = proc.stdout.decode(errors="replace").strip().splitlines()
-        try:
-            out = json.loads(lines[-1])
-        except (IndexError, ValueError):
-            raise SandboxError(f"launcher failed ({proc.returncode}): {proc.stderr.decode()!r}") from None
         if "error" in out and out.get("cgroup"):
             raise _CgroupJoinError(out["error"])
         if "error" in out:
@@ -567,6 +559,124 @@ class BubblewrapProvider:
             log_path=log_path,
             extra=extra,
         )
+
+
+class LaunchServer:
+    """The sandbox launcher kept running for this process (``_launcher.py --serve``), started on first use.
+
+    A burst of runs otherwise starts a Python interpreter per sandbox in the worker's name. The server is a
+    child in a session of its own (a signal to the worker's process group must not kill it mid-launch, after
+    bwrap was forked but before the sandbox is recorded), with an empty environment, and exits when the
+    worker closes the control socket (or exits). Each order gets a fresh socket pair: its end travels to the
+    server (``SCM_RIGHTS``), the request and the outcome travel on it, so concurrent launches never share a
+    stream. A server that died is started again; one that cannot start leaves a one-shot launcher per order.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+
+    def order(self, order: dict[str, Any]) -> dict[str, Any]:
+        """Launch one sandbox; the launcher's outcome (``pid``… or ``error``)."""
+        ours, theirs = socket.socketpair()
+        with ours:
+            try:
+                if not self._send(theirs):
+                    return _launch_once(order)
+            finally:
+                theirs.close()
+            ours.settimeout(_LAUNCH_TIMEOUT_SECS)
+            try:
+                ours.sendall(json.dumps(order).encode())
+                ours.shutdown(socket.SHUT_WR)
+                answer = b""
+                while chunk := ours.recv(65536):
+                    answer += chunk
+            except TimeoutError:
+                raise SandboxError(f"the launcher did not answer within {_LAUNCH_TIMEOUT_SECS:g}s") from None
+            except OSError as exc:
+                raise SandboxError(f"the launcher failed: {exc}") from None
+        try:
+            out: dict[str, Any] = json.loads(answer.decode(errors="replace").strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            raise SandboxError(f"the launcher gave no outcome: {answer[-300:]!r}") from None
+        return out
+
+    def _send(self, theirs: socket.socket) -> bool:
+        """Pass the order's socket to the server (starting it when needed); False when none can run."""
+        with self._lock:
+            for _ in range(2):
+                if self._control is None or self._proc is None or self._proc.poll() is not None:
+                    if not self._start():
+                        return False
+                assert self._control is not None
+                try:
+                    socket.send_fds(self._control, [b"L"], [theirs.fileno()])
+                    return True
+                except OSError:
+                    self._stop()  # it died between the check and the send: once more with a new one
+            return False
+
+    def _start(self) -> bool:
+        self._stop()
+        control, remote = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", LAUNCHER, "--serve", str(remote.fileno())],
+                pass_fds=(remote.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={},
+                cwd="/",
+                start_new_session=True,
+            )
+        except OSError as exc:
+            control.close()
+            _warn_once(f"the sandbox launcher server cannot start ({exc}): one launcher process per sandbox")
+            return False
+        finally:
+            remote.close()
+        self._control = control
+        return True
+
+    def _stop(self) -> None:
+        if self._control is not None:
+            self._control.close()  # the server sees EOF and exits
+            self._control = None
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=0 if self._proc.poll() is not None else 5)
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+# Orders carry everything a launch needs, so every provider of a process shares the one server.
+LAUNCH_SERVER = LaunchServer()
+
+
+def _launch_once(order: dict[str, Any]) -> dict[str, Any]:
+    """One launch by a launcher process of its own (the request on stdin, the outcome on stdout)."""
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", LAUNCHER, order["log_path"], order["bwrap"], *order["cgroups"]],
+        input=json.dumps(order["request"]).encode(),
+        capture_output=True,
+        env={},
+        cwd="/",
+        timeout=_LAUNCH_TIMEOUT_SECS,
+        check=False,
+        start_new_session=True,  # see LaunchServer
+    )
+    lines = proc.stdout.decode(errors="replace").strip().splitlines()
+    try:
+        out: dict[str, Any] = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise SandboxError(f"launcher failed ({proc.returncode}): {proc.stderr.decode()!r}") from None
+    return out
 
 
 @dataclass(frozen=True)

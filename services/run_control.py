@@ -121,6 +121,7 @@ class RunControl:
                 timing=timing(self.settings),
                 parked=parked,
                 queues=queues(self.settings),
+                sandbox_limit=self.settings.max_sandboxes > 0,
             ),
             id=c.workflow_id(spec.run_id),
             task_queue=self.settings.task_queue,

@@ -36,6 +36,11 @@ LOCAL_APPROVAL_STEPS = "local-approval-steps"
 PARKED_RUNS = "parked-runs"
 # workflow.patched id: a call brokered on the broker task queue parks too (it used to come back unparked).
 PARK_ON_BROKER_QUEUE = "park-on-broker-queue"
+# workflow.patched id: a run started with no sandbox maximum takes no place (no local activity to say "claimed").
+CAPACITY_IF_LIMITED = "capacity-if-limited"
+# workflow.patched id: with no sandbox task queue of its own, provisioning is a local activity (one workflow
+# task and one activity task fewer per run start).
+LOCAL_PROVISION = "local-provision"
 ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 
@@ -209,18 +214,41 @@ class RunWorkflow:
             return await self._finalize()
         if inp.parked and workflow.patched(PARKED_RUNS) and not await self._wait_for_connection():
             return await self._finalize()  # expired or cancelled while it waited; nothing was provisioned
-        if workflow.patched(SANDBOX_CAPACITY) and not await self._wait_for_capacity():
+        if workflow.patched(SANDBOX_CAPACITY) and self._limited() and not await self._wait_for_capacity():
             return await self._finalize()  # cancelled while it waited
         try:
-            out = await self._act(
-                c.PROVISION, ref, c.StatusOut, timeout=timedelta(minutes=5), retry=PROVISION_RETRY, sandbox=True
-            )
+            out = await self._provision(ref)
             self._set_status(out.status)
         except ActivityError as err:
             await self._fail(f"provisioning failed: {_cause(err)}")
         else:
             await self._supervise()
         return await self._finalize()
+
+    def _limited(self) -> bool:
+        """Whether the run takes a sandbox place first (always, for runs recorded before it could skip it)."""
+        return self._inp.sandbox_limit or not workflow.patched(CAPACITY_IF_LIMITED)
+
+    async def _provision(self, ref: c.RunRef) -> c.StatusOut:
+        """Provision the sandbox: on the sandbox task queue when it has one, else in this worker.
+
+        In this worker it is a local activity: the result comes back in the workflow task that asked for it,
+        so a run's start costs Temporal one workflow task and one activity task (schedule, dispatch, start,
+        complete) fewer. Provisioning is idempotent (a retry finds the sandbox by its pidfile) and does not
+        heartbeat; a worker lost meanwhile reruns it, as it would rerun the activity."""
+        if self._queue(c.SANDBOX_ROLE) is None and workflow.patched(LOCAL_PROVISION):
+            result = await workflow.execute_local_activity(
+                c.PROVISION,
+                ref,
+                result_type=c.StatusOut,
+                start_to_close_timeout=timedelta(minutes=5),
+                retry_policy=PROVISION_RETRY,
+                summary="provision",
+            )
+            return cast(c.StatusOut, result)
+        return await self._act(
+            c.PROVISION, ref, c.StatusOut, timeout=timedelta(minutes=5), retry=PROVISION_RETRY, sandbox=True
+        )
 
     async def _wait_for_capacity(self) -> bool:
         """Take a sandbox place, waiting on timers (never in an activity) while none is free.

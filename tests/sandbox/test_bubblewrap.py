@@ -7,6 +7,7 @@ assertions are made on the host. Every sandbox started here is destroyed in a ``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import json
@@ -639,6 +640,57 @@ async def test_create_is_idempotent_while_the_sandbox_runs(tmp_path: Path) -> No
         assert json.loads((tmp_path / "run" / PIDFILE_NAME).read_text())["pid"] == first.pid
     finally:
         await provider.destroy(first)
+
+
+def launch_servers() -> list[int]:
+    """This test process's running launcher servers (``_launcher.py --serve``)."""
+    found = []
+    for kid in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        for pid in kid.read_text().split():
+            with contextlib.suppress(OSError):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"--serve" in cmd and any(part.endswith(b"_launcher.py") for part in cmd):
+                    found.append(int(pid))
+    return found
+
+
+def sockets_held(pid: int) -> list[str]:
+    held = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if (target := os.readlink(fd)).startswith("socket:"):
+                held.append(target)
+    return held
+
+
+@needs_bwrap
+async def test_one_launcher_serves_many_sandboxes_and_a_killed_one_is_replaced(tmp_path: Path) -> None:
+    provider = BubblewrapProvider()
+    handles: list[SandboxHandle] = []
+    try:
+        for n in range(2):
+            handles.append(await provider.create(make_spec(tmp_path / str(n), SLEEPER)))
+        [server] = launch_servers()  # both sandboxes from one launcher process
+        for handle in handles:
+            assert await provider.status(handle) == "running"
+            # Neither bwrap nor the sandbox keeps a socket of the launcher's (or the worker's).
+            assert sockets_held(handle.pid) == [] and sockets_held(int(handle.extra["child_pid"])) == []
+
+        os.kill(server, signal.SIGKILL)
+
+        async def replaced_next_time() -> bool:
+            return server not in launch_servers()
+
+        await eventually(replaced_next_time)
+        handles.append(await provider.create(make_spec(tmp_path / "2", SLEEPER)))
+
+        assert await provider.status(handles[-1]) == "running"
+        assert launch_servers() not in ([], [server])
+    finally:
+        for handle in handles:
+            await provider.destroy(handle)
+        provider.close()
+    assert launch_servers() == []  # closing the provider ends its launcher
 
 
 @needs_bwrap

@@ -267,6 +267,34 @@ async def test_an_unchanged_workspace_gives_an_empty_patch(tmp_path: Path, sourc
     assert not marker.exists()
 
 
+async def test_the_baseline_written_without_git_is_a_repository_git_checks_clean(tmp_path: Path, source: Path) -> None:
+    (source / "bin").mkdir()
+    (source / "bin" / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (source / "bin" / "run.sh").chmod(0o755)
+    (source / "link").symlink_to("README.md")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    base, files = await workspace.prepare(run_dir, str(source))
+    repo = run_dir / "baseline.git"
+    env = {"PATH": os.environ["PATH"], "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+
+    def read(*args: str) -> str:
+        done = subprocess.run(["git", f"--git-dir={repo}", *args], env=env, check=True, capture_output=True)
+        return done.stdout.decode()
+
+    read("fsck", "--strict", "--no-dangling")  # every object well formed and reachable from HEAD
+    assert read("rev-parse", "HEAD").strip() == base
+    assert read("log", "--format=%an <%ae>|%s", "HEAD") == "fluidbox <fluidbox@localhost>|fluidbox baseline\n"
+    listed = read("ls-tree", "-r", "HEAD").splitlines()
+    assert len(listed) == files == 4
+    assert any(line.startswith("100755 blob") and line.endswith("\tbin/run.sh") for line in listed), listed
+    assert any(line.startswith("120000 blob") and line.endswith("\tlink") for line in listed), listed
+    assert read("show", "HEAD:app.py") == APP
+    (run_dir / "workspace" / "bin" / "run.sh").write_text("#!/bin/sh\necho changed\n")
+    patch, _ = await workspace.diff(run_dir)
+    assert "-echo hi\n+echo changed" in patch and "app.py" not in patch
+
+
 async def test_without_a_baseline_the_listing_still_names_what_changed(tmp_path: Path, source: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from temporalio import activity
-from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.enums.v1 import EventType, IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateStage
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -136,6 +136,7 @@ class Env:
         """Start a run as RunControl.start does (the doubles stand in for PostgreSQL and the sandbox)."""
         run_id = str(uuid.uuid4())
         max_wall_clock = timing.pop("max_wall_clock_secs", None)
+        sandbox_limit = timing.pop("sandbox_limit", True)
         return await self.client.start_workflow(
             RunWorkflow.run,
             c.RunInput(
@@ -143,6 +144,7 @@ class Env:
                 agent_name="test-agent",
                 max_wall_clock_secs=max_wall_clock,
                 timing=c.Timing(**timing),
+                sandbox_limit=sandbox_limit,
             ),
             id=c.workflow_id(run_id),
             task_queue=self.task_queue,
@@ -220,6 +222,23 @@ async def test_a_cancel_quiesces_the_sandbox_and_ends_the_run_cancelled(env: Env
         c.AWAIT_SANDBOX_EXIT,
         c.FINALIZE,
     ]
+
+
+async def test_a_run_without_a_sandbox_maximum_provisions_at_once_in_the_worker(env: Env) -> None:
+    handle = await env.start(sandbox_limit=False)
+    await running(handle)
+    await env.cancel(handle)
+    assert await handle.result() == "cancelled"
+    # No place to take, and provisioning ran in this worker: no activity task for Temporal to dispatch.
+    assert env.fake.calls[:2] == [c.PROVISION, c.BEGIN_FINALIZE]
+    history = [e async for e in handle.fetch_history_events()]
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert c.PROVISION not in scheduled and c.CLAIM_SANDBOX not in scheduled
+    assert scheduled == [c.BEGIN_FINALIZE, c.AWAIT_SANDBOX_EXIT, c.FINALIZE]
 
 
 async def test_a_run_that_moves_to_a_fresh_history_keeps_its_pending_approval(env: Env) -> None:
