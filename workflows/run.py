@@ -219,7 +219,9 @@ class RunWorkflow:
         try:
             out = await self._provision(ref)
             self._set_status(out.status)
-        except ActivityError as err:
+        except (ActivityError, ApplicationError) as err:
+            # A local activity's failure reaches the workflow as the activity's own ApplicationError (not
+            # wrapped in an ActivityError as a scheduled activity's is); both fail the run, never the workflow.
             await self._fail(f"provisioning failed: {_cause(err)}")
         else:
             await self._supervise()
@@ -574,8 +576,8 @@ class RunWorkflow:
         return cast(M, result)
 
 
-def _cause(err: ActivityError) -> str:
-    cause = err.cause
+def _cause(err: ActivityError | ApplicationError) -> str:
+    cause = err if isinstance(err, ApplicationError) else err.cause
     return str(cause.message if isinstance(cause, ApplicationError) else cause or err)
 
 
