@@ -16,6 +16,12 @@ FILESYSTEM_VERSION := 2026.8.31
 PRISM_VERSION := 5.16.0
 OCTOKIT_OPENAPI_VERSION := 23.0.2
 TRANSPORT_NPM := @modelcontextprotocol/server-filesystem@$(FILESYSTEM_VERSION) @stoplight/prism-cli@$(PRISM_VERSION) @octokit/openapi@$(OCTOKIT_OPENAPI_VERSION)
+# Catalog review: the npm releases of the vendors' own MCP servers whose tools/list the hosted catalog entries'
+# patterns are checked against (tests/integrations/test_catalog_access.py). Stripe's npm package is only a stdio
+# proxy to https://mcp.stripe.com (no tool list of its own) and Linear publishes none, so neither is here.
+SENTRY_MCP_VERSION := 0.39.0
+NOTION_MCP_VERSION := 2.5.2
+VENDOR_NPM := @sentry/mcp-server@$(SENTRY_MCP_VERSION) @notionhq/notion-mcp-server@$(NOTION_MCP_VERSION)
 
 .PHONY: install demo test lint typecheck up bench clean
 
@@ -54,6 +60,15 @@ install:
 	  echo "installing $(TRANSPORT_NPM) into $(NODE_DIR)/…"; \
 	  npm install --prefix $(NODE_DIR) --save-exact --no-audit --no-fund --loglevel=error $(TRANSPORT_NPM) >/dev/null \
 	    || { echo "npm install of the transport test servers failed"; exit 1; }; \
+	fi
+	@if ! command -v npm >/dev/null; then \
+	  echo "npm is missing: skipping the vendors' MCP servers (tests/integrations/test_catalog_access.py needs them; install Node.js 20+)"; \
+	elif [ "$$(node -p 'require("./$(NODE_DIR)/node_modules/@sentry/mcp-server/package.json").version' 2>/dev/null)" = $(SENTRY_MCP_VERSION) ] \
+	  && [ "$$(node -p 'require("./$(NODE_DIR)/node_modules/@notionhq/notion-mcp-server/package.json").version' 2>/dev/null)" = $(NOTION_MCP_VERSION) ]; then :; \
+	else \
+	  echo "installing $(VENDOR_NPM) into $(NODE_DIR)/…"; \
+	  npm install --prefix $(NODE_DIR) --save-exact --no-audit --no-fund --loglevel=error $(VENDOR_NPM) >/dev/null \
+	    || { echo "npm install of the vendors' MCP servers failed"; exit 1; }; \
 	fi
 
 $(STAMP): pyproject.toml
