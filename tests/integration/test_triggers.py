@@ -292,6 +292,7 @@ async def test_overrides_are_opt_in_and_only_narrow(
         "path": os.path.realpath(tree / "pkg"),
         "url": None,
         "ref": None,
+        "credential": None,
     }
     await wait_status(api, run["id"], TERMINAL)
     # An in-tree symlink is followed once, here: the run records (and copies) the directory it named then.
