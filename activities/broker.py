@@ -30,7 +30,7 @@ from core.errors import Conflict, GrantLost, NotFound
 from core.redaction import MARK
 from core.states import accepts_work
 from core.tools import split_mcp
-from db.connections import Connections, credential_context
+from db.connections import Connections, DispatchView, credential_context
 from db.parks import Parks
 from integrations import mcp_client
 from integrations.mcp_pool import SessionPool
@@ -72,60 +72,60 @@ class BrokerActivities:
         # The providers that speak each connection transport (mcp_http rides the pool above).
         self.transports = transports or Transports(TransportDeps(url_policy, pool))
 
-    async def _refuse(self, inp: c.BrokerIn, claim: dict[str, Any], reason: str) -> c.BrokerOut:
+    async def _refuse(self, inp: c.BrokerIn, claim: DispatchView, reason: str) -> c.BrokerOut:
         """A binding that no longer holds denies the call: no credential is touched, nothing is sent."""
         taken = await self.connections.take(inp.run_id, inp.tool_call_id, inp.input_digest)
         if taken is None:
             current = await self.connections.claim(inp.run_id, inp.tool_call_id, inp.input_digest)
-            return c.BrokerOut(state=current["state"] if current else "missing")
+            return c.BrokerOut(state=current.state if current else "missing")
         decision = ev.NewEvent(
             type=ev.TOOL_DECISION,
             data={
                 "tool_call_id": inp.tool_call_id,
-                "tool": claim["tool"],
+                "tool": claim.tool,
                 "verdict": "deny",
                 "source": "binding",
                 "reason": reason,
-                "access": access_of(await self.store.runs.run_spec(inp.run_id), claim["tool"]),
+                "access": access_of(await self.store.runs.run_spec(inp.run_id), claim.tool),
             },
         )
         row = await self.connections.settle(
             inp.run_id, inp.tool_call_id, inp.input_digest, "refused", None, reason, decision
         )
-        return c.BrokerOut(state=row["state"])
+        return c.BrokerOut(state=row.state)
 
-    async def _unavailable(self, inp: c.BrokerIn, claim: dict[str, Any], reason: str) -> c.BrokerOut:
+    async def _unavailable(self, inp: c.BrokerIn, claim: DispatchView, reason: str) -> c.BrokerOut:
         """The bound connection is not usable (missing, revoked, in error, reauthorized, a credential gone): the
         call parks when its requirement says ``when_unavailable: park`` (nothing is taken, nothing is sent; the
         workflow waits and calls again), else it is refused as before."""
         spec = await self.store.runs.run_spec(inp.run_id)
-        surface = next((b for b in spec.brokered if str(b["binding_id"]) == str(claim["binding_id"])), None)
-        if surface is not None and surface.get("when_unavailable") == "park" and accepts_work(claim["run_status"]):
+        surface = next((b for b in spec.brokered if str(b["binding_id"]) == str(claim.binding_id)), None)
+        if surface is not None and surface.get("when_unavailable") == "park" and accepts_work(claim.run_status):
             return c.BrokerOut(state="parked", reason=reason)
         return await self._refuse(inp, claim, reason)
 
     async def _credential_rejected(
-        self, inp: c.BrokerIn, claim: dict[str, Any], brokered: list[dict[str, Any]]
+        self, inp: c.BrokerIn, claim: DispatchView, brokered: list[dict[str, Any]]
     ) -> c.BrokerOut | None:
         """The upstream answered 401 to a static credential (rotated or revoked there): nothing ran. A call
         whose requirement parks is handed back (claim ``registered`` again, the connection in ``error`` so
         that its next use waits too) and parks like a revoked credential; None: it fails as before."""
-        surface = next((b for b in brokered if str(b["binding_id"]) == str(claim["binding_id"])), None)
-        if surface is None or surface.get("when_unavailable") != "park" or not accepts_work(claim["run_status"]):
+        surface = next((b for b in brokered if str(b["binding_id"]) == str(claim.binding_id)), None)
+        if surface is None or surface.get("when_unavailable") != "park" or not accepts_work(claim.run_status):
             return None
         await self.parks.credential_rejected(
             inp.run_id,
             inp.tool_call_id,
             inp.input_digest,
-            str(claim["connection_id"]),
-            int(claim["authority_generation"]),
+            str(claim.connection_id),
+            claim.authority_generation,
         )
         return c.BrokerOut(state="parked", reason=REJECTED)
 
-    async def _credential_env(self, claim: dict[str, Any]) -> str | None:
+    async def _credential_env(self, claim: DispatchView) -> str | None:
         async with self.store.pool.acquire() as conn:
             value = await conn.fetchval(
-                "SELECT credential_env FROM integration_connections WHERE id = $1", claim["connection_id"]
+                "SELECT credential_env FROM integration_connections WHERE id = $1", claim.connection_id
             )
         return str(value) if value else None
 
@@ -136,42 +136,42 @@ class BrokerActivities:
         if claim is None:
             return c.BrokerOut(state="missing")
         binding = claim
-        if binding["connection_status"] != "active":
-            return await self._unavailable(inp, claim, f"the bound connection is {binding['connection_status']}")
-        if binding["live_generation"] != binding["authority_generation"]:
+        if binding.connection_status != "active":
+            return await self._unavailable(inp, claim, f"the bound connection is {binding.connection_status}")
+        if binding.live_generation != binding.authority_generation:
             return await self._unavailable(inp, claim, "the bound connection was reauthorized since this run started")
-        if binding["live_owner_type"] != binding["connection_owner_type"]:
+        if binding.live_owner_type != binding.connection_owner_type:
             return await self._refuse(inp, claim, "the bound connection changed owner since this run started")
-        if binding["connection_owner_user_id"] is not None:
-            if binding["live_owner_user_id"] != binding["connection_owner_user_id"]:
+        if binding.connection_owner_user_id is not None:
+            if binding.live_owner_user_id != binding.connection_owner_user_id:
                 return await self._refuse(inp, claim, "the bound connection changed owner since this run started")
-            if not binding["owner_active"]:
+            if not binding.owner_active:
                 return await self._refuse(
                     inp, claim, "the owner of the bound personal connection is no longer an active member"
                 )
-        if binding.get("transport") == "sandbox_cli":
+        if binding.transport == "sandbox_cli":
             return await self._refuse(
                 inp, claim, "a sandbox CLI tool runs inside the sandbox, never through the broker"
             )
         if self.sealer is None:
             return await self._refuse(inp, claim, "credential storage is disabled on this worker")
-        if not accepts_work(claim["run_status"]):
+        if not accepts_work(claim.run_status):
             return await self._refuse(inp, claim, "session is not active")
         spec = await self.store.runs.run_spec(inp.run_id)
-        oauth = binding["auth_kind"] == "oauth"
+        oauth = binding.auth_kind == "oauth"
         try:
             # Read in the same statement as the checks, and only while the binding still holds.
-            env = None if oauth or claim["credential_sealed"] is not None else await self._credential_env(claim)
+            env = None if oauth or claim.credential_sealed is not None else await self._credential_env(claim)
             if env is not None:
                 token = os.environ.get(env, "")
                 if not token:
                     return await self._unavailable(inp, claim, f"Missing {env}")
-            elif claim["credential_sealed"] is None:
+            elif claim.credential_sealed is None:
                 raise NotFound()
             elif oauth:
                 token = await self._access_token(spec.tenant_id, binding)
             else:
-                blob = bytes(claim["credential_sealed"])
+                blob = bytes(claim.credential_sealed)
                 token = self.sealer.open(blob, context=credential_context(spec.tenant_id)).decode()
         except (NotFound, SealingError):
             return await self._unavailable(inp, claim, "the bound connection's credential is no longer usable")
@@ -182,15 +182,15 @@ class BrokerActivities:
         taken = await self.connections.take(inp.run_id, inp.tool_call_id, inp.input_digest)
         if taken is None:  # someone else holds it, or its outcome is final
             current = await self.connections.claim(inp.run_id, inp.tool_call_id, inp.input_digest)
-            return c.BrokerOut(state=current["state"] if current else "missing")
-        surface = next(b for b in spec.brokered if b["binding_id"] == claim["binding_id"])
-        split = split_mcp(claim["tool"])
+            return c.BrokerOut(state=current.state if current else "missing")
+        surface = next(b for b in spec.brokered if b["binding_id"] == str(claim.binding_id))
+        split = split_mcp(claim.tool)
         assert split is not None
         tokens = [token]
         started = time.monotonic()
-        transport = str(binding.get("transport") or "mcp_http")
+        transport = binding.transport or "mcp_http"
         tool_entry = next((t for t in surface.get("tools", []) if t["name"] == split[1]), {"name": split[1]})
-        send = (transport, binding, tool_entry, claim["input"], surface.get("protocol_version"))
+        send = (transport, binding, tool_entry, claim.input, surface.get("protocol_version"))
         outcome = await self._call(token, *send)
         if oauth and outcome.auth_rejected:
             # The server refused the token before running anything: once more with a refreshed one.
@@ -210,12 +210,12 @@ class BrokerActivities:
         result, error = outcome.result, outcome.error
         for secret in tokens:
             result, error = _without(result, secret), _without(error, secret)
-        error = error.replace("{id}", str(binding["connection_id"])) if error else None
+        error = error.replace("{id}", str(binding.connection_id)) if error else None
         data: dict[str, Any] = {
             "tool_call_id": inp.tool_call_id,
-            "tool": claim["tool"],
+            "tool": claim.tool,
             "server": surface["slot"],
-            "binding_id": claim["binding_id"],
+            "binding_id": str(claim.binding_id),
             "ok": outcome.outcome == "succeeded",
             "latency_ms": latency_ms,
             "outcome": outcome.outcome,
@@ -233,9 +233,9 @@ class BrokerActivities:
             error,
             ev.NewEvent(type="tool.brokered", data=data),
         )
-        return c.BrokerOut(state=row["state"])
+        return c.BrokerOut(state=row.state)
 
-    async def _access_token(self, tenant_id: str, binding: dict[str, Any], *, rejected: str | None = None) -> str:
+    async def _access_token(self, tenant_id: str, binding: DispatchView, *, rejected: str | None = None) -> str:
         """The OAuth connection's access token at the binding's generation, or :class:`_NoAccess` with the reason
         the call fails closed."""
         if self.tokens is None:
@@ -243,8 +243,8 @@ class BrokerActivities:
         try:
             token = await self.tokens.get(
                 tenant_id,
-                str(binding["connection_id"]),
-                int(binding["authority_generation"]),
+                str(binding.connection_id),
+                binding.authority_generation,
                 rejected=SecretStr(rejected) if rejected is not None else None,
             )
         except GrantLost as lost:
@@ -261,7 +261,7 @@ class BrokerActivities:
         self,
         credential: str,
         transport: str,
-        binding: dict[str, Any],
+        binding: DispatchView,
         tool: dict[str, Any],
         arguments: Any,
         protocol: str | None,
@@ -272,15 +272,15 @@ class BrokerActivities:
         except UnknownTransport as err:
             return mcp_client.CallOutcome(outcome="failed_before_send", result=None, error=str(err))
         conn = TransportConnection(
-            id=str(binding["connection_id"]),
+            id=str(binding.connection_id),
             transport=transport,
-            base_url=binding["base_url"],
-            config=dict(binding.get("transport_config") or {}),
+            base_url=binding.base_url,
+            config=dict(binding.transport_config or {}),
             credential=credential,
-            header_name=binding["header_name"],
-            scheme=binding["scheme"],
-            auth_kind=binding["auth_kind"],
-            generation=int(binding["authority_generation"]),
+            header_name=binding.header_name,
+            scheme=binding.scheme,
+            auth_kind=binding.auth_kind,
+            generation=binding.authority_generation,
             protocol_version=protocol,
         )
         return await provider.call_tool(conn, tool, arguments)

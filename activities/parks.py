@@ -114,7 +114,7 @@ class ParkActivities:
             type=ev.TOOL_DECISION,
             data={
                 "tool_call_id": inp.tool_call_id,
-                "tool": taken["tool"],
+                "tool": taken.tool,
                 "verdict": "deny",
                 "source": "binding",
                 "reason": reason,

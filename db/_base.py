@@ -2,9 +2,9 @@
 
 A repository returns typed rows: the ``table=True`` model of ``db.models`` when a query reads one
 table's columns, a small pydantic read model (beside its repository) when it joins or aggregates.
-``Row`` dicts remain only in the brokered-call half of the connections repository (binding candidates,
-execution claims and the broker's dispatch view, which ``core.bindings`` and the broker read as plain
-data) and where another repository hands one of those rows on.
+``Row`` dicts remain only for the parks repository's ``run_parks`` rows and where plain data is passed in
+(a run's artifacts, a managed app's form fields); ``core`` reads a row through a protocol of its own
+(``core.bindings.Candidate``), never a ``db`` type.
 """
 
 from __future__ import annotations

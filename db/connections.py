@@ -8,6 +8,7 @@ that binding and claims ``(session, tool_call_id, input_digest)`` before any cre
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -18,9 +19,14 @@ from pydantic import Field
 from core import events as ev
 from core.access import NONE, classify, definition
 from core.errors import Conflict, NotFound
-from db._base import Conn, ReadModel, Repository, Row, as_model, as_row, as_rows, fetch_model, uuid_or_none
+from db._base import Conn, ReadModel, Repository, as_model, fetch_model, fetch_models, uuid_or_none
 from db.ids import new_id
-from db.models.connections import ConnectionApprovedTool, ConnectionToolChange, ConnectionToolSnapshot
+from db.models.connections import (
+    ConnectionApprovedTool,
+    ConnectionToolChange,
+    ConnectionToolSnapshot,
+    ToolExecutionClaim,
+)
 from db.store import Store
 
 CONNECTION_FIELDS = (
@@ -75,6 +81,52 @@ class ConnectionRow(ReadModel):
     transport_config: dict[str, Any] = Field(
         description="The transport's non-secret configuration (a stdio environment's values are never shown)."
     )
+
+
+class BindingCandidate(ReadModel):
+    """An active connection a run may bind, with its latest snapshot and the tool definitions an admin approved
+    (what :mod:`core.bindings` chooses among; it satisfies ``core.bindings.Candidate``)."""
+
+    id: uuid.UUID
+    base_url: str
+    display_name: str
+    authorization_generation: int
+    owner_type: str
+    owner_user_id: uuid.UUID | None
+    access: dict[str, Any]
+    transport: str
+    snapshot_version: int
+    protocol_version: str
+    tools_json: list[dict[str, Any]]
+    approved: dict[str, Any] = Field(description="Tool name → the definition an admin approved.")
+
+
+class DispatchView(ReadModel):
+    """What the broker checks before a brokered call: the claim's call, its frozen binding, the connection's live
+    state and the run's status (:meth:`Connections.dispatch_view`)."""
+
+    tool: str
+    input: dict[str, Any]
+    binding_id: uuid.UUID
+    connection_id: uuid.UUID
+    authority_generation: int
+    connection_owner_type: str
+    connection_owner_user_id: uuid.UUID | None
+    live_owner_user_id: uuid.UUID | None
+    connection_status: str
+    live_generation: int
+    live_owner_type: str
+    base_url: str
+    header_name: str | None
+    scheme: str
+    auth_kind: str
+    transport: str
+    transport_config: dict[str, Any]
+    owner_active: bool | None = Field(description="A personal binding's owner is still an active member.")
+    credential_sealed: bytes | None = Field(
+        repr=False, description="Only while the connection still matches the binding (None otherwise)."
+    )
+    run_status: str
 
 
 @dataclass(frozen=True)
@@ -547,10 +599,11 @@ class Connections(Repository):
 
     # ---- bindings ------------------------------------------------------------------------------
 
-    async def candidates(self, tenant_id: str, owner_user_id: str | None = None) -> list[Row]:
+    async def candidates(self, tenant_id: str, owner_user_id: str | None = None) -> list[BindingCandidate]:
         """Active connections with their latest snapshot, newest first: the organization's, or (with
         ``owner_user_id``) that user's personal ones."""
-        return await self.rows(
+        return await self.many(
+            BindingCandidate,
             "SELECT c.id, c.base_url, c.display_name, c.authorization_generation, c.owner_type, "
             "c.owner_user_id, c.access, c.transport, s.snapshot_version, s.protocol_version, s.tools_json, "
             "(SELECT coalesce(jsonb_object_agg(a.tool_name, a.definition), '{}'::jsonb) "
@@ -594,7 +647,10 @@ class Connections(Repository):
                     out[f"mcp__{req['slot']}__{name}"] = classify(decl, name)
         return out
 
-    async def insert_bindings(self, conn: Conn, tenant_id: str, run_id: str, bindings: list[Row]) -> None:
+    async def insert_bindings(
+        self, conn: Conn, tenant_id: str, run_id: str, bindings: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Record the run's frozen surfaces (``RunSpec.brokered`` entries, as ``core.bindings`` froze them)."""
         for b in bindings:
             await conn.execute(
                 "INSERT INTO run_resource_bindings (id, tenant_id, session_id, requirement_slot, connection_id, "
@@ -626,13 +682,14 @@ class Connections(Repository):
         )
         return frozenset(str(r["requirement_slot"]) for r in rows)
 
-    async def dispatch_view(self, run_id: str, tool_call_id: str, digest: str) -> Row | None:
+    async def dispatch_view(self, run_id: str, tool_call_id: str, digest: str) -> DispatchView | None:
         """Everything the broker checks before a call, read in one statement: the claim, its binding,
         the connection's live state (and sealed credential only while it still matches the binding),
         the run's status, and for a personal binding whether its owner is still an active member."""
-        return await self.one_row(
-            "SELECT cl.*, b.connection_id, b.authority_generation, b.connection_owner_type, "
-            "b.connection_owner_user_id, c.owner_user_id AS live_owner_user_id, "
+        return await self.one(
+            DispatchView,
+            "SELECT cl.tool, cl.input, cl.binding_id, b.connection_id, b.authority_generation, "
+            "b.connection_owner_type, b.connection_owner_user_id, c.owner_user_id AS live_owner_user_id, "
             "c.status AS connection_status, c.authorization_generation AS live_generation, "
             "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme, c.auth_kind, "
             "c.transport, c.transport_config, "
@@ -655,70 +712,62 @@ class Connections(Repository):
 
     async def register_claim(
         self, run_id: str, tool_call_id: str, digest: str, binding_id: str, tool: str, tool_input: dict[str, Any]
-    ) -> Row:
+    ) -> ToolExecutionClaim:
         """The call's durable record (input kept here, never in the ledger or workflow history)."""
         # One round trip: the new claim, or (a retried call) the one already registered under this digest.
-        row = as_row(
-            await self.pool.fetchrow(
-                "WITH i AS (INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, "
-                "tool, input, state) VALUES ($1,$2,$3,$4,$5,$6,'registered') ON CONFLICT DO NOTHING RETURNING *) "
-                "SELECT * FROM i UNION ALL SELECT * FROM tool_execution_claims WHERE session_id = $1 "
-                "AND tool_call_id = $2 AND input_digest = $3 AND NOT EXISTS (SELECT 1 FROM i)",
-                uuid.UUID(run_id),
-                tool_call_id,
-                digest,
-                uuid.UUID(binding_id),
-                tool,
-                tool_input,
-            )
+        row = await self.one(
+            ToolExecutionClaim,
+            "WITH i AS (INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, "
+            "tool, input, state) VALUES ($1,$2,$3,$4,$5,$6,'registered') ON CONFLICT DO NOTHING RETURNING *) "
+            "SELECT * FROM i UNION ALL SELECT * FROM tool_execution_claims WHERE session_id = $1 "
+            "AND tool_call_id = $2 AND input_digest = $3 AND NOT EXISTS (SELECT 1 FROM i)",
+            uuid.UUID(run_id),
+            tool_call_id,
+            digest,
+            uuid.UUID(binding_id),
+            tool,
+            tool_input,
         )
-        if row is not None:
-            return row
-        # A concurrent registration of the same call committed after this statement's snapshot: read it now.
-        async with self.pool.acquire() as conn:
-            return await self._claim(conn, run_id, tool_call_id, digest)
-
-    async def _claim(self, conn: Conn, run_id: str, tool_call_id: str, digest: str) -> Row:
-        row = as_row(
-            await conn.fetchrow(
-                "SELECT * FROM tool_execution_claims WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3",
-                uuid.UUID(run_id),
-                tool_call_id,
-                digest,
-            )
-        )
+        if row is None:
+            # A concurrent registration of the same call committed after this statement's snapshot: read it now.
+            row = await self.claim(run_id, tool_call_id, digest)
         if row is None:
             raise NotFound()
         return row
 
-    async def claim(self, run_id: str, tool_call_id: str, digest: str) -> Row | None:
-        async with self.pool.acquire() as conn:
-            try:
-                return await self._claim(conn, run_id, tool_call_id, digest)
-            except NotFound:
-                return None
+    async def claim(self, run_id: str, tool_call_id: str, digest: str) -> ToolExecutionClaim | None:
+        return await self.one(
+            ToolExecutionClaim,
+            "SELECT * FROM tool_execution_claims WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3",
+            uuid.UUID(run_id),
+            tool_call_id,
+            digest,
+        )
 
-    async def expire_stale(self, run_id: str, ttl_secs: float, event_for: Any) -> list[Row]:
+    async def expire_stale(
+        self, run_id: str, ttl_secs: float, event_for: Callable[[ToolExecutionClaim], ev.NewEvent]
+    ) -> list[ToolExecutionClaim]:
         """``claimed`` for longer than ``ttl_secs`` (a dispatcher died mid-call): the outcome is
         unknown, so the claim becomes ``ambiguous`` and is never dispatched again."""
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = as_rows(
-                await conn.fetch(
-                    "UPDATE tool_execution_claims SET state = 'ambiguous', settled_at = now(), "
-                    "error = 'dispatcher lost while the call was in flight' WHERE session_id = $1 "
-                    "AND state = 'claimed' AND claimed_at < now() - make_interval(secs => $2) RETURNING *",
-                    uuid.UUID(run_id),
-                    float(ttl_secs),
-                )
+            rows = await fetch_models(
+                conn,
+                ToolExecutionClaim,
+                "UPDATE tool_execution_claims SET state = 'ambiguous', settled_at = now(), "
+                "error = 'dispatcher lost while the call was in flight' WHERE session_id = $1 "
+                "AND state = 'claimed' AND claimed_at < now() - make_interval(secs => $2) RETURNING *",
+                uuid.UUID(run_id),
+                float(ttl_secs),
             )
             if rows:
                 await self.store.append(conn, run_id, [event_for(r) for r in rows])
             return rows
 
-    async def take(self, run_id: str, tool_call_id: str, digest: str) -> Row | None:
+    async def take(self, run_id: str, tool_call_id: str, digest: str) -> ToolExecutionClaim | None:
         """CAS registered|failed_before_send → claimed (attempt + 1); None when someone else holds it
         or its outcome is final. Only the taker may touch the credential."""
-        return await self.one_row(
+        return await self.one(
+            ToolExecutionClaim,
             "UPDATE tool_execution_claims SET state = 'claimed', attempts = attempts + 1, claimed_at = now() "
             "WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3 "
             "AND (state = 'registered' OR (state = 'failed_before_send' AND attempts < $4)) RETURNING *",
@@ -737,7 +786,7 @@ class Connections(Repository):
         result: dict[str, Any] | None,
         error: str | None,
         event: ev.NewEvent,
-    ) -> Row:
+    ) -> ToolExecutionClaim:
         """claimed → outcome, and the single ``tool.brokered`` event, in one statement (see
         :meth:`db.ledger.Ledger.settle_claim`); a claim no longer ``claimed`` is returned as it stands."""
         row = await self.store.ledger.settle_claim(run_id, tool_call_id, digest, state, result, error, event)

@@ -10,8 +10,9 @@ import asyncpg
 
 from core import events as ev
 from core.redaction import Redactor
-from db._base import Conn, ReadModel, Repository, Row, as_row
+from db._base import Conn, ReadModel, Repository, as_model
 from db.ids import new_id
+from db.models.connections import ToolExecutionClaim
 
 NOTIFY_CHANNEL = "fluidbox_events"
 
@@ -76,7 +77,7 @@ class Ledger(Repository):
         result: dict[str, Any] | None,
         error: str | None,
         event: ev.NewEvent,
-    ) -> Row | None:
+    ) -> ToolExecutionClaim | None:
         """Settle a brokered call in one statement (one round trip, atomic without a transaction block): its
         claim ``claimed`` → ``state`` with the result, and ``event`` (its single ``tool.brokered``, or the
         refusal's decision) appended under the run's row lock, NOTIFY at commit. Only a claim still ``claimed``
@@ -116,7 +117,7 @@ class Ledger(Repository):
                 doc,
                 NOTIFY_CHANNEL,
             )
-        return as_row(row)
+        return as_model(ToolExecutionClaim, row)
 
     async def append_events(self, run_id: str, new: list[ev.NewEvent]) -> int:
         async with self.pool.acquire() as conn, conn.transaction():

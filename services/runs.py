@@ -110,13 +110,11 @@ class RunFactory:
                     "started with the operator token has no user"
                 )
             owner = invoker_user_id if personal else None
-            candidates = [
-                c for c in await self.connections.candidates(tenant_id, owner) if same_url(c["base_url"], url)
-            ]
+            candidates = [c for c in await self.connections.candidates(tenant_id, owner) if same_url(c.base_url, url)]
             kind = "personal connection of yours" if personal else "organization connection"
             parks = (req.get("when_unavailable") or when_unavailable) == "park"
             if slot in explicit:
-                candidates = [c for c in candidates if str(c["id"]) == explicit[slot]]
+                candidates = [c for c in candidates if str(c.id) == explicit[slot]]
                 if not candidates:
                     # Waiting makes sense only on an existing connection of the right owner and URL.
                     named = await self._unusable(tenant_id, owner, url, explicit[slot]) if parks else None

@@ -35,6 +35,7 @@ from core.states import RunStatus, accepts_work, is_terminal
 from core.tokens import Audience
 from core.tools import split_mcp
 from db.connections import CLAIM_TTL_SECS, MAX_ATTEMPTS
+from db.models.connections import ToolExecutionClaim
 
 router = APIRouter(prefix="/internal", tags=["internal"])
 RUNNER_EVENT_TYPES = (ev.AGENT_MESSAGE, ev.RUN_ERROR, "tool.completed")
@@ -152,13 +153,13 @@ async def tools_describe(run_id: str, req: ToolDescribeRequest, request: Request
     return found
 
 
-def stale_claim_event(claim: dict[str, Any]) -> ev.NewEvent:
+def stale_claim_event(claim: ToolExecutionClaim) -> ev.NewEvent:
     return ev.NewEvent(
         type="tool.brokered",
         data={
-            "tool_call_id": claim["tool_call_id"],
-            "tool": claim["tool"],
-            "binding_id": str(claim["binding_id"]),
+            "tool_call_id": claim.tool_call_id,
+            "tool": claim.tool,
+            "binding_id": str(claim.binding_id),
             "ok": False,
             "outcome": "ambiguous",
             "error": "dispatcher lost while the call was in flight",
@@ -166,33 +167,33 @@ def stale_claim_event(claim: dict[str, Any]) -> ev.NewEvent:
     )
 
 
-def _maybe_stale(claim: dict[str, Any]) -> bool:
+def _maybe_stale(claim: ToolExecutionClaim) -> bool:
     """Whether a ``claimed`` claim may be past its TTL. Judged by this host's clock with half the TTL to spare,
     so a skewed clock only runs the database's own (authoritative) sweep early, never skips a stale claim."""
-    claimed_at = claim.get("claimed_at")
-    if claim["state"] != "claimed" or claimed_at is None:
+    claimed_at = claim.claimed_at
+    if claim.state != "claimed" or claimed_at is None:
         return False
     age: float = (datetime.now(UTC) - claimed_at).total_seconds()
     return age > CLAIM_TTL_SECS / 2
 
 
-def _envelope(claim: dict[str, Any]) -> dict[str, Any]:
-    state = claim["state"]
+def _envelope(claim: ToolExecutionClaim) -> dict[str, Any]:
+    state = claim.state
     if state in ("succeeded", "failed_upstream"):
         # Definitive outcomes: upstream failure travels as result.is_error (MCP convention).
-        return {"ok": True, "result": claim["result"]}
+        return {"ok": True, "result": claim.result}
     if state == "refused":
-        return {"ok": False, "denied": True, "message": claim["error"]}
+        return {"ok": False, "denied": True, "message": claim.error}
     if state == "ambiguous":
         return {"ok": False, "error": "brokered call outcome ambiguous — not retried"}
     if state == "failed_before_send":
-        if claim["attempts"] >= MAX_ATTEMPTS:
+        if claim.attempts >= MAX_ATTEMPTS:
             return {
                 "ok": False,
-                "error": f"brokered dispatch failed before send on {claim['attempts']} attempts — not retried "
+                "error": f"brokered dispatch failed before send on {claim.attempts} attempts — not retried "
                 "(execution attempts exhausted)",
             }
-        return {"ok": False, "error": claim["error"]}
+        return {"ok": False, "error": claim.error}
     return {"ok": False, "error": "execution in flight; retry later"}
 
 
@@ -275,10 +276,10 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
         # call skips the sweep (a transaction of three round trips on every call otherwise).
         await svc.connections.expire_stale(run_id, CLAIM_TTL_SECS, stale_claim_event)
         claim = await svc.connections.claim(run_id, req.tool_call_id, digest) or claim
-    if claim["state"] in ("registered", "failed_before_send", "claimed") and claim["attempts"] < MAX_ATTEMPTS:
+    if claim.state in ("registered", "failed_before_send", "claimed") and claim.attempts < MAX_ATTEMPTS:
         # The attempt number is in the update id: a duplicate re-attaches to the same execution,
         # and only a proven pre-send failure ever gets a fresh one.
-        attempt = claim["attempts"] + (0 if claim["state"] == "claimed" else 1)
+        attempt = claim.attempts + (0 if claim.state == "claimed" else 1)
         await svc.run_control.broker(run_id, req.tool_call_id, digest, attempt)
         claim = await svc.connections.claim(run_id, req.tool_call_id, digest) or claim
     return _envelope(claim)

@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from core.bindings import DEFAULT_PARK_SECS, MAX_PARK_SECS, covering, freeze_binding, park_secs, same_url, url_key
 
 
-def cand(cid: str, url: str, tools: list[str]) -> dict[str, object]:
-    return {
-        "id": cid, "base_url": url, "tools_json": [{"name": t} for t in tools], "authorization_generation": 1,
-        "owner_type": "organization", "owner_user_id": None, "snapshot_version": 1, "protocol_version": "p",
-    }  # fmt: skip
+@dataclass(frozen=True)
+class Cand:
+    """A binding candidate as ``core.bindings`` reads one (an organization connection, nothing held for review)."""
+
+    id: str
+    base_url: str
+    tools_json: list[dict[str, Any]]
+    authorization_generation: int = 1
+    owner_type: str = "organization"
+    owner_user_id: str | None = None
+    access: dict[str, Any] | None = None
+    transport: str | None = None
+    snapshot_version: int = 1
+    protocol_version: str = "p"
+    approved: dict[str, Any] | None = None
+
+
+def cand(cid: str, url: str, tools: list[str]) -> Cand:
+    return Cand(cid, url, [{"name": t} for t in tools])
 
 
 def test_urls_compare_without_case_in_scheme_and_host_or_a_trailing_slash() -> None:
@@ -20,8 +37,8 @@ def test_urls_compare_without_case_in_scheme_and_host_or_a_trailing_slash() -> N
 
 def test_the_newest_candidate_covering_every_required_tool_wins() -> None:
     cands = [cand("new", "https://a/mcp", ["add"]), cand("old", "https://a/mcp", ["add", "echo"])]
-    assert covering(cands, "https://a/mcp", ["add"])["id"] == "new"  # type: ignore[index]
-    assert covering(cands, "https://a/mcp", ["add", "echo"])["id"] == "old"  # type: ignore[index]
+    assert covering(cands, "https://a/mcp", ["add"]) == cands[0]
+    assert covering(cands, "https://a/mcp", ["add", "echo"]) == cands[1]
     assert covering(cands, "https://b/mcp", ["add"]) is None
 
 

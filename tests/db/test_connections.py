@@ -30,7 +30,7 @@ async def test_a_sealed_connection_is_active_photographed_and_bindable(connectio
     assert await connections.credential(str(row.id)) == (b"sealed-blob", "key-1")
     # The first photograph is approved as it stands, and the connection is offered to new runs.
     assert [a.tool_name for a in await connections.approved_tools(str(row.id))] == ["add"]
-    assert [str(c["id"]) for c in await connections.candidates(tenant)] == [str(row.id)]
+    assert [c.id for c in await connections.candidates(tenant)] == [row.id]
 
 
 async def test_a_connection_without_a_photograph_waits_for_its_sign_in(connections: Connections, tenant: str) -> None:
@@ -88,4 +88,4 @@ async def test_a_personal_connection_is_its_owners_alone(connections: Connection
     assert await connections.all(tenant) == []  # the operator sees no one's personal connections
     assert [c.id for c in await connections.all(tenant, user_id)] == [row.id]
     assert await connections.candidates(tenant) == []
-    assert [str(c["id"]) for c in await connections.candidates(tenant, user_id)] == [str(row.id)]
+    assert [c.id for c in await connections.candidates(tenant, user_id)] == [row.id]

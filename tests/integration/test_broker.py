@@ -384,12 +384,12 @@ async def test_settling_a_claim_records_its_outcome_and_one_redacted_event_only_
             row = await ledger.settle_claim(
                 run_id, "s-1", digest, "succeeded", result, None, ev.NewEvent(type="tool.brokered", data=data)
             )
-            assert row is not None and (row["state"], row["result"]) == ("succeeded", result)
-            assert row["settled_at"] is not None
+            assert row is not None and (row.state, row.result) == ("succeeded", result)
+            assert row.settled_at is not None
             again = await ledger.settle_claim(
                 run_id, "s-1", digest, "ambiguous", None, "late", ev.NewEvent(type="tool.brokered", data=data)
             )
-            assert again is not None and (again["state"], again["result"], again["error"]) == (
+            assert again is not None and (again.state, again.result, again.error) == (
                 "succeeded",
                 result,
                 None,
