@@ -304,6 +304,7 @@ async def test_overrides_are_opt_in_and_only_narrow(
         "path": os.path.realpath(tree / "pkg"),
         "url": None,
         "ref": None,
+        "credential": None,
     }
     await wait_status(api, run["id"], TERMINAL)
 
