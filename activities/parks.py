@@ -9,7 +9,6 @@ signal that woke the run.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -42,17 +41,18 @@ class ParkActivities:
         run = await self.store.runs.get_run(None, run_id)
         assert run is not None
         return c.ParkOut(
-            state=state or (row["state"] if row else "ended"),
-            expires_at=row["expires_at"].isoformat() if row else "1970-01-01T00:00:00+00:00",
+            state=state or (row.state if row else "ended"),
+            expires_at=row.expires_at.isoformat() if row else "1970-01-01T00:00:00+00:00",
             status=run.status,
-            reason=reason or (row["reason"] if row else None),
+            reason=reason or (row.reason if row else None),
         )
 
     @activity.defn(name=c.PARK_CALL)
     async def park_call(self, inp: c.ParkIn) -> c.ParkOut:
-        row = await self.parks.park_call(inp.run_id, inp.tool_call_id, inp.input_digest, inp.reason)
+        parked = await self.parks.park_call(inp.run_id, inp.tool_call_id, inp.input_digest, inp.reason)
+        row = parked.park
         return c.ParkOut(
-            state=row["state"], expires_at=row["expires_at"].isoformat(), status=row["status"], reason=row["reason"]
+            state=row.state, expires_at=row.expires_at.isoformat(), status=parked.status, reason=row.reason
         )
 
     @activity.defn(name=c.TRY_UNPARK)
@@ -65,23 +65,15 @@ class ParkActivities:
         return await self._out(inp.run_id, inp.tool_call_id, state)
 
     async def _usable(self, run_id: str, tool_call_id: str, digest: str) -> tuple[bool, str | None]:
-        row = await self.parks.one_row(
-            "SELECT c.id, c.status, c.credential_sealed IS NOT NULL AS sealed, c.credential_env "
-            "FROM tool_execution_claims cl JOIN run_resource_bindings b ON b.id = cl.binding_id "
-            "JOIN integration_connections c ON c.id = b.connection_id "
-            "WHERE cl.session_id = $1 AND cl.tool_call_id = $2 AND cl.input_digest = $3",
-            uuid.UUID(run_id),
-            tool_call_id,
-            digest,
-        )
+        row = await self.parks.call_connection(run_id, tool_call_id, digest)
         if row is None:
             return False, "the parked call is gone"
-        if row["status"] != "active":
-            return False, f"the bound connection is {row['status']}"
-        missing = missing_env(row["credential_env"])
+        if row.status != "active":
+            return False, f"the bound connection is {row.status}"
+        missing = missing_env(row.credential_env)
         if missing:
             return False, missing
-        if not row["sealed"] and not row["credential_env"]:
+        if not row.sealed and not row.credential_env:
             return False, "the bound connection has no credential"
         return True, None
 
@@ -89,8 +81,8 @@ class ParkActivities:
     async def end_park(self, inp: c.EndParkIn) -> c.ParkOut:
         ended = await self.parks.end(inp.run_id, inp.tool_call_id, inp.outcome)
         waited = ended or await self.parks.wait_state(inp.run_id, inp.tool_call_id)
-        what = f"a connection for slot '{waited['slot']}'" if waited else "a connection"
-        cause = waited["reason"] if waited else "unknown"
+        what = f"a connection for slot '{waited.slot}'" if waited else "a connection"
+        cause = waited.reason if waited else "unknown"
         if inp.outcome == "expired":
             reason = f"waited for {what} until the park expired (budgets.max_park_secs): {cause}"
         else:

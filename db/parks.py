@@ -17,12 +17,29 @@ from core import events as ev
 from core.bindings import covering, freeze_binding, park_secs, pending_action, url_key
 from core.runspec import RunSpec
 from core.states import RunStatus
-from db._base import Conn, Repository, Row, as_row, as_rows
+from db._base import Conn, ReadModel, Repository, as_model, as_models, as_row
 from db.connections import ConnectionRow, Connections
 from db.ids import new_id
+from db.models.parks import RunPark
 from db.store import Store
 
 UP_FRONT = ""  # tool_call_id of a park before provisioning
+
+
+class ParkedCall(ReadModel):
+    """A parked call's wait and the run's status once it parked."""
+
+    park: RunPark
+    status: str
+
+
+class CallConnection(ReadModel):
+    """What decides whether a parked call's connection is usable again."""
+
+    id: uuid.UUID
+    status: str
+    sealed: bool
+    credential_env: str | None
 
 
 class Parks(Repository):
@@ -70,7 +87,7 @@ class Parks(Repository):
         await conn.execute("UPDATE sessions SET pending_action = $2 WHERE id = $1", uuid.UUID(spec.run_id), actions[0])
         return actions[0]
 
-    async def park_call(self, run_id: str, tool_call_id: str, digest: str, reason: str) -> Row:
+    async def park_call(self, run_id: str, tool_call_id: str, digest: str, reason: str) -> ParkedCall:
         """Park one brokered call (idempotent): its wait, ``authorization.required``, the run waiting."""
         spec = await self.store.runs.run_spec(run_id)
         ttl = park_secs(spec.budgets.max_park_secs)
@@ -86,16 +103,18 @@ class Parks(Repository):
                 digest,
             )
             assert claim is not None  # the broker parked this very claim
-            existing = as_row(
+            existing = as_model(
+                RunPark,
                 await conn.fetchrow(
                     "SELECT * FROM run_parks WHERE session_id = $1 AND tool_call_id = $2 AND state = 'waiting'",
                     uuid.UUID(run_id),
                     tool_call_id,
-                )
+                ),
             )
             if existing is not None:
-                return {**existing, "status": status}
-            row = as_row(
+                return ParkedCall(park=existing, status=status)
+            row = as_model(
+                RunPark,
                 await conn.fetchrow(
                     "INSERT INTO run_parks (id, tenant_id, session_id, tool_call_id, slot, connection_id, url_key, "
                     "reason, expires_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8, now() + make_interval(secs => $9)) "
@@ -110,14 +129,14 @@ class Parks(Repository):
                     url_key(claim["base_url"]),
                     reason,
                     float(ttl),
-                )
+                ),
             )
             assert row is not None
             action = pending_action(
-                slot=row["slot"],
+                slot=row.slot,
                 url=claim["base_url"],
                 reason=reason,
-                expires_at=row["expires_at"].isoformat(),
+                expires_at=row.expires_at.isoformat(),
                 connection_id=str(claim["connection_id"]),
                 tool_call_id=tool_call_id,
             )
@@ -134,7 +153,7 @@ class Parks(Repository):
                 await self.store.append(conn, run_id, [required])
             if status == RunStatus.WAITING_FOR_CONNECTION:
                 await conn.execute("UPDATE sessions SET pending_action = $2 WHERE id = $1", uuid.UUID(run_id), action)
-            return {**row, "status": status}
+            return ParkedCall(park=row, status=status)
 
     async def credential_rejected(
         self, run_id: str, tool_call_id: str, digest: str, connection_id: str, generation: int
@@ -163,9 +182,10 @@ class Parks(Repository):
 
     # ---- resuming ------------------------------------------------------------------------------
 
-    async def wait_state(self, run_id: str, tool_call_id: str) -> Row | None:
+    async def wait_state(self, run_id: str, tool_call_id: str) -> RunPark | None:
         """The newest wait of ``tool_call_id`` ('' for the up-front waits: the soonest to expire)."""
-        return await self.one_row(
+        return await self.one(
+            RunPark,
             "SELECT * FROM run_parks WHERE session_id = $1 AND tool_call_id = $2 "
             "ORDER BY (state = 'waiting') DESC, expires_at LIMIT 1",
             uuid.UUID(run_id),
@@ -280,18 +300,19 @@ class Parks(Repository):
                 await self.store.append(conn, run_id, new)
             return "resumed", status
 
-    async def end(self, run_id: str, tool_call_id: str, outcome: str) -> Row | None:
+    async def end(self, run_id: str, tool_call_id: str, outcome: str) -> RunPark | None:
         """End the waits of ``tool_call_id`` (expired: the TTL passed; ended: the run is closing)."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
-            rows = as_rows(
+            rows = as_models(
+                RunPark,
                 await conn.fetch(
                     "UPDATE run_parks SET state = $3, resolved_at = now() WHERE session_id = $1 "
                     "AND tool_call_id = $2 AND state = 'waiting' RETURNING *",
                     uuid.UUID(run_id),
                     tool_call_id,
                     outcome,
-                )
+                ),
             )
             if rows:
                 await conn.execute("UPDATE sessions SET pending_action = NULL WHERE id = $1", uuid.UUID(run_id))
@@ -303,15 +324,28 @@ class Parks(Repository):
                             type=ev.CONNECTION_WAIT_ENDED,
                             data={
                                 "tool_call_id": tool_call_id or None,
-                                "slot": r["slot"],
+                                "slot": r.slot,
                                 "outcome": outcome,
-                                "reason": r["reason"],
+                                "reason": r.reason,
                             },
                         )
                         for r in rows
                     ],
                 )
             return rows[0] if rows else None
+
+    async def call_connection(self, run_id: str, tool_call_id: str, digest: str) -> CallConnection | None:
+        """The connection bound to a parked call, as far as its usability goes (None: the call is gone)."""
+        return await self.one(
+            CallConnection,
+            "SELECT c.id, c.status, c.credential_sealed IS NOT NULL AS sealed, c.credential_env "
+            "FROM tool_execution_claims cl JOIN run_resource_bindings b ON b.id = cl.binding_id "
+            "JOIN integration_connections c ON c.id = b.connection_id "
+            "WHERE cl.session_id = $1 AND cl.tool_call_id = $2 AND cl.input_digest = $3",
+            uuid.UUID(run_id),
+            tool_call_id,
+            digest,
+        )
 
     # ---- who waits -----------------------------------------------------------------------------
 

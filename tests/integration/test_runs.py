@@ -183,7 +183,11 @@ async def test_a_new_run_gets_its_own_snapshot_and_status_is_visible_in_listings
     row = await wait_status(api, run_id, {"completed"})
     assert row["run_spec"]["policy_name"] == "demo" and row["run_spec"]["agent_name"] == agent
     assert row["run_spec"]["workspace"] == {
-        "kind": "scratch", "path": None, "url": None, "ref": None, "credential": None
+        "kind": "scratch",
+        "path": None,
+        "url": None,
+        "ref": None,
+        "credential": None,
     }
     listed = (await api.get("/v1/sessions", params={"limit": 5})).json()["sessions"]
     assert run_id in [s["id"] for s in listed]
