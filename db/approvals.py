@@ -90,6 +90,17 @@ DECIDED_ALLOW = frozenset({"auto_allowed", "approved_once", "approved_session"})
 DECIDED_DENY = frozenset({"auto_denied", "denied", "expired"})
 
 
+async def approval_for_call(conn: Conn, run_id: uuid.UUID, tool_call_id: str) -> ApprovalRecord | None:
+    """The approval row of one tool call of a run, read on ``conn`` (inside the caller's transaction)."""
+    return await fetch_model(
+        conn,
+        ApprovalRecord,
+        "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2",
+        run_id,
+        tool_call_id,
+    )
+
+
 class GateOutcome:
     """What /permission answers: a verdict now, or the approval the runner must wait on."""
 
@@ -120,13 +131,7 @@ class Approvals:
                 tool_call_id,
             )
             if row is None:
-                existing = await fetch_model(
-                    conn,
-                    ApprovalRecord,
-                    "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2",
-                    rid,
-                    tool_call_id,
-                )
+                existing = await approval_for_call(conn, rid, tool_call_id)
                 if existing is None:
                     raise NotFound("no such tool call")
                 return existing

@@ -15,7 +15,7 @@ from core.gate import GateDecision, decide
 from core.redaction import Redactor
 from core.states import accepts_work
 from db._base import Conn, fetch_model
-from db.approvals import DECIDED_ALLOW, DECIDED_DENY, ApprovalRecord, GateOutcome
+from db.approvals import DECIDED_ALLOW, DECIDED_DENY, ApprovalRecord, GateOutcome, approval_for_call
 from db.ids import new_id
 from db.ledger import Ledger
 from db.runs import Runs
@@ -44,13 +44,7 @@ class Gate:
             # Separate statements after the lock: under READ COMMITTED they see what a concurrent
             # transaction we waited for committed (an intent, a cancel); a join inside the locking
             # query would keep the pre-wait snapshot of the joined tables.
-            existing = await fetch_model(
-                conn,
-                ApprovalRecord,
-                "SELECT * FROM approvals WHERE session_id = $1 AND tool_call_id = $2",
-                rid,
-                tool_call_id,
-            )
+            existing = await approval_for_call(conn, rid, tool_call_id)
             winding_down = await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM session_finalizations WHERE session_id = $1)", rid
             )

@@ -401,7 +401,9 @@ async def test_settling_a_claim_records_its_outcome_and_one_redacted_event_only_
             await pool.close()
         after = await events(api, run_id)
         settled = [e for e in after if e["type"] == "tool.brokered"]
-        assert len(settled) == 1 and settled[0]["seq"] == max(before) + 1 == max(e["seq"] for e in after)
+        # The idle run's runner may append its own events meanwhile: the settle's event takes the next free seq.
+        assert len(settled) == 1 and settled[0]["seq"] > max(before)
+        assert sorted(e["seq"] for e in after) == list(range(1, len(after) + 1))
         assert settled[0]["payload"]["data"]["outcome"] == "succeeded"
         assert secret not in json.dumps(after)
         await api.post(f"/v1/sessions/{run_id}/cancel")
