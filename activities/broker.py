@@ -122,13 +122,6 @@ class BrokerActivities:
         )
         return c.BrokerOut(state="parked", reason=REJECTED)
 
-    async def _credential_env(self, claim: DispatchView) -> str | None:
-        async with self.store.pool.acquire() as conn:
-            value = await conn.fetchval(
-                "SELECT credential_env FROM integration_connections WHERE id = $1", claim.connection_id
-            )
-        return str(value) if value else None
-
     @activity.defn(name=c.BROKER_CALL)
     async def broker_call(self, inp: c.BrokerIn) -> c.BrokerOut:
         # One read for every check; the claim CAS below is the only other statement before the call.
@@ -161,7 +154,7 @@ class BrokerActivities:
         oauth = binding.auth_kind == "oauth"
         try:
             # Read in the same statement as the checks, and only while the binding still holds.
-            env = None if oauth or claim.credential_sealed is not None else await self._credential_env(claim)
+            env = None if oauth or claim.credential_sealed is not None else (claim.credential_env or None)
             if env is not None:
                 token = os.environ.get(env, "")
                 if not token:

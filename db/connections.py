@@ -126,6 +126,7 @@ class DispatchView(ReadModel):
     credential_sealed: bytes | None = Field(
         repr=False, description="Only while the connection still matches the binding (None otherwise)."
     )
+    credential_env: str | None = Field(description="The environment variable an env-backed credential is read from.")
     run_status: str
 
 
@@ -692,7 +693,7 @@ class Connections(Repository):
             "b.connection_owner_type, b.connection_owner_user_id, c.owner_user_id AS live_owner_user_id, "
             "c.status AS connection_status, c.authorization_generation AS live_generation, "
             "c.owner_type AS live_owner_type, c.base_url, c.header_name, c.scheme, c.auth_kind, "
-            "c.transport, c.transport_config, "
+            "c.transport, c.transport_config, c.credential_env, "
             "(m.status = 'active' AND u.status = 'active') AS owner_active, "
             "CASE WHEN c.status = 'active' AND c.authorization_generation = b.authority_generation "
             "AND (b.connection_owner_user_id IS NULL OR (c.owner_user_id = b.connection_owner_user_id "
