@@ -104,18 +104,7 @@ class RunWorkflow:
                 if out.state == "parked" and workflow.patched(PARK_ON_BROKER_QUEUE):
                     out = await self._park_call(call, out, queue)
                 return out
-            # A local activity: it runs in the worker that holds this workflow task, saving a task
-            # round trip on every brokered call, and is still recorded (a marker) in the history.
-            result = await workflow.execute_local_activity(
-                c.BROKER_CALL,
-                inp,
-                result_type=c.BrokerOut,
-                start_to_close_timeout=timedelta(minutes=2),
-                # Never retried by Temporal: after the claim is taken, a retry could send twice.
-                retry_policy=RetryPolicy(maximum_attempts=1),
-                summary=f"brokered call {call.tool_call_id}",
-            )
-            out = cast(c.BrokerOut, result)
+            out = await self._broker_here(inp, f"brokered call {call.tool_call_id}")
             if out.state == "parked" and workflow.patched(PARKED_RUNS):
                 out = await self._park_call(call, out)
             return out
@@ -356,18 +345,24 @@ class RunWorkflow:
         if queue is not None:  # where it was brokered (only reached under PARK_ON_BROKER_QUEUE)
             resumed = await self._broker_on_queue(queue, again, summary)
         else:
-            result = await workflow.execute_local_activity(
-                c.BROKER_CALL,
-                again,
-                result_type=c.BrokerOut,
-                start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=RetryPolicy(maximum_attempts=1),
-                summary=summary,
-            )
-            resumed = cast(c.BrokerOut, result)
+            resumed = await self._broker_here(again, summary)
         if resumed.state == "parked":  # unusable again at once: park again (a new wait with a new TTL)
             return await self._park_call(call, resumed, queue)
         return resumed
+
+    async def _broker_here(self, inp: c.BrokerIn, summary: str) -> c.BrokerOut:
+        """One brokered call as a local activity: it runs in the worker that holds this workflow task, saving a
+        task round trip on every call, and is still recorded (a marker) in the history."""
+        result = await workflow.execute_local_activity(
+            c.BROKER_CALL,
+            inp,
+            result_type=c.BrokerOut,
+            start_to_close_timeout=timedelta(minutes=2),
+            # Never retried by Temporal: after the claim is taken, a retry could send twice.
+            retry_policy=RetryPolicy(maximum_attempts=1),
+            summary=summary,
+        )
+        return cast(c.BrokerOut, result)
 
     async def _wait_unparked(self, park: c.ParkIn, out: c.ParkOut) -> str | None:
         """None once the wait is over (the run was moved back to work); else why it ended."""

@@ -65,16 +65,22 @@ async def visible_in_temporal(stack: Stack, run_id: str, status: str) -> None:
     await eventually(listed, timeout=30, message=f"run {run_id} not visible as {status} in Temporal")
 
 
-async def parked_mid_run(api: httpx.AsyncClient, srv: RunningServer) -> tuple[str, str]:
-    """A run whose second echo parks on its revoked connection; returns (run id, connection id)."""
-    created = await connect(api, srv.url, "tok-" + secrets.token_hex(8))
-    connection_id = created["connection"]["id"]
+async def echo_pause_echo(api: httpx.AsyncClient, srv: RunningServer) -> tuple[str, dict[str, Any]]:
+    """A run bound to ``srv`` that has made its first echo and waits on the approval before its second;
+    returns (run id, that pending approval)."""
     agent = await make_agent(
         api, ECHO_PAUSE_ECHO, policy=await make_policy(api, BROKER_POLICY),
         connection_requirements=[requirement(srv.url, ["echo"])],
     )  # fmt: skip
     run_id = (await start(api, agent))["id"]
-    pending = await wait_pending(api, run_id)
+    return run_id, await wait_pending(api, run_id)
+
+
+async def parked_mid_run(api: httpx.AsyncClient, srv: RunningServer) -> tuple[str, str]:
+    """A run whose second echo parks on its revoked connection; returns (run id, connection id)."""
+    created = await connect(api, srv.url, "tok-" + secrets.token_hex(8))
+    connection_id = created["connection"]["id"]
+    run_id, pending = await echo_pause_echo(api, srv)
     assert (await api.post(f"/v1/connections/{connection_id}/revoke")).status_code == 200
     await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
     row = await wait_status(api, run_id, {"waiting_for_connection"})
@@ -347,12 +353,7 @@ async def test_a_static_credential_the_server_stops_accepting_parks_the_call_unt
     old, new = "tok-" + secrets.token_hex(8), "tok-" + secrets.token_hex(8)
     async with serve(bearer(old)) as srv:
         connection_id = (await connect(api, srv.url, old))["connection"]["id"]
-        agent = await make_agent(
-            api, ECHO_PAUSE_ECHO, policy=await make_policy(api, BROKER_POLICY),
-            connection_requirements=[requirement(srv.url, ["echo"])],
-        )  # fmt: skip
-        run_id = (await start(api, agent))["id"]
-        pending = await wait_pending(api, run_id)
+        run_id, pending = await echo_pause_echo(api, srv)
         assert srv.executions == ["echo"], "the first echo ran with the credential the server still accepted"
         # The token is rotated upstream while the run waits: the second echo's tools/call is answered 401.
         srv.recorder.rotate_bearer(new)
