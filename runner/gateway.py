@@ -37,8 +37,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import quote, urlsplit
 
 from core.wire import (
@@ -103,8 +102,11 @@ class TransportError(Exception):
         self.held = held
 
 
-@dataclass(frozen=True)
-class Response:
+# The value types below are NamedTuples (immutable, equal by value) rather than dataclasses: ``dataclasses``
+# loads ``inspect``, a few ms of every runner's start (issue 12).
+
+
+class Response(NamedTuple):
     """A complete HTTP answer from the control plane."""
 
     status_code: int
@@ -123,8 +125,7 @@ class Response:
         return json.loads(self.content)
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """The gate's answer to one tool call (``/permission``)."""
 
     decision: str  # allow | deny
@@ -347,8 +348,7 @@ class _Http:
             conn.close()
 
 
-@dataclass(frozen=True)
-class Credentials:
+class Credentials(NamedTuple):
     session_id: str
     control_token: str
     tool_token: str
