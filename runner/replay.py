@@ -15,9 +15,7 @@ import math
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable, Mapping
-from importlib.resources import files
 from typing import Any, Final
 
 from core.tools import canonicalize
@@ -47,7 +45,11 @@ from runner.gateway import AudienceMismatch, ControlPlane, GatewayError, Gateway
 from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
 from runner.local_tools import LocalTools, StdioMcpError, ToolRefused
 
-DEFAULT_TRANSCRIPT: Final[str] = (files("runner") / "transcripts" / "demo.json").read_text(encoding="utf-8")
+# Next to this module, read with a plain open(): importlib.resources would load tempfile, shutil, zipfile and
+# more, a few ms of every runner's start (issue 12); the runner always runs from files on disk.
+_TRANSCRIPT_PATH: Final[str] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transcripts", "demo.json")
+with open(_TRANSCRIPT_PATH, encoding="utf-8") as _transcript:
+    DEFAULT_TRANSCRIPT: Final[str] = _transcript.read()
 DEFAULT_DELAY_MS = 400.0
 STARTING_TEXT = "deterministic replay runner starting — scripted transcript, no model calls (autonomy={autonomy})"
 DEPLOY_WITHHELD = " Deploy withheld — nothing was released."
@@ -384,6 +386,8 @@ def run(
         heartbeat.stop()
         local.close()
         if not isinstance(exc, ScriptError):
+            import traceback  # only a failing run needs it
+
             traceback.print_exc(file=sys.stderr)
         return report_failure(gateway, f"replay runner failed: {describe(exc)}")
     heartbeat.stop()

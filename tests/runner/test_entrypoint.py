@@ -11,8 +11,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # Standard-library modules a local replay run never needs at its start, each a few ms of CPU that a burst of
 # runs pays once per run (issue 12): the Pod path's transfer machinery (runner.remote: tarfile, hashlib) and
 # http.client with the email parser and ssl it loads (the gateway's socket speaks its own small HTTP/1.1), and
-# dataclasses with the inspect it loads (the runner's value types are NamedTuples or plain classes).
-NOT_AT_START = ("runner.remote", "tarfile", "hashlib", "http", "email", "ssl", "dataclasses", "inspect")
+# dataclasses with the inspect it loads (the runner's value types are NamedTuples or plain classes), and
+# importlib.resources with tempfile, shutil and zipfile (the baked transcript is read with open()).
+NOT_AT_START = (
+    *("runner.remote", "tarfile", "hashlib", "http", "email", "ssl", "dataclasses", "inspect"),
+    *("importlib.resources", "tempfile", "shutil", "zipfile", "traceback"),
+)
 
 
 def _loaded_at_start(names: tuple[str, ...]) -> list[str]:
