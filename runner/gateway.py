@@ -33,12 +33,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, NamedTuple, Protocol
-from urllib.parse import quote, urlsplit
 
 from core.wire import (
     ENV_CONTROL_SOCKET,
@@ -301,12 +301,29 @@ def _exchange(socket_path: str, target: str, headers: Mapping[str, str], body: b
             sock.close()
 
 
+# ``scheme://host[:port]`` with at most a bare "/" after it: urlsplit would find no path (nor a bad port) in it.
+_BARE_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[A-Za-z0-9.-]*(?::[0-9]{1,4})?/?")
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
+def path_segment(text: str) -> str:
+    """``text`` as one percent-encoded URL path segment: ``urllib.parse.quote(text, safe="")``, without
+    loading urllib (and the ipaddress it loads) at every runner start."""
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in text.encode("utf-8"))
+
+
 class _Http:
     """One JSON POST per connection, over the gateway socket or to ``FLUIDBOX_CONTROL_URL``."""
 
     def __init__(self, base_url: str, socket_path: str | None) -> None:
-        parts = urlsplit(base_url)
         self._socket_path = socket_path
+        self._tls = False
+        self._host, self._port, self._base_path = "fluidbox", None, ""
+        if socket_path and _BARE_ORIGIN.fullmatch(base_url):
+            return  # only the path matters on the socket, and this URL has none: urllib stays unloaded
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(base_url)
         self._tls = parts.scheme == "https"
         self._host = parts.hostname or "fluidbox"
         self._port = parts.port
@@ -472,7 +489,7 @@ class Gateway:
         hold_timeout_s: float = HOLD_TIMEOUT_S,
     ) -> None:
         self._http = _Http(base_url, socket_path)
-        self._prefix = f"/internal/sessions/{quote(credentials.session_id, safe='')}"
+        self._prefix = f"/internal/sessions/{path_segment(credentials.session_id)}"
         self._control = credentials.control_token
         self._tool = credentials.tool_token
         self._sleep = sleep

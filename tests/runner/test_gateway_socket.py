@@ -15,6 +15,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from runner.gateway import MAX_HOLD_S, Credentials, Gateway
+from runner.gateway import MAX_HOLD_S, Credentials, Gateway, path_segment
 
 CREDS = Credentials(session_id="0b7e-run", control_token="ctl", tool_token="tool", llm_token="llm")
 PREFIX = "/internal/sessions/0b7e-run"
@@ -298,3 +299,15 @@ def test_a_socket_nobody_listens_on_is_unreachable_not_held(socket_dir: Path) ->
     gateway = Gateway(CREDS, socket_path=str(socket_dir / "none.sock"), sleep=lambda _: None, hold_timeout_s=0.3)
     answer_ = gateway.tools_call("rp_001", "mcp__calc__add", {"a": 2})
     assert answer_["ok"] is False and "UNKNOWN" in answer_["error"]
+
+
+@pytest.mark.parametrize("text", ["", "0b7e-run", "a b/c?d#e%f", "~_.-", "ü€😀", "+&=;:@!$'()*,[]", "\x00\x7f"])
+def test_a_session_id_is_encoded_into_one_path_segment_as_urllib_would(text: str) -> None:
+    assert path_segment(text) == urllib.parse.quote(text, safe="")
+
+
+def test_a_control_url_with_a_path_prefixes_every_post_on_the_socket(peer: Any) -> None:
+    srv = peer([ok({"ok": True})])
+    gateway = Gateway(CREDS, base_url="http://fluidbox/api/", socket_path=srv.path, sleep=lambda _: None)
+    assert gateway.tools_call("rp_001", "mcp__calc__add", {}) == {"ok": True}
+    assert srv.requests[0][0][0] == f"POST /api{PREFIX}/tools/call HTTP/1.1"
