@@ -2,14 +2,15 @@
 
 The runner imports only this module from ``core`` (with :mod:`core.tools`): a sandbox starts one Python
 interpreter per run, and pydantic and httpx alone cost it about 0.3 s of CPU at every start. The
-server-side pydantic models live in :mod:`core.contract`, which re-exports these names.
+server-side pydantic models live in :mod:`core.contract`, which re-exports these names. For the same
+reason :class:`Step` is a ``NamedTuple``, not a dataclass (``dataclasses`` loads ``inspect``: a few ms of
+every runner's start; issue 12).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # Environment variable names the sandbox receives.
 ENV_CONTROL_URL = "FLUIDBOX_CONTROL_URL"
@@ -98,9 +99,9 @@ SLEEP_MS_MAX = 3_600_000
 _TOOL = re.compile(REPLAY_TOOL_PATTERN)
 
 
-@dataclass(frozen=True)
-class Step:
-    """One step of a replay script: exactly one of ``say``, ``tool`` or ``sleep_ms``."""
+class Step(NamedTuple):
+    """One step of a replay script: exactly one of ``say``, ``tool`` or ``sleep_ms``. Immutable, equal by
+    value."""
 
     say: str | None = None
     tool: str | None = None

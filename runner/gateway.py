@@ -3,12 +3,19 @@
 Synchronous on purpose: the runner is one driver thread plus a heartbeat thread, and a blocking
 ``/permission`` call *is* the gate — the tool must not run until the answer arrives.
 
-Built on the standard library's ``http.client`` (one short connection per request, so the two threads
-never share one): a sandbox starts a fresh interpreter for every run, and httpx and pydantic would
-cost each start about 0.3 s of CPU, which a burst of runs pays hundreds of times over.
+Standard library only, one short connection per request (so the two threads never share one): a sandbox
+starts a fresh interpreter for every run, and httpx and pydantic would cost each start about 0.3 s of CPU,
+which a burst of runs pays hundreds of times over.
 
 Inside bubblewrap there is no network; the API is reached through a Unix socket bound into the sandbox
-(``FLUIDBOX_CONTROL_SOCKET``), and the URL host is then only cosmetic.
+(``FLUIDBOX_CONTROL_SOCKET``), and the URL host is then only cosmetic. That hot local path does not use
+``http.client`` either: importing it (with the ``email`` parser and ``ssl`` it drags in) was about half of
+a replay runner's start CPU (issue 12, docs/decisions.md). The runner speaks only to our own gateway, and
+only one kind of exchange: one POST with ``content-length`` and ``connection: close``, then one answer read
+by its framing (``content-length``, chunked, or until the peer closes). :func:`_exchange` does exactly that
+and nothing more; an answer it cannot read is a :class:`TransportError`, like no answer at all. A Pod
+reaches the control plane over TCP or TLS (``FLUIDBOX_CONTROL_URL``), where ``http.client`` (and ``ssl``)
+is still used, imported on that path only.
 
 Tokens are read once by :func:`take_credentials`, which also removes every token variable from the
 environment so that no child process the runner spawns can inherit one.
@@ -24,16 +31,14 @@ Exceptions (independent, so catching one never swallows another)::
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
+import re
 import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass
-from typing import Any, Protocol
-from urllib.parse import quote, urlsplit
+from typing import Any, NamedTuple, Protocol
 
 from core.wire import (
     ENV_CONTROL_SOCKET,
@@ -97,8 +102,11 @@ class TransportError(Exception):
         self.held = held
 
 
-@dataclass(frozen=True)
-class Response:
+# The value types below are NamedTuples (immutable, equal by value) rather than dataclasses: ``dataclasses``
+# loads ``inspect``, a few ms of every runner's start (issue 12).
+
+
+class Response(NamedTuple):
     """A complete HTTP answer from the control plane."""
 
     status_code: int
@@ -117,8 +125,7 @@ class Response:
         return json.loads(self.content)
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """The gate's answer to one tool call (``/permission``)."""
 
     decision: str  # allow | deny
@@ -126,30 +133,197 @@ class Verdict:
     updated_input: dict[str, Any] | None = None
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP over the gateway's Unix socket (bound into the sandbox); the host name is cosmetic."""
+# Limits on an answer's head, as http.client has them: a peer that never ends a line cannot grow the buffer.
+_MAX_LINE = 65536
+_MAX_HEADERS = 100
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+# Characters http.client refuses in a request target (controls and the space).
+_BAD_TARGET = frozenset(chr(c) for c in (*range(0x21), 0x7F))
 
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("fluidbox", timeout=timeout)
-        self._path = path
 
-    def connect(self) -> None:
+class HttpProtocolError(Exception):
+    """The exchange broke HTTP/1.1: the peer's bytes are not one complete answer, or the request target could
+    not be sent as it is."""
+
+
+class _Reader:
+    """Buffered reads from one connected socket; each ``recv`` is bound by the socket's timeout."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = bytearray()
+
+    def _more(self) -> bool:
+        data = self._sock.recv(65536)
+        self._buf += data
+        return bool(data)
+
+    def line(self) -> bytes | None:
+        """The next line without its line end (CRLF, or a bare LF), or None at the end of the stream."""
+        while (end := self._buf.find(b"\n")) < 0:
+            if len(self._buf) > _MAX_LINE:
+                raise HttpProtocolError("a line of the answer is too long")
+            if not self._more():
+                if self._buf:
+                    raise HttpProtocolError("the answer ended inside a line")
+                return None
+        if end > _MAX_LINE:
+            raise HttpProtocolError("a line of the answer is too long")
+        line = bytes(self._buf[:end])
+        del self._buf[: end + 1]
+        return line[:-1] if line.endswith(b"\r") else line
+
+    def exact(self, size: int) -> bytes:
+        while len(self._buf) < size:
+            if not self._more():
+                raise HttpProtocolError(f"the answer ended {size - len(self._buf)} bytes short of its body")
+        data = bytes(self._buf[:size])
+        del self._buf[:size]
+        return data
+
+    def rest(self) -> bytes:
+        while self._more():
+            pass
+        data = bytes(self._buf)
+        self._buf.clear()
+        return data
+
+
+def _read_head(reader: _Reader) -> tuple[int, dict[str, str]]:
+    """The status code and the headers (names lower-cased; repeated ones joined with ``", "``)."""
+    line = reader.line()
+    if line is None:
+        raise HttpProtocolError("the peer closed the connection without answering")
+    parts = line.split(None, 2)
+    if (
+        len(parts) < 2
+        or not parts[0].startswith(b"HTTP/1.")
+        or len(parts[1]) != 3
+        or not parts[1].isdigit()
+        or parts[1][0] == ord("0")
+    ):
+        raise HttpProtocolError(f"malformed status line {line[:80]!r}")
+    headers: dict[str, str] = {}
+    for _ in range(_MAX_HEADERS + 1):
+        line = reader.line()
+        if line is None:
+            raise HttpProtocolError("the answer ended inside its headers")
+        if not line:
+            return int(parts[1]), headers
+        name, colon, value = line.partition(b":")
+        # No space before the colon and no folded continuation lines (RFC 9112 forbids both).
+        if not colon or not name or name != name.strip():
+            raise HttpProtocolError(f"malformed header line {line[:80]!r}")
+        key, text = name.decode("latin-1").lower(), value.strip().decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    raise HttpProtocolError(f"more than {_MAX_HEADERS} headers")
+
+
+def _read_chunked(reader: _Reader) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        line = reader.line()
+        if line is None:
+            raise HttpProtocolError("the answer ended inside its chunked body")
+        size = line.split(b";", 1)[0].strip()  # a chunk extension is ignored
+        if not size or len(size) > 16 or not _HEX.issuperset(size):
+            raise HttpProtocolError(f"malformed chunk size {line[:40]!r}")
+        if not (length := int(size, 16)):
+            break
+        parts.append(reader.exact(length))
+        if reader.line() != b"":
+            raise HttpProtocolError("a chunk is longer than its size says")
+    # The trailer section, ignored: lines up to an empty one (or the end of the stream).
+    for _ in range(_MAX_HEADERS + 1):
+        if not reader.line():
+            return b"".join(parts)
+    raise HttpProtocolError(f"more than {_MAX_HEADERS} trailer lines")
+
+
+def _read_answer(reader: _Reader) -> Response:
+    """One complete answer: the body is framed by chunked coding, ``content-length``, or the peer closing."""
+    status, headers = _read_head(reader)
+    while 100 <= status < 200 and status != 101:  # an interim answer (100 Continue): the real one follows
+        status, headers = _read_head(reader)
+    if status in (101, 204, 304):
+        return Response(status, b"")
+    coding = headers.get("transfer-encoding")
+    if coding is not None:
+        if coding.strip().lower() != "chunked":
+            raise HttpProtocolError(f"unsupported transfer-encoding {coding!r}")
+        return Response(status, _read_chunked(reader))
+    length = headers.get("content-length")
+    if length is None:
+        return Response(status, reader.rest())
+    values = {value.strip() for value in length.split(",")}
+    text = values.pop()
+    if values or not (text.isascii() and text.isdigit()):
+        raise HttpProtocolError(f"malformed content-length {length[:40]!r}")
+    return Response(status, reader.exact(int(text)))
+
+
+def _request_bytes(target: str, headers: Mapping[str, str], body: bytes) -> bytes:
+    if not target.startswith("/") or not _BAD_TARGET.isdisjoint(target):
+        raise HttpProtocolError(f"cannot send a request to {target!r}")
+    lines = [f"POST {target} HTTP/1.1", "host: fluidbox"]
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value:
+            raise ValueError(f"invalid value for header {name}")
+        lines.append(f"{name}: {value}")
+    lines.append(f"content-length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _exchange(socket_path: str, target: str, headers: Mapping[str, str], body: bytes, timeout: float) -> Response:
+    """One POST over the gateway's Unix socket and its complete answer.
+
+    ``timeout`` bounds the connect and every single send and receive (as ``http.client``'s does).
+
+    Raises:
+        TransportError: refused, reset, closed early, an unreadable answer, or a timeout; ``held`` when the
+            timeout came after the whole request was sent (the server has it and is keeping it).
+    """
+    sent = False
+    sock: socket.socket | None = None
+    try:
+        request = _request_bytes(target, headers, body)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self._path)
-        except BaseException:
+        sock.settimeout(timeout)
+        sock.connect(socket_path)
+        sock.sendall(request)
+        sent = True
+        return _read_answer(_Reader(sock))
+    except (OSError, HttpProtocolError) as exc:
+        held = sent and isinstance(exc, TimeoutError)
+        raise TransportError(f"{type_name(exc)}: {exc}", held=held) from None
+    finally:
+        if sock is not None:
             sock.close()
-            raise
-        self.sock = sock
+
+
+# ``scheme://host[:port]`` with at most a bare "/" after it: urlsplit would find no path (nor a bad port) in it.
+_BARE_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[A-Za-z0-9.-]*(?::[0-9]{1,4})?/?")
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
+def path_segment(text: str) -> str:
+    """``text`` as one percent-encoded URL path segment: ``urllib.parse.quote(text, safe="")``, without
+    loading urllib (and the ipaddress it loads) at every runner start."""
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in text.encode("utf-8"))
 
 
 class _Http:
     """One JSON POST per connection, over the gateway socket or to ``FLUIDBOX_CONTROL_URL``."""
 
     def __init__(self, base_url: str, socket_path: str | None) -> None:
-        parts = urlsplit(base_url)
         self._socket_path = socket_path
+        self._tls = False
+        self._host, self._port, self._base_path = "fluidbox", None, ""
+        if socket_path and _BARE_ORIGIN.fullmatch(base_url):
+            return  # only the path matters on the socket, and this URL has none: urllib stays unloaded
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(base_url)
         self._tls = parts.scheme == "https"
         self._host = parts.hostname or "fluidbox"
         self._port = parts.port
@@ -158,26 +332,29 @@ class _Http:
     def post(self, path: str, payload: dict[str, Any], token: str, timeout: float) -> Response:
         """Raises TransportError when no complete answer arrived."""
         body = json.dumps(payload, separators=(",", ":")).encode()
-        conn: http.client.HTTPConnection
+        headers = {
+            "authorization": f"Bearer {token}",
+            "content-type": "application/json",
+            "accept": "application/json",
+            "accept-encoding": "identity",
+            "connection": "close",
+        }
         if self._socket_path:
-            conn = _UnixConnection(self._socket_path, timeout)
-        elif self._tls:
+            return _exchange(self._socket_path, self._base_path + path, headers, body, timeout)
+        return self._post_tcp(self._base_path + path, headers, body, timeout)
+
+    def _post_tcp(self, target: str, headers: dict[str, str], body: bytes, timeout: float) -> Response:
+        # A Pod's path (TCP, or TLS to the control plane's Service): http.client and ssl are loaded here only.
+        import http.client
+
+        conn: http.client.HTTPConnection
+        if self._tls:
             conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
         else:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         sent = False
         try:
-            conn.request(
-                "POST",
-                self._base_path + path,
-                body=body,
-                headers={
-                    "authorization": f"Bearer {token}",
-                    "content-type": "application/json",
-                    "accept": "application/json",
-                    "connection": "close",
-                },
-            )
+            conn.request("POST", target, body=body, headers=headers)
             sent = True
             answer = conn.getresponse()
             return Response(answer.status, answer.read())
@@ -188,8 +365,7 @@ class _Http:
             conn.close()
 
 
-@dataclass(frozen=True)
-class Credentials:
+class Credentials(NamedTuple):
     session_id: str
     control_token: str
     tool_token: str
@@ -313,7 +489,7 @@ class Gateway:
         hold_timeout_s: float = HOLD_TIMEOUT_S,
     ) -> None:
         self._http = _Http(base_url, socket_path)
-        self._prefix = f"/internal/sessions/{quote(credentials.session_id, safe='')}"
+        self._prefix = f"/internal/sessions/{path_segment(credentials.session_id)}"
         self._control = credentials.control_token
         self._tool = credentials.tool_token
         self._sleep = sleep

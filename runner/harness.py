@@ -10,10 +10,14 @@ import ctypes
 import os
 import sys
 from collections.abc import MutableMapping
+from typing import TYPE_CHECKING
 
 from core.wire import ENV_BOOTSTRAP_FILE, ENV_HARNESS, EXIT_AUDIENCE_MISMATCH, EXIT_GATEWAY_GONE, EXIT_MISSING_ENV
-from runner import remote, replay
+from runner import replay
 from runner.gateway import AudienceMismatch, Gateway, GatewayGone, MissingEnv, log, take_credentials
+
+if TYPE_CHECKING:
+    from runner import remote
 
 DEFAULT_HARNESS = "replay"
 CLAUDE_HARNESS = "claude-agent-sdk"
@@ -56,7 +60,10 @@ def main(environ: MutableMapping[str, str] | None = None) -> int:
     remote_run: remote.Exchanged | None = None
     if env.get(ENV_BOOTSTRAP_FILE):
         # A Pod off the worker's host: its run tokens come from spending the bootstrap credential, and its
-        # workspace over the runner plane (runner.remote).
+        # workspace over the runner plane. Imported only here: tarfile, hashlib and http.client would cost
+        # every local run's start CPU it never uses (issue 12).
+        from runner import remote
+
         try:
             remote_run = remote.exchange(env)
         except remote.RemoteError as exc:

@@ -20,7 +20,6 @@ import json
 import re
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from runner import tools
@@ -34,13 +33,20 @@ class ToolRefused(ValueError):
     """The call's arguments cannot be turned into a command line (the message says why)."""
 
 
-@dataclass
 class LocalTools:
-    """The in-sandbox tools of a run: ``mcp__<name>__<tool>`` → how to run it."""
+    """The in-sandbox tools of a run: ``mcp__<name>__<tool>`` → how to run it.
 
-    servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # sandbox-class capability servers
-    cli: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # slot → tool → declaration
-    _running: dict[str, StdioMcpServer] = field(default_factory=dict)
+    A plain class, not a dataclass: ``dataclasses`` costs every runner's start a few ms (issue 12).
+    """
+
+    def __init__(
+        self,
+        servers: dict[str, dict[str, Any]] | None = None,
+        cli: dict[str, dict[str, dict[str, Any]]] | None = None,
+    ) -> None:
+        self.servers: dict[str, dict[str, Any]] = {} if servers is None else servers  # sandbox-class servers
+        self.cli: dict[str, dict[str, dict[str, Any]]] = {} if cli is None else cli  # slot → tool → declaration
+        self._running: dict[str, StdioMcpServer] = {}
 
     @classmethod
     def from_capabilities(cls, raw: str | None) -> LocalTools:

@@ -15,10 +15,7 @@ import math
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from importlib.resources import files
 from typing import Any, Final
 
 from core.tools import canonicalize
@@ -48,7 +45,11 @@ from runner.gateway import AudienceMismatch, ControlPlane, GatewayError, Gateway
 from runner.heartbeat import DEFAULT_HEARTBEAT_SECS, Heartbeat, renewal_interval
 from runner.local_tools import LocalTools, StdioMcpError, ToolRefused
 
-DEFAULT_TRANSCRIPT: Final[str] = (files("runner") / "transcripts" / "demo.json").read_text(encoding="utf-8")
+# Next to this module, read with a plain open(): importlib.resources would load tempfile, shutil, zipfile and
+# more, a few ms of every runner's start (issue 12); the runner always runs from files on disk.
+_TRANSCRIPT_PATH: Final[str] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transcripts", "demo.json")
+with open(_TRANSCRIPT_PATH, encoding="utf-8") as _transcript:
+    DEFAULT_TRANSCRIPT: Final[str] = _transcript.read()
 DEFAULT_DELAY_MS = 400.0
 STARTING_TEXT = "deterministic replay runner starting — scripted transcript, no model calls (autonomy={autonomy})"
 DEPLOY_WITHHELD = " Deploy withheld — nothing was released."
@@ -116,11 +117,15 @@ def load_script(environ: Mapping[str, str]) -> list[ReplayStep]:
     return parse_script(text if text and text.strip() else DEFAULT_TRANSCRIPT)
 
 
-@dataclass
 class Tally:
-    executed: int = 0
-    denied: int = 0
-    deploy_denied: bool = False
+    """What the run did, counted as it goes (a plain class: ``dataclasses`` costs every start a few ms)."""
+
+    __slots__ = ("denied", "deploy_denied", "executed")
+
+    def __init__(self, executed: int = 0, denied: int = 0, deploy_denied: bool = False) -> None:
+        self.executed = executed
+        self.denied = denied
+        self.deploy_denied = deploy_denied
 
     def summary(self) -> str:
         text = f"Replay complete: {self.executed} executed, {self.denied} denied."
@@ -381,6 +386,8 @@ def run(
         heartbeat.stop()
         local.close()
         if not isinstance(exc, ScriptError):
+            import traceback  # only a failing run needs it
+
             traceback.print_exc(file=sys.stderr)
         return report_failure(gateway, f"replay runner failed: {describe(exc)}")
     heartbeat.stop()

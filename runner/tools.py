@@ -16,10 +16,12 @@ import os
 import signal
 import subprocess
 import threading
-from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from core.wire import SANDBOX_WORKSPACE
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DEFAULT_ROOT = SANDBOX_WORKSPACE
 OUTPUT_CAP_BYTES = 16 * 1024
@@ -60,6 +62,9 @@ def resolve_path(path: str, root: str | os.PathLike[str] = DEFAULT_ROOT) -> Path
     real = os.path.realpath(candidate)
     if os.path.commonpath([real, real_root]) != real_root:
         raise ValueError(f"path escapes the workspace: {path}")
+    # Imported here: a run whose tools touch no file (Bash only) never loads pathlib and urllib (issue 12).
+    from pathlib import Path
+
     return Path(real)
 
 
