@@ -88,6 +88,7 @@ class Outcome:
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per part, burst start → all waiting
     worker_threads: dict[str, float] = field(default_factory=dict)  # the (first) worker's, by thread name
     history: dict[str, int] = field(default_factory=dict)  # one burst run's history while it waits
+    first: dict[str, list[float]] = field(default_factory=dict)  # the first step's split, from the histories
 
 
 class Ledger:
@@ -288,6 +289,43 @@ async def history_of(stack: Stack, run_id: str) -> dict[str, int]:
     }
 
 
+async def first_steps(stack: Stack, conn: asyncpg.Connection, ids: list[str]) -> dict[str, list[float]]:
+    """Where "insert → provisioning" goes, per run, from its workflow history and its rows: the API until Temporal
+    started the workflow; Temporal and the worker's pollers until the worker took the first workflow task; the
+    worker until the run was marked provisioning (the task, then the provisioning local activity's first reads)."""
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client
+
+    from contracts import temporal as c
+
+    client = await Client.connect(stack.temporal_address or "", namespace="default")
+    rows = await conn.fetch(
+        "SELECT s.id, s.created_at, e.payload, e.occurred_at FROM sessions s JOIN events e ON e.session_id = s.id "
+        "WHERE s.id = ANY($1::uuid[]) AND e.type = 'session.status_changed' ORDER BY s.id, e.seq",
+        ids,
+    )
+    provisioning: dict[str, tuple[dt.datetime, dt.datetime]] = {}
+    for r in rows:
+        if _to(r["payload"]) == "provisioning":
+            provisioning.setdefault(str(r["id"]), (r["created_at"], r["occurred_at"]))
+    out: dict[str, list[float]] = {"api": [], "dispatch": [], "worker": []}
+    for run_id, (created, marked) in provisioning.items():
+        handle = client.get_workflow_handle(c.workflow_id(run_id))
+        started = took = None
+        async for e in handle.fetch_history_events():
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+                started = e.event_time.ToDatetime(dt.UTC)
+            elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                took = e.event_time.ToDatetime(dt.UTC)
+                break
+        if started is None or took is None:
+            continue
+        out["api"].append((started - created).total_seconds())
+        out["dispatch"].append((took - started).total_seconds())
+        out["worker"].append((marked - took).total_seconds())
+    return out
+
+
 def mem_available_mb() -> float:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -422,6 +460,7 @@ async def bench(args: argparse.Namespace) -> int:
         say(f"  all {args.runs} waiting after {out.all_waiting_s:.1f}s")
         out.starts, out.phases = await ledger.starts(burst)
         out.history = await history_of(stack, burst[0])
+        out.first = await first_steps(stack, conn, burst)
 
         pids = sandbox_pids(stack.home)
         live = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
@@ -490,6 +529,15 @@ def render(args: argparse.Namespace, out: Outcome) -> str:
         f"{pct(out.starts, 50):.1f} s / {pct(out.starts, 95):.1f} s |",
         f"| · waiting for the workflow's first step (insert → `provisioning`) p50 / p95 | "
         f"{pct(ph['queued'], 50):.1f} s / {pct(ph['queued'], 95):.1f} s |",
+        *(
+            f"| ·· {what} p50 / p95 | {pct(out.first[key], 50):.1f} s / {pct(out.first[key], 95):.1f} s |"
+            for key, what in (
+                ("api", "insert → Temporal started the workflow (API)"),
+                ("dispatch", "→ the worker took its first workflow task (Temporal, the worker's pollers)"),
+                ("worker", "→ `provisioning` (the task, the provisioning local activity's first reads)"),
+            )
+            if out.first.get(key)
+        ),
         f"| · provisioning (tokens, workspace, bwrap → `running`) p50 / p95 | "
         f"{pct(ph['provision'], 50):.1f} s / {pct(ph['provision'], 95):.1f} s |",
         f"| · runner start to its first tool call (`running` → `approval.requested`) p50 / p95 | "
