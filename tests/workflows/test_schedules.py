@@ -388,9 +388,10 @@ async def test_a_gap_is_one_skip_row_or_one_catch_up_run_and_a_disabled_schedule
     """One real gap of more than 30 s, lived through by four subscriptions firing every 2 s:
 
     - ``skip`` and ``catch_up`` subscriptions while the worker is down: Temporal holds the first
-      fire of the gap and drops the rest; the worker comes back and that late fire becomes ONE skip
-      row (``missed``) or ONE run marked ``catch_up: true``, keyed at the oldest missed time, and
-      the schedule resumes at the next future time;
+      fire of the gap and drops the rest (or, if the stop caught a fire half done, that open fire
+      absorbs the gap); the worker comes back and the gap becomes ONE skip row (``missed``) or ONE
+      run marked ``catch_up: true``, keyed at the oldest missed time, and the schedule resumes at
+      the next future time;
     - the same two policies on subscriptions disabled for the gap: no fire at all while disabled,
       and re-enabling goes through the policy for the oldest fire time it missed.
     """
