@@ -283,3 +283,48 @@ def fire_key(at: datetime) -> str:
 
 def is_missed(scheduled: datetime, started: datetime) -> bool:
     return started - scheduled > MISSED_AFTER
+
+
+def fire_key_time(key: str) -> datetime | None:
+    """The fire time a ``sched:`` key names (None for any other key)."""
+    if not key.startswith("sched:"):
+        return None
+    try:
+        at = datetime.fromisoformat(key.removeprefix("sched:"))
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None
+
+
+@dataclass(frozen=True)
+class FireRecord:
+    """One recorded schedule fire: its nominal ``fire_time``, whether it was handled as missed (a
+    ``missed`` skip or a ``catch_up`` fire), and when it was recorded."""
+
+    fire_time: datetime
+    late: bool
+    recorded_at: datetime
+
+
+def covered_until(records: list[FireRecord], changed_at: datetime) -> datetime:
+    """Up to when the schedule's fires are accounted for.
+
+    An on-time fire accounts for its own fire time. A missed fire stands for the whole gap up to the
+    moment it was handled (overlap SKIP dropped every fire while it was held), so it accounts up to
+    ``recorded_at``. ``changed_at`` (the subscription's last edit) is a floor: a new cron, or a
+    re-enable (which backfills its own paused interval), never makes a gap out of the time before.
+    """
+    marks = [r.recorded_at if r.late else r.fire_time for r in records]
+    return max([changed_at, *marks])
+
+
+def unaccounted_fire(
+    cron: Cron, tz: zoneinfo.ZoneInfo, covered: datetime, fire_time: datetime, now: datetime
+) -> datetime | None:
+    """The oldest fire time before ``fire_time`` that nothing accounts for and that is missed by now
+    (more than :data:`MISSED_AFTER` ago), or None. A fire dropped only moments ago (overlap SKIP while
+    the previous fire was finishing) is not a gap."""
+    first = next_fire(cron, tz, covered)
+    if first is None or first >= fire_time or not is_missed(first, now):
+        return None
+    return first

@@ -411,6 +411,18 @@ class Triggers(Repository):
             limit,
         )
 
+    async def schedule_fires(self, subscription_id: str, before: datetime, limit: int = 20) -> list[InvocationSummary]:
+        """The subscription's latest schedule fires recorded before ``before``, newest first."""
+        return await self.many(
+            InvocationSummary,
+            "SELECT id, idempotency_key, kind, session_id, skip_reason, catch_up, created_at "
+            "FROM trigger_invocations WHERE subscription_id = $1 AND kind = 'schedule' AND created_at < $2 "
+            "ORDER BY created_at DESC, id DESC LIMIT $3",
+            uuid.UUID(subscription_id),
+            before,
+            limit,
+        )
+
     async def deliveries(self, subscription_id: str, limit: int) -> list[DeliverySummary]:
         """The subscription's result deliveries (table owned by the deliveries work); none while that
         table is not readable yet (a database migrated only part of the way)."""

@@ -17,6 +17,9 @@ Missed runs, built from two Temporal behaviours and one rule of ours:
   applies the subscription's ``missed_run_policy``: ``skip`` records one skip row, ``catch_up``
   fires one run marked ``catch_up: true``. Duplicates (a backfill overlapping a regular fire, a
   retried activity) share the fire key and collapse into a replay.
+* a fire that had decided "on time" and stayed open through an outage makes SKIP drop the whole
+  gap with no late fire; the next fire's activity finds the first fire time nothing accounts for
+  (``TriggerService.unaccounted_fire``) and applies the same policy to it once (docs/decisions.md).
 """
 
 from __future__ import annotations

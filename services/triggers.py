@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from temporalio.client import Client
@@ -24,6 +25,15 @@ from config.settings import Settings
 from core.errors import BadRequest, DomainError, NotFound, Unprocessable
 from core.policy import Budgets
 from core.runspec import InvocationContext, RunSpec
+from core.schedule import (
+    FireRecord,
+    covered_until,
+    fire_key,
+    fire_key_time,
+    parse_cron,
+    parse_timezone,
+    unaccounted_fire,
+)
 from core.templates import render
 from core.triggers import FireOutcome, check_task_override, is_within, narrow_workspace
 from db.capabilities import Capabilities
@@ -179,6 +189,28 @@ class TriggerService:
             tenant_id, subscription_id, key=idempotency_key, kind=kind, reason=reason, catch_up=catch_up
         )
         return await self._existing(row, row.request_digest)
+
+    async def unaccounted_fire(
+        self, sub: TriggerSubscription, fire_time: datetime, *, recorded_before: datetime, now: datetime
+    ) -> datetime | None:
+        """The oldest fire time before ``fire_time`` that the schedule dropped with nothing recorded
+        for it (a gap absorbed by a fire that stayed open through an outage), or None.
+
+        Only fires recorded before ``recorded_before`` (when this fire's processing first began) count,
+        so a retry finds the same gap as its first attempt did and its record collapses into a replay.
+        A disabled subscription misses nothing; a fire already recorded is a replay, not a new look.
+        """
+        if not sub.enabled or not sub.schedule_cron or await self.db.claim(str(sub.id), fire_key(fire_time)):
+            return None
+        records = []
+        for row in await self.db.schedule_fires(str(sub.id), recorded_before):
+            at = fire_key_time(row.idempotency_key)
+            if at is not None:
+                late = row.skip_reason == "missed" or row.catch_up
+                records.append(FireRecord(fire_time=at, late=late, recorded_at=row.created_at))
+        covered = covered_until(records, sub.updated_at)
+        cron, tz = parse_cron(sub.schedule_cron), parse_timezone(sub.schedule_timezone)
+        return unaccounted_fire(cron, tz, covered, fire_time, now)
 
     # ---- building the run ----------------------------------------------------------------------
 

@@ -12,13 +12,17 @@ from hypothesis import strategies as st
 
 from core.errors import BadRequest
 from core.schedule import (
+    FireRecord,
+    covered_until,
     fire_key,
+    fire_key_time,
     fire_time_text,
     is_missed,
     next_fire,
     parse_cron,
     parse_timezone,
     temporal_crons,
+    unaccounted_fire,
     validate_schedule,
 )
 
@@ -181,3 +185,41 @@ def test_the_fire_key_is_the_utc_fire_time_in_whole_seconds() -> None:
 def test_a_fire_is_missed_only_when_more_than_30_seconds_late() -> None:
     assert not is_missed(NOW, NOW + timedelta(seconds=30))
     assert is_missed(NOW, NOW + timedelta(seconds=30, milliseconds=1))
+
+
+def _gap(records: list[FireRecord], changed_at: datetime, fire_time: datetime, now: datetime) -> datetime | None:
+    cron, tz = parse_cron("0 * * * * *"), parse_timezone("UTC")  # every minute
+    return unaccounted_fire(cron, tz, covered_until(records, changed_at), fire_time, now)
+
+
+def test_a_gap_nothing_recorded_is_found_at_its_oldest_fire_time() -> None:
+    """An on-time fire at 10:00 stayed open through an outage; the next fire Temporal starts is
+    10:05: the fires from 10:01 were dropped, and 10:01 is the gap's oldest time."""
+    t = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
+    on_time = [FireRecord(fire_time=t, late=False, recorded_at=t + timedelta(seconds=1))]
+    edited = t - timedelta(days=1)
+    later = t + timedelta(minutes=5)
+    assert _gap(on_time, edited, later, later + timedelta(seconds=1)) == t + timedelta(minutes=1)
+    # The next fire right after the last one: nothing missed.
+    assert _gap(on_time, edited, t + timedelta(minutes=1), t + timedelta(minutes=1, seconds=1)) is None
+    # A fire dropped moments ago (the previous fire still finishing) is not a gap yet.
+    assert _gap(on_time, edited, t + timedelta(minutes=2), t + timedelta(minutes=1, seconds=20)) is None
+
+
+def test_a_missed_fire_covers_its_gap_up_to_its_handling_and_an_edit_covers_the_time_before() -> None:
+    t = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
+    handled = t + timedelta(minutes=7, seconds=30)
+    late = [FireRecord(fire_time=t + timedelta(minutes=1), late=True, recorded_at=handled)]
+    nxt = t + timedelta(minutes=8)
+    assert _gap(late, t - timedelta(days=1), nxt, nxt + timedelta(seconds=1)) is None
+    # A new cron or a re-enable at 10:20 makes no gap of the time before it.
+    on_time = [FireRecord(fire_time=t, late=False, recorded_at=t)]
+    edit = t + timedelta(minutes=20, seconds=10)
+    assert _gap(on_time, edit, t + timedelta(minutes=21), t + timedelta(minutes=21, seconds=1)) is None
+    assert covered_until([], edit) == edit
+
+
+def test_a_fire_key_names_its_time() -> None:
+    t = datetime(2026, 3, 8, 13, 0, tzinfo=UTC)
+    assert fire_key_time(fire_key(t)) == t
+    assert fire_key_time("run-now:abc") is None and fire_key_time("sched:not-a-time") is None

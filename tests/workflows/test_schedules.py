@@ -13,6 +13,7 @@ which is all these tests look at.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import sys
 import uuid
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import (
     Client,
     Schedule,
@@ -33,7 +34,7 @@ from temporalio.client import (
     ScheduleOverlapPolicy,
     ScheduleSpec,
     ScheduleState,
-    WorkflowExecutionStatus,
+    WorkflowHandle,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
@@ -89,6 +90,7 @@ class Env:
             task_queue=self.fires_queue,
             workflows=[ScheduleFireWorkflow],
             activities=ScheduleActivities(self.service).all(),
+            graceful_shutdown_timeout=timedelta(seconds=5),  # as worker.py: a running fire may finish
         )
         self.worker_task = asyncio.create_task(self.worker.run())
 
@@ -386,9 +388,10 @@ async def test_a_gap_is_one_skip_row_or_one_catch_up_run_and_a_disabled_schedule
     """One real gap of more than 30 s, lived through by four subscriptions firing every 2 s:
 
     - ``skip`` and ``catch_up`` subscriptions while the worker is down: Temporal holds the first
-      fire of the gap and drops the rest; the worker comes back and that late fire becomes ONE skip
-      row (``missed``) or ONE run marked ``catch_up: true``, keyed at the oldest missed time, and
-      the schedule resumes at the next future time;
+      fire of the gap and drops the rest (or, if the stop caught a fire half done, that open fire
+      absorbs the gap); the worker comes back and the gap becomes ONE skip row (``missed``) or ONE
+      run marked ``catch_up: true``, keyed at the oldest missed time, and the schedule resumes at
+      the next future time;
     - the same two policies on subscriptions disabled for the gap: no fire at all while disabled,
       and re-enabling goes through the policy for the oldest fire time it missed.
     """
@@ -401,7 +404,13 @@ async def test_a_gap_is_one_skip_row_or_one_catch_up_run_and_a_disabled_schedule
     disabling_at = datetime.now(UTC)
     off_skip = await set_enabled(env, off_skip, False)
     off_catch = await set_enabled(env, off_catch, False)
-    stopping_at = await stop_between_fires(env, skip, catch, off_skip, off_catch)
+    # The disabled schedules start nothing more; their last fire finishes before the outage (a fire
+    # still open when the user re-enables would crowd out the re-enable's backfill: decisions.md).
+    await wait_for("the disabled schedules' last fires", lambda: _none_open(env, off_skip, off_catch))
+    # The enabled ones are stopped wherever they are: a fire Temporal holds for the worker, or one
+    # that had decided "on time" and stays open through the outage, both end in one gap row.
+    stopping_at = datetime.now(UTC)
+    await env.stop_worker()
     assert (await env.client.get_schedule_handle(schedule_id(str(off_skip.id))).describe()).schedule.state.paused
 
     # Wait (by the clock) until every fire time after the outage began is late.
@@ -459,50 +468,142 @@ async def test_a_gap_is_one_skip_row_or_one_catch_up_run_and_a_disabled_schedule
     await pause_all(env, skip, catch, off_skip, off_catch)
 
 
-async def decided_fires(env: Env, sub: TriggerSubscription) -> list[str]:
-    """The schedule's open fire workflows that have already decided whether they are late.
+async def _all_fired(env: Env, *subs: TriggerSubscription) -> bool:
+    return all([await invocations(env, s) for s in subs])
 
-    Overlap SKIP drops every fire while one is open. A fire that made its decision ("on time") before
-    the worker stopped and stays open through the outage therefore absorbs the whole gap: Temporal
-    holds no late fire, and the gap leaves no row (documented in docs/decisions.md).
-    """
+
+async def _none_open(env: Env, *subs: TriggerSubscription) -> bool:
+    for sub in subs:
+        if (await env.client.get_schedule_handle(schedule_id(str(sub.id))).describe()).info.running_actions:
+            return False
+    return True
+
+
+async def open_fires(env: Env, sub: TriggerSubscription) -> list[WorkflowHandle[Any, Any]]:
     desc = await env.client.get_schedule_handle(schedule_id(str(sub.id))).describe()
-    decided = []
+    out: list[WorkflowHandle[Any, Any]] = []
     for action in desc.info.running_actions:
         assert isinstance(action, ScheduleActionExecutionStartWorkflow)
-        handle = env.client.get_workflow_handle(action.workflow_id, run_id=action.first_execution_run_id)
+        out.append(env.client.get_workflow_handle(action.workflow_id, run_id=action.first_execution_run_id))
+    return out
+
+
+async def fire_in_flight(env: Env, sub: TriggerSubscription) -> datetime | None:
+    """The fire time of the subscription's open fire whose activity is running, if there is one."""
+    for handle in await open_fires(env, sub):
+        desc = await handle.describe()
+        running = [
+            a
+            for a in desc.raw_description.pending_activities
+            if a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+        ]
+        if running:
+            return desc.typed_search_attributes.get(SCHEDULED_START)
+    return None
+
+
+async def decided_and_open(env: Env, sub: TriggerSubscription) -> list[str]:
+    """The schedule's open fires that have already decided whether they are late (their first
+    workflow task completed): overlap SKIP drops every later fire while such a fire stays open."""
+    decided = []
+    for handle in await open_fires(env, sub):
         async for event in handle.fetch_history_events():
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
-                decided.append(action.workflow_id)
+                decided.append(handle.id)
                 break
     return decided
 
 
-async def stop_between_fires(env: Env, *subs: TriggerSubscription) -> datetime:
-    """Stop the worker at a moment no fire of ``subs`` is caught half done; return when it stopped.
+class _ShutdownSeen(logging.Handler):
+    """Notices the worker beginning its shutdown (it has stopped taking new tasks from then on)."""
 
-    A graceful stop lets a running fire activity finish, but the fire workflow then waits for the
-    worker to record its end. On a busy machine that happens often enough to matter, so stop, look,
-    and if a decided fire is open, let it finish and stop again.
-    """
-    for _ in range(10):
-        stopping_at = datetime.now(UTC)
-        await env.stop_worker()
-        caught = [wf for sub in subs for wf in await decided_fires(env, sub)]
-        if not caught:
-            return stopping_at
-        await env.start_worker()
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
 
-        async def finished(ids: list[str] = caught) -> bool:
-            for wf in ids:
-                desc = await env.client.get_workflow_handle(wf).describe()
-                if desc.status == WorkflowExecutionStatus.RUNNING:
-                    return False
-            return True
-
-        await wait_for("the fires caught by the stop to finish", finished)
-    raise AssertionError("every stop of the worker caught a fire half done")
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Beginning worker shutdown"):
+            self.seen = True
 
 
-async def _all_fired(env: Env, *subs: TriggerSubscription) -> bool:
-    return all([await invocations(env, s) for s in subs])
+async def test_a_gap_absorbed_by_a_fire_open_through_the_outage_is_recorded_once(env: Env) -> None:
+    """The worker stops gracefully while a fire's activity is running: the activity finishes, but
+    the fire workflow stays open with no worker to record its end, so overlap SKIP drops every fire
+    of the outage and Temporal holds no late fire. When the worker returns, the next fire finds the
+    gap nothing recorded and applies the missed-run policy once, at the oldest missed time."""
+    cron = "*/2 * * * * *"
+    skip = await subscription(env, cron, policy="skip")
+    catch = await subscription(env, cron, policy="catch_up")
+    subs = (skip, catch)
+    await wait_for("the first on-time fires", lambda: _all_fired(env, *subs))
+
+    seen = _ShutdownSeen()
+    worker_log = logging.getLogger("temporalio.worker")
+    level = worker_log.level
+    worker_log.addHandler(seen)
+    worker_log.setLevel(logging.INFO)
+    async with env.store.pool.acquire() as conn:
+        lock = conn.transaction()
+        await lock.start()
+        try:
+            # A fire's invocation row references its subscription, so its insert waits on this lock:
+            # each subscription's next fire is caught in flight, after deciding it is on time.
+            await conn.execute(
+                "SELECT 1 FROM trigger_subscriptions WHERE id = ANY($1::uuid[]) FOR UPDATE", [s.id for s in subs]
+            )
+            caught = {}
+            for sub in subs:
+                caught[sub.id] = await wait_for("a fire in flight", lambda s=sub: fire_in_flight(env, s))
+            stopping_at = datetime.now(UTC)
+            stopping = asyncio.create_task(env.stop_worker())
+            await wait_for("the worker to begin its shutdown", lambda: _true(seen.seen))
+        finally:
+            await lock.rollback()
+            worker_log.removeHandler(seen)
+            worker_log.setLevel(level)
+    await stopping  # the caught activities finished during the graceful shutdown
+    for sub in subs:
+        (row,) = [r for r in await invocations(env, sub) if r.idempotency_key == fire_key(caught[sub.id])]
+        assert row.session_id is not None and not row.catch_up  # it ran, on time
+        # The fault reproduced: the fire is open with the worker gone, and Temporal holds no other.
+        assert len(await decided_and_open(env, sub)) == 1
+
+    late_at = stopping_at + MISSED_AFTER + timedelta(seconds=3)
+    await wait_for(
+        "a gap longer than 30 s",
+        lambda: _true(datetime.now(UTC) > late_at),
+        timeout=MISSED_AFTER.total_seconds() + 20,
+    )
+    restarted_at = datetime.now(UTC)
+    await env.start_worker()
+
+    def when(row: InvocationSummary) -> datetime:
+        return at(row.idempotency_key.removeprefix("sched:"))
+
+    async def resumed(sub: TriggerSubscription) -> list[InvocationSummary] | None:
+        rows = await invocations(env, sub)
+        return rows if any(when(r) > restarted_at for r in rows) else None
+
+    for sub in subs:
+        rows = await wait_for(f"the {sub.missed_run_policy} schedule to resume", lambda s=sub: resumed(s), timeout=150)
+        missed = [r for r in rows if r.skip_reason or r.catch_up]
+        assert len(missed) == 1, rows
+        (gap,) = missed
+        oldest = next_fire(parse_cron(cron), parse_timezone("UTC"), caught[sub.id])
+        assert oldest is not None and gap.idempotency_key == fire_key(oldest)
+        if sub.missed_run_policy == "skip":
+            assert gap.skip_reason == "missed" and gap.session_id is None
+        else:
+            assert gap.catch_up is True and gap.skip_reason is None
+            run = await env.store.runs.get_run(env.tenant_id, str(gap.session_id))
+            assert run is not None and run.trigger is not None and run.trigger["attributes"]["catch_up"] is True
+            assert run.task == f"report for {fire_time_text(oldest)}"
+        # Nothing else between the caught fire and the first fire after the worker came back.
+        after = sorted(when(r) for r in rows if when(r) > caught[sub.id])
+        assert after[0] == oldest and after[1] > restarted_at - timedelta(seconds=2), (after, restarted_at)
+        assert all(r.session_id is not None for r in rows if r is not gap)
+    await pause_all(env, *subs)
+
+
+async def _true(value: bool) -> bool:
+    return value
