@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field
@@ -36,6 +36,10 @@ CONNECTION_FIELDS = (
 )
 MAX_ATTEMPTS = 3
 CLAIM_TTL_SECS = 600.0
+
+
+ClaimOutcome = Literal["succeeded", "failed_upstream", "failed_before_send", "ambiguous", "refused"]
+"""What a ``claimed`` execution claim settles as: the transport's outcome, or ``refused`` (nothing was sent)."""
 
 
 def same_origin(a: str, b: str) -> bool:
@@ -783,14 +787,16 @@ class Connections(Repository):
         run_id: str,
         tool_call_id: str,
         digest: str,
-        state: str,
+        state: ClaimOutcome,
         result: dict[str, Any] | None,
         error: str | None,
         event: ev.NewEvent,
     ) -> ToolExecutionClaim:
-        """claimed → outcome, and the single ``tool.brokered`` event, in one statement (see
-        :meth:`db.ledger.Ledger.settle_claim`); a claim no longer ``claimed`` is returned as it stands."""
-        row = await self.store.ledger.settle_claim(run_id, tool_call_id, digest, state, result, error, event)
+        """Settle a brokered call, the one way to: its claim ``claimed`` → ``state`` with ``result``/``error``
+        and ``event`` (its single ``tool.brokered``, or the refusal's decision) appended, redacted, at the run's
+        next seq, in one statement (atomic, NOTIFY at commit). Only a claim still ``claimed`` moves, and only
+        then is the event written; the row is returned as it now stands. :class:`NotFound`: no such claim."""
+        row = await self.store.ledger._settle_claim(run_id, tool_call_id, digest, state, result, error, event)
         if row is None:
             raise NotFound()
         return row

@@ -68,7 +68,7 @@ class Ledger(Repository):
         )
         return int(last)
 
-    async def settle_claim(
+    async def _settle_claim(
         self,
         run_id: str,
         tool_call_id: str,
@@ -78,11 +78,9 @@ class Ledger(Repository):
         error: str | None,
         event: ev.NewEvent,
     ) -> ToolExecutionClaim | None:
-        """Settle a brokered call in one statement (one round trip, atomic without a transaction block): its
-        claim ``claimed`` → ``state`` with the result, and ``event`` (its single ``tool.brokered``, or the
-        refusal's decision) appended under the run's row lock, NOTIFY at commit. Only a claim still ``claimed``
-        moves and only then is the event written; the claim's row is returned either way (as it now stands), or
-        None when there is no such claim."""
+        """The statement behind :meth:`db.connections.Connections.settle`, the one way to settle a claim (call
+        that). It lives here because every write to ``events`` does: the claim's CAS, the event under the run's
+        row lock and the NOTIFY in one round trip. None when there is no such claim."""
         doc = {"id": new_id(), "actor": event.actor, "type": event.type,
                "payload": self.redactor.redact(event.payload()).value}  # fmt: skip
         async with self.pool.acquire() as conn:

@@ -351,15 +351,18 @@ async def test_a_claim_whose_dispatcher_died_becomes_ambiguous_and_is_never_rese
 async def test_settling_a_claim_records_its_outcome_and_one_redacted_event_only_once(
     api: httpx.AsyncClient, stack: Stack
 ) -> None:
-    """``Ledger.settle_claim``: the claim's outcome and its ``tool.brokered`` event land together (next seq,
-    redacted, NOTIFY), and only while the claim is still in flight; a second settle changes nothing."""
+    """``Connections.settle``: the claim's outcome and its ``tool.brokered`` event land together (next seq,
+    redacted, NOTIFY), and only while the claim is still in flight; a second settle changes nothing, and a
+    claim that does not exist is ``NotFound``."""
     import uuid
 
     from core import events as ev
     from core.digests import input_digest
+    from core.errors import NotFound
     from core.redaction import Redactor
+    from db.connections import Connections
     from db.engine import create_pool
-    from db.ledger import Ledger
+    from db.store import Store
 
     secret = "upstream-secret-" + secrets.token_hex(8)
     async with serve(basic()) as srv:
@@ -377,26 +380,27 @@ async def test_settling_a_claim_records_its_outcome_and_one_redacted_event_only_
                     " input, state, attempts, claimed_at) VALUES ($1, 's-1', $2, $3, $4, $5, 'claimed', 1, now())",
                     uuid.UUID(run_id), digest, uuid.UUID(binding_id), tool, args,
                 )  # fmt: skip
-            ledger = Ledger(pool, Redactor(extra_secrets=(secret,)))
+            connections = Connections(Store(pool, Redactor(extra_secrets=(secret,))))
             before = [e["seq"] for e in await events(api, run_id)]
             data = {"tool_call_id": "s-1", "tool": tool, "ok": True, "outcome": "succeeded", "note": secret}
             result = {"content": [{"type": "text", "text": "3"}], "is_error": False}
-            row = await ledger.settle_claim(
+            row = await connections.settle(
                 run_id, "s-1", digest, "succeeded", result, None, ev.NewEvent(type="tool.brokered", data=data)
             )
-            assert row is not None and (row.state, row.result) == ("succeeded", result)
+            assert (row.state, row.result) == ("succeeded", result)
             assert row.settled_at is not None
-            again = await ledger.settle_claim(
+            again = await connections.settle(
                 run_id, "s-1", digest, "ambiguous", None, "late", ev.NewEvent(type="tool.brokered", data=data)
             )
-            assert again is not None and (again.state, again.result, again.error) == (
+            assert (again.state, again.result, again.error) == (
                 "succeeded",
                 result,
                 None,
             )
-            assert await ledger.settle_claim(
-                run_id, "nope", digest, "succeeded", None, None, ev.NewEvent(type="tool.brokered", data=data)
-            ) is None  # fmt: skip
+            with pytest.raises(NotFound):
+                await connections.settle(
+                    run_id, "nope", digest, "succeeded", None, None, ev.NewEvent(type="tool.brokered", data=data)
+                )
         finally:
             await pool.close()
         after = await events(api, run_id)
