@@ -38,6 +38,16 @@ MAX_ATTEMPTS = 3
 CLAIM_TTL_SECS = 600.0
 
 
+@dataclass(frozen=True)
+class RegisteredClaim:
+    """A brokered call's execution claim as :meth:`Connections.register_claim` found or made it."""
+
+    claim: ToolExecutionClaim
+    lapsed: bool
+    """``claimed`` for longer than :data:`CLAIM_TTL_SECS` by the database's clock: its dispatcher is presumed
+    lost, and :meth:`Connections.expire_stale` will settle it ``ambiguous``."""
+
+
 ClaimOutcome = Literal["succeeded", "failed_upstream", "failed_before_send", "ambiguous", "refused"]
 """What a ``claimed`` execution claim settles as: the transport's outcome, or ``refused`` (nothing was sent)."""
 
@@ -717,28 +727,36 @@ class Connections(Repository):
 
     async def register_claim(
         self, run_id: str, tool_call_id: str, digest: str, binding_id: str, tool: str, tool_input: dict[str, Any]
-    ) -> ToolExecutionClaim:
-        """The call's durable record (input kept here, never in the ledger or workflow history)."""
+    ) -> RegisteredClaim:
+        """The call's durable record (input kept here, never in the ledger or workflow history), and whether it
+        has been ``claimed`` for longer than :data:`CLAIM_TTL_SECS`: the same test :meth:`expire_stale` makes,
+        on the same clock (the database's ``now()``, which also wrote ``claimed_at``), so no other host's clock
+        takes part in deciding that a dispatcher was lost."""
         # One round trip: the new claim, or (a retried call) the one already registered under this digest.
-        row = await self.one(
-            ToolExecutionClaim,
-            "WITH i AS (INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, "
-            "tool, input, state) VALUES ($1,$2,$3,$4,$5,$6,'registered') ON CONFLICT DO NOTHING RETURNING *) "
-            "SELECT * FROM i UNION ALL SELECT * FROM tool_execution_claims WHERE session_id = $1 "
-            "AND tool_call_id = $2 AND input_digest = $3 AND NOT EXISTS (SELECT 1 FROM i)",
-            uuid.UUID(run_id),
-            tool_call_id,
-            digest,
-            uuid.UUID(binding_id),
-            tool,
-            tool_input,
-        )
-        if row is None:
-            # A concurrent registration of the same call committed after this statement's snapshot: read it now.
+        async with self.pool.acquire() as conn:
+            record = await conn.fetchrow(
+                "WITH i AS (INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, "
+                "tool, input, state) VALUES ($1,$2,$3,$4,$5,$6,'registered') ON CONFLICT DO NOTHING RETURNING *), "
+                "r AS (SELECT * FROM i UNION ALL SELECT * FROM tool_execution_claims WHERE session_id = $1 "
+                "AND tool_call_id = $2 AND input_digest = $3 AND NOT EXISTS (SELECT 1 FROM i)) "
+                "SELECT r.*, coalesce(r.state = 'claimed' AND r.claimed_at < now() - make_interval(secs => $7), "
+                "false) AS lapsed FROM r",
+                uuid.UUID(run_id),
+                tool_call_id,
+                digest,
+                uuid.UUID(binding_id),
+                tool,
+                tool_input,
+                CLAIM_TTL_SECS,
+            )
+        if record is None:
+            # A concurrent registration of the same call committed after this statement's snapshot: read it now
+            # (it was registered a moment ago, so it has not lapsed).
             row = await self.claim(run_id, tool_call_id, digest)
-        if row is None:
-            raise NotFound()
-        return row
+            if row is None:
+                raise NotFound()
+            return RegisteredClaim(row, lapsed=False)
+        return RegisteredClaim(ToolExecutionClaim.model_validate(dict(record.items())), lapsed=record["lapsed"])
 
     async def claim(self, run_id: str, tool_call_id: str, digest: str) -> ToolExecutionClaim | None:
         return await self.one(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from asyncio import FIRST_COMPLETED
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
@@ -167,16 +166,6 @@ def stale_claim_event(claim: ToolExecutionClaim) -> ev.NewEvent:
     )
 
 
-def _maybe_stale(claim: ToolExecutionClaim) -> bool:
-    """Whether a ``claimed`` claim may be past its TTL. Judged by this host's clock with half the TTL to spare,
-    so a skewed clock only runs the database's own (authoritative) sweep early, never skips a stale claim."""
-    claimed_at = claim.claimed_at
-    if claim.state != "claimed" or claimed_at is None:
-        return False
-    age: float = (datetime.now(UTC) - claimed_at).total_seconds()
-    return age > CLAIM_TTL_SECS / 2
-
-
 def _envelope(claim: ToolExecutionClaim) -> dict[str, Any]:
     state = claim.state
     if state in ("succeeded", "failed_upstream"):
@@ -266,14 +255,15 @@ async def tools_call(run_id: str, req: PermissionRequest, request: Request, svc:
     if decision.decision == "deny":
         return {"ok": False, "denied": True, "message": decision.message}
     digest = input_digest(req.tool, req.input)
-    claim = await svc.connections.register_claim(
+    registered = await svc.connections.register_claim(
         run_id, req.tool_call_id, digest, surface["binding_id"], req.tool, req.input
     )
-    if _maybe_stale(claim):
-        # This call's own claim has been in flight a long time (a dispatcher may have died): the database's
-        # sweep decides (by its clock), and a lost claim becomes ambiguous instead of being re-attached. Other
-        # calls' stale claims are swept when they are retried, or settled ambiguous when the run ends; a fresh
-        # call skips the sweep (a transaction of three round trips on every call otherwise).
+    claim = registered.claim
+    if registered.lapsed:
+        # This call's own claim has been in flight past its TTL (by the database's clock, the one that wrote
+        # claimed_at): its dispatcher died, so it becomes ambiguous instead of being re-attached. Other calls'
+        # stale claims are swept when they are retried, or settled ambiguous when the run ends; a call whose claim
+        # has not lapsed skips the sweep (a transaction of three round trips on every call otherwise).
         await svc.connections.expire_stale(run_id, CLAIM_TTL_SECS, stale_claim_event)
         claim = await svc.connections.claim(run_id, req.tool_call_id, digest) or claim
     if claim.state in ("registered", "failed_before_send", "claimed") and claim.attempts < MAX_ATTEMPTS:

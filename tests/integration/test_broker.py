@@ -348,6 +348,63 @@ async def test_a_claim_whose_dispatcher_died_becomes_ambiguous_and_is_never_rese
         await wait_status(api, run_id, {"cancelled"})
 
 
+async def test_a_claim_in_flight_within_its_ttl_is_left_to_its_dispatcher_and_lost_only_past_it(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    """Whether a claimed call's dispatcher is lost is decided against ``claimed_at`` on the database's clock, at
+    the claim TTL (600 s): a retry at 9 minutes re-attaches (in flight, never re-sent, never ambiguous); the
+    same claim at 11 minutes is settled ambiguous."""
+    import uuid
+
+    from core.digests import input_digest
+    from db.engine import create_pool
+
+    async with serve(basic()) as srv:
+        run_id = await idle_bound_run(api, srv.url, ["add"])
+        binding_id = (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["run_spec"]["brokered"][0][
+            "binding_id"
+        ]
+        body = {"tool_call_id": "slow-1", "tool": "mcp__calc__add", "input": {"a": 2, "b": 2}}
+        key = (uuid.UUID(run_id), "slow-1", input_digest(body["tool"], body["input"]))
+        token = await issue_token(stack.database_url or "", run_id, "tool")
+        pool = await create_pool(stack.database_url or "", min_size=1, max_size=1)
+        try:
+            async with pool.acquire() as conn:  # a dispatcher still working on a slow call
+                await conn.execute(
+                    "INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, tool,"
+                    " input, state, attempts, claimed_at) VALUES ($1, $2, $3, $4, $5, $6, 'claimed', 1,"
+                    " now() - interval '9 minutes')",
+                    *key, uuid.UUID(binding_id), body["tool"], body["input"],
+                )  # fmt: skip
+            async with httpx.AsyncClient(
+                base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}
+            ) as runner:
+                answer = (await runner.post(f"/internal/sessions/{run_id}/tools/call", json=body)).json()
+                assert answer == {"ok": False, "error": "execution in flight; retry later"}
+                async with pool.acquire() as conn:
+                    state = await conn.fetchval(
+                        "SELECT state FROM tool_execution_claims WHERE session_id = $1 AND tool_call_id = $2"
+                        " AND input_digest = $3",
+                        *key,
+                    )
+                    assert state == "claimed"
+                    # The dispatcher never finishes: two more minutes on the database's clock.
+                    await conn.execute(
+                        "UPDATE tool_execution_claims SET claimed_at = now() - interval '11 minutes'"
+                        " WHERE session_id = $1 AND tool_call_id = $2 AND input_digest = $3",
+                        *key,
+                    )
+                answer = (await runner.post(f"/internal/sessions/{run_id}/tools/call", json=body)).json()
+                assert answer == {"ok": False, "error": "brokered call outcome ambiguous — not retried"}
+        finally:
+            await pool.close()
+        assert srv.call_count("add") == 0
+        lost = [e["payload"]["data"] for e in await events(api, run_id) if e["type"] == "tool.brokered"]
+        assert [(d["tool_call_id"], d["outcome"]) for d in lost] == [("slow-1", "ambiguous")]
+        await api.post(f"/v1/sessions/{run_id}/cancel")
+        await wait_status(api, run_id, {"cancelled"})
+
+
 async def test_settling_a_claim_records_its_outcome_and_one_redacted_event_only_once(
     api: httpx.AsyncClient, stack: Stack
 ) -> None:
