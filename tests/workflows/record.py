@@ -7,7 +7,8 @@
 beside the existing files instead of over them: histories recorded before a ``workflow.patched``
 change must stay, so the old branch keeps replaying (``_v2`` holds those recorded with the
 liveness-by-sweep, sandbox-capacity and local-approval-steps patches; ``_v3`` those recorded with
-``--split-queues``, sandbox and broker work on task queues of their own: the role-task-queues patch).
+``--split-queues``, sandbox and broker work on task queues of their own: the role-task-queues patch;
+``_v4`` those recorded with the local-provision and capacity-if-limited patches).
 
 Re-record deliberately (and commit the JSON) only when a workflow change is meant to be
 incompatible and is guarded by ``workflow.patched``.

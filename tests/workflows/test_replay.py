@@ -16,7 +16,15 @@ from temporalio.worker import Replayer
 
 from contracts.temporal import ROLE_QUEUES
 from workflows.liveness import LivenessSweepWorkflow
-from workflows.run import LIVENESS_BY_SWEEP, LOCAL_APPROVAL_STEPS, PARKED_RUNS, SANDBOX_CAPACITY, WORKFLOWS
+from workflows.run import (
+    CAPACITY_IF_LIMITED,
+    LIVENESS_BY_SWEEP,
+    LOCAL_APPROVAL_STEPS,
+    LOCAL_PROVISION,
+    PARKED_RUNS,
+    SANDBOX_CAPACITY,
+    WORKFLOWS,
+)
 
 HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"))
 SWEEPS = sorted((Path(__file__).resolve().parent / "histories" / "liveness").glob("*.json"))
@@ -59,12 +67,16 @@ def test_parked_run_histories_take_the_parked_runs_branch(name: str) -> None:
     assert '"signalName": "connection_ready"' in text
 
 
-@pytest.mark.parametrize("path", [p for p in HISTORIES if p.stem.endswith(("_v2", "_v3"))], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in HISTORIES if p.stem.endswith(("_v2", "_v3", "_v4"))], ids=lambda p: p.stem)
 def test_histories_of_the_current_code_take_the_patched_branches(path: Path) -> None:
     resumed = path.stem.startswith("run_moved_last")  # a continued run never provisions, so never claims a place
     want = {LIVENESS_BY_SWEEP} if resumed else {LIVENESS_BY_SWEEP, SANDBOX_CAPACITY}
     if path.stem.endswith("_v3"):
         want.add(ROLE_QUEUES)
+    if path.stem.endswith("_v4") and not resumed:
+        # Provisioning as a local activity, and no sandbox-place step without a sandbox limit.
+        want |= {LOCAL_PROVISION, CAPACITY_IF_LIMITED}
+        assert "provision_run" not in scheduled_queues(path.read_text())  # recorded as a marker, no activity task
     if not any(k in path.stem for k in ("cancelled", "brokered")):  # these two never wait on an approval
         want.add(LOCAL_APPROVAL_STEPS)
     assert patches(path.read_text()) == want
