@@ -150,7 +150,10 @@ async def record_parked() -> None:
             r = await api.post("/v1/sessions", json={**body, "agent": up_front})
             parked = r.json()["session"]["id"]
             await wait_status(api, parked, {"waiting_for_connection"})
-            made = await api.post("/v1/connections", json={"provider": "mcp_http", "base_url": srv.url, "token": "t"})
+            made = await api.post(
+                "/v1/connections",
+                json={"provider": "mcp_http", "access": {"read": True}, "base_url": srv.url, "token": "t"},
+            )  # a connection with no access declared allows no tool (issue 15)
             connection_id = made.json()["connection"]["id"]
             await wait_status(api, parked, {"completed"})
             script = [

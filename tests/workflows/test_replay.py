@@ -59,7 +59,9 @@ def patches(text: str) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("name", ["run_parked_up_front", "run_parked_mid_run"])
+@pytest.mark.parametrize(
+    "name", ["run_parked_up_front", "run_parked_mid_run", "run_parked_up_front_v4", "run_parked_mid_run_v4"]
+)
 def test_parked_run_histories_take_the_parked_runs_branch(name: str) -> None:
     """A run parked before provisioning and one parked on a brokered call (tests/workflows/record.py parked)."""
     text = (HISTORIES[0].parent / f"{name}.json").read_text()
@@ -79,6 +81,8 @@ def test_histories_of_the_current_code_take_the_patched_branches(path: Path) -> 
         assert "provision_run" not in scheduled_queues(path.read_text())  # recorded as a marker, no activity task
     if not any(k in path.stem for k in ("cancelled", "brokered")):  # these two never wait on an approval
         want.add(LOCAL_APPROVAL_STEPS)
+    if "parked" in path.stem:
+        want.add(PARKED_RUNS)
     assert patches(path.read_text()) == want
     assert "supervise_run" not in path.read_text()
 
