@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import socket
+
+    import uvicorn
 
 T = TypeVar("T")
 
@@ -30,3 +37,23 @@ async def eventually(
         if loop.time() >= deadline:
             raise AssertionError(message() if callable(message) else message)
         await asyncio.sleep(interval)
+
+
+@contextlib.contextmanager
+def server_thread(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> Iterator[None]:
+    """Run a real uvicorn server in a daemon thread for the block: it answers once the block starts, and it has
+    stopped when the block ends."""
+    kwargs: dict[str, Any] = {"sockets": sockets} if sockets is not None else {}
+    thread = threading.Thread(target=server.run, kwargs=kwargs, daemon=True)
+    thread.start()
+    started = threading.Event()
+    for _ in range(1000):  # uvicorn sets ``started`` once it listens; there is nothing to wait on instead
+        if server.started:
+            break
+        started.wait(0.01)
+    assert server.started, "the test server did not start"
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,31 @@ async def idle_bound_run(api: httpx.AsyncClient, url: str, tools: list[str]) -> 
     run_id = await start_run(api, agent)
     await wait_status(api, run_id, {"running"})
     return run_id
+
+
+async def plant_claimed(
+    api: httpx.AsyncClient, stack: Stack, run_id: str, body: dict[str, Any], minutes_ago: int
+) -> tuple[uuid.UUID, str, str]:
+    """A ``claimed`` execution claim for ``body`` on the run's first binding, taken ``minutes_ago`` by the
+    database's clock: what a dispatcher that is still working, or that died after claiming, leaves behind.
+    Returns the claim's key (session, tool_call_id, input digest)."""
+    from core.digests import input_digest
+    from db.engine import create_pool
+
+    binding_id = (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["run_spec"]["brokered"][0]["binding_id"]
+    key = (uuid.UUID(run_id), str(body["tool_call_id"]), input_digest(body["tool"], body["input"]))
+    pool = await create_pool(stack.database_url or "", min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, tool,"
+                " input, state, attempts, claimed_at) VALUES ($1, $2, $3, $4, $5, $6, 'claimed', 1,"
+                " now() - make_interval(mins => $7))",
+                *key, uuid.UUID(binding_id), body["tool"], body["input"], minutes_ago,
+            )  # fmt: skip
+    finally:
+        await pool.close()
+    return key
 
 
 def assert_no_canary(canary: str, *texts: str) -> None:
@@ -314,29 +340,10 @@ async def test_a_claim_whose_dispatcher_died_becomes_ambiguous_and_is_never_rese
     api: httpx.AsyncClient, stack: Stack
 ) -> None:
     """A claim stuck in ``claimed`` past its TTL (the broker died mid-call) is settled ambiguous."""
-    import uuid
-
-    from core.digests import input_digest
-    from db.engine import create_pool
-
     async with serve(basic()) as srv:
         run_id = await idle_bound_run(api, srv.url, ["add"])
-        binding_id = (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["run_spec"]["brokered"][0][
-            "binding_id"
-        ]
         body = {"tool_call_id": "lost-1", "tool": "mcp__calc__add", "input": {"a": 1, "b": 1}}
-        pool = await create_pool(stack.database_url or "", min_size=1, max_size=1)
-        try:
-            async with pool.acquire() as conn:  # what a dispatcher that died after claiming leaves behind
-                await conn.execute(
-                    "INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, tool,"
-                    " input, state, attempts, claimed_at) VALUES ($1, $2, $3, $4, $5, $6, 'claimed', 1,"
-                    " now() - interval '11 minutes')",
-                    uuid.UUID(run_id), "lost-1", input_digest(body["tool"], body["input"]), uuid.UUID(binding_id),
-                    body["tool"], body["input"],
-                )  # fmt: skip
-        finally:
-            await pool.close()
+        await plant_claimed(api, stack, run_id, body, minutes_ago=11)
         token = await issue_token(stack.database_url or "", run_id, "tool")
         async with httpx.AsyncClient(base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}) as runner:
             answer = (await runner.post(f"/internal/sessions/{run_id}/tools/call", json=body)).json()
@@ -354,28 +361,15 @@ async def test_a_claim_in_flight_within_its_ttl_is_left_to_its_dispatcher_and_lo
     """Whether a claimed call's dispatcher is lost is decided against ``claimed_at`` on the database's clock, at
     the claim TTL (600 s): a retry at 9 minutes re-attaches (in flight, never re-sent, never ambiguous); the
     same claim at 11 minutes is settled ambiguous."""
-    import uuid
-
-    from core.digests import input_digest
     from db.engine import create_pool
 
     async with serve(basic()) as srv:
         run_id = await idle_bound_run(api, srv.url, ["add"])
-        binding_id = (await api.get(f"/v1/sessions/{run_id}")).json()["session"]["run_spec"]["brokered"][0][
-            "binding_id"
-        ]
         body = {"tool_call_id": "slow-1", "tool": "mcp__calc__add", "input": {"a": 2, "b": 2}}
-        key = (uuid.UUID(run_id), "slow-1", input_digest(body["tool"], body["input"]))
+        key = await plant_claimed(api, stack, run_id, body, minutes_ago=9)  # a dispatcher still on a slow call
         token = await issue_token(stack.database_url or "", run_id, "tool")
         pool = await create_pool(stack.database_url or "", min_size=1, max_size=1)
         try:
-            async with pool.acquire() as conn:  # a dispatcher still working on a slow call
-                await conn.execute(
-                    "INSERT INTO tool_execution_claims (session_id, tool_call_id, input_digest, binding_id, tool,"
-                    " input, state, attempts, claimed_at) VALUES ($1, $2, $3, $4, $5, $6, 'claimed', 1,"
-                    " now() - interval '9 minutes')",
-                    *key, uuid.UUID(binding_id), body["tool"], body["input"],
-                )  # fmt: skip
             async with httpx.AsyncClient(
                 base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}
             ) as runner:

@@ -27,6 +27,7 @@ from starlette.routing import Route
 from runner import claude
 from runner.claude import UngovernedTool, Witness, brokered_result, brokered_tools, cli_env, outcome
 from runner.relay import Relay, rewrite_head
+from tests.helpers import server_thread
 
 TOKEN = "fbx_sess_llm_token_for_the_relay"
 
@@ -41,7 +42,6 @@ class UdsServer:
         routes = [Route("/echo", self._echo, methods=["POST", "GET"]), Route("/stream", self._stream)]
         config = uvicorn.Config(Starlette(routes=routes), uds=str(path), log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     async def _echo(self, request: Request) -> JSONResponse:
         body = await request.body()
@@ -63,18 +63,11 @@ class UdsServer:
 @pytest.fixture
 def uds_server(tmp_path: Path) -> Iterator[UdsServer]:
     srv = UdsServer(tmp_path / "api.sock")
-    srv.thread.start()
-    deadline = threading.Event()
-    for _ in range(1000):
-        if srv.server.started:
-            break
-        deadline.wait(0.01)
-    try:
-        yield srv
-    finally:
-        srv.release.set()
-        srv.server.should_exit = True
-        srv.thread.join(10)
+    with server_thread(srv.server):
+        try:
+            yield srv
+        finally:
+            srv.release.set()  # a stream still waiting for its second event ends
 
 
 def test_the_relay_replaces_every_credential_header_with_the_run_token(uds_server: UdsServer) -> None:
@@ -258,31 +251,23 @@ class TcpServer(UdsServer):
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
-        self.release = threading.Event()
         routes = [Route("/echo", self._echo, methods=["POST", "GET"])]
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         config = uvicorn.Config(Starlette(routes=routes), log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
 
 def test_in_a_pod_the_relay_reaches_the_control_plane_over_http_and_still_swaps_the_key() -> None:
     srv = TcpServer()
-    srv.thread.start()
     try:
-        for _ in range(1000):
-            if srv.server.started:
-                break
-            srv.release.wait(0.01)
-        with Relay(srv.url, api_key=TOKEN) as relay, httpx.Client(base_url=relay.url) as client:
-            r = client.post("/echo", content=b"{}", headers={"x-api-key": "placeholder"})
+        with server_thread(srv.server, sockets=[srv.sock]):
+            with Relay(srv.url, api_key=TOKEN) as relay, httpx.Client(base_url=relay.url) as client:
+                r = client.post("/echo", content=b"{}", headers={"x-api-key": "placeholder"})
         assert r.status_code == 200
         assert [v for k, v in r.json()["headers"] if k == "x-api-key"] == [TOKEN]
     finally:
-        srv.server.should_exit = True
-        srv.thread.join(10)
         srv.sock.close()
 
 

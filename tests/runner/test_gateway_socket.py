@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from runner.gateway import MAX_HOLD_S, Credentials, Gateway, path_segment
+from tests.helpers import server_thread
 
 CREDS = Credentials(session_id="0b7e-run", control_token="ctl", tool_token="tool", llm_token="llm")
 PREFIX = "/internal/sessions/0b7e-run"
@@ -62,7 +63,6 @@ class ApiLikeServer:
             Starlette(routes=routes), uds=str(path), http="httptools", log_level="warning", lifespan="off"
         )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     async def _record(self, request: Request) -> dict[str, Any]:
         record = {"path": request.url.path, "headers": dict(request.headers), "body": json.loads(await request.body())}
@@ -91,17 +91,8 @@ class ApiLikeServer:
 @pytest.fixture
 def api_like(socket_dir: Path) -> Iterator[ApiLikeServer]:
     srv = ApiLikeServer(socket_dir / "api.sock")
-    srv.thread.start()
-    wait = threading.Event()
-    for _ in range(1000):
-        if srv.server.started:
-            break
-        wait.wait(0.01)
-    try:
+    with server_thread(srv.server):
         yield srv
-    finally:
-        srv.server.should_exit = True
-        srv.thread.join(10)
 
 
 def test_answers_of_the_apis_server_reach_the_harness_whole_over_the_socket(api_like: ApiLikeServer) -> None:
