@@ -8,12 +8,16 @@
      "access": {"issues/get-*": "write"},                       # optional: overrides of the default access class
      "auth": {...}}                                             # see integrations.transports._auth
 
-The document is validated with ``openapi-spec-validator`` and its local ``$ref``\\ s resolved with ``prance``
-(remote refs are refused: a document can never make the control plane fetch anything else). Each operation
-becomes a tool named from its ``operationId`` (characters outside ``[A-Za-z0-9_-]`` become ``_``) whose input
-schema has one property per path, query and header parameter and ``body`` for a JSON request body; its default
-access class comes from the method (GET/HEAD read, everything else write). OpenAPI 3.0's ``nullable`` is
-translated to a JSON Schema type list so the gate validates what the document means.
+The document is validated with ``openapi-spec-validator`` and its local ``$ref``\\ s resolved with ``prance``.
+A client's document is never a fetcher (``integrations.documents``): a ``$ref`` to a file or a URL is refused
+before any validation, the validator runs with retrieval handlers that refuse every scheme, YAML aliases are
+refused, nesting and size are bounded, and each operation's schema may expand (through local references
+nested inside each other) only to ``MAX_SCHEMA_NODES`` values, so a few kilobytes cannot become gigabytes.
+
+Each operation becomes a tool named from its ``operationId`` (characters outside ``[A-Za-z0-9_-]`` become
+``_``) whose input schema has one property per path, query and header parameter and ``body`` for a JSON request
+body; its default access class comes from the method (GET/HEAD read, everything else write). OpenAPI 3.0's
+``nullable`` is translated to a JSON Schema type list so the gate validates what the document means.
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ from typing import Any, cast
 import httpx2
 import yaml
 
+from integrations.documents import (
+    MAX_DEPTH,
+    DocumentError,
+    NoRetrieval,
+    check_tree,
+    load_yaml,
+    pointer,
+    refuse_external_references,
+)
 from integrations.mcp_client import CallOutcome, Photograph, _describe, _tls_context
 from integrations.pinning import PinnedTransport
 from integrations.transports import TransportConnection, TransportDeps, TransportError, _http
@@ -34,6 +47,8 @@ from integrations.urls import UrlRefused
 
 MAX_DOCUMENT_BYTES = 20 * 1024 * 1024
 MAX_OPERATIONS = 512
+# Values in one operation's input schema once its references are expanded (GitHub's largest: about 2,000).
+MAX_SCHEMA_NODES = 50_000
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _JSON_MEDIA = re.compile(r"^application/([a-z0-9.+-]*\+)?json$")
 
@@ -78,7 +93,9 @@ def load_document(source: dict[str, Any] | str) -> dict[str, Any]:
     if isinstance(source, dict):
         return source
     try:
-        doc = yaml.safe_load(source)
+        doc = load_yaml(source)
+    except DocumentError as err:
+        raise TransportError(f"the OpenAPI document is refused: {err}") from None
     except yaml.YAMLError as err:
         raise TransportError(f"the OpenAPI document is neither JSON nor YAML: {str(err)[:200]}") from None
     if not isinstance(doc, dict):
@@ -114,19 +131,31 @@ async def fetch_document(deps: TransportDeps, url: str) -> dict[str, Any]:
 
 
 def resolve_document(doc: dict[str, Any]) -> dict[str, Any]:
-    """Validate (openapi-spec-validator), then resolve every local ``$ref`` (prance). Blocking: run in a thread."""
+    """Validate (openapi-spec-validator), then resolve every local ``$ref`` (prance). Blocking: run in a thread.
+
+    Nothing is fetched or read: references outside the document are refused first, and the validator's
+    retrieval handlers refuse every scheme besides. An error names where the document is wrong."""
     # Imported here: they cost most of a second, and only connecting or refreshing an OpenAPI connection needs them.
-    from openapi_spec_validator import validate as validate_spec
+    from jsonschema_path import SchemaPath
+    from openapi_spec_validator.shortcuts import get_validator_cls
     from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
     from prance.util.resolver import RESOLVE_INTERNAL, RefResolver
 
+    try:
+        check_tree(doc, what="the OpenAPI document")
+        refuse_external_references(doc)
+    except DocumentError as err:
+        raise TransportError(f"the OpenAPI document is refused: {err}") from None
     version = str(doc.get("openapi", ""))
     if not version.startswith("3."):
         raise TransportError("only OpenAPI 3.x documents are supported (no `openapi: 3.x` field)")
     try:
-        validate_spec(cast(Any, doc))
+        validator = get_validator_cls(cast(Any, doc))
+        validator(SchemaPath.from_dict(cast(Any, doc), handlers=NoRetrieval())).validate()
     except OpenAPIValidationError as err:
-        raise TransportError(f"invalid OpenAPI document: {str(err.message)[:300]}") from None
+        raise TransportError(f"invalid OpenAPI document at {pointer(tuple(err.absolute_path))}: {_rule(err)}") from None
+    except DocumentError as err:
+        raise TransportError(f"the OpenAPI document is refused: {err}") from None
     except Exception as err:  # the validator's own failures on unreadable input
         raise TransportError(f"invalid OpenAPI document: {type(err).__name__}") from None
     resolver = RefResolver(
@@ -143,13 +172,49 @@ def resolve_document(doc: dict[str, Any]) -> dict[str, Any]:
     return dict(resolver.specs)
 
 
-def _json_schema(node: Any, openapi_30: bool) -> Any:
-    """OpenAPI 3.0 schema dialect → JSON Schema: ``nullable`` becomes a ``null`` type."""
+def _rule(err: Any) -> str:
+    """Which rule of the OpenAPI schema a value breaks, without quoting the value (it may be large)."""
+    rule, expected = str(err.validator), err.validator_value
+    if rule in ("required", "additionalProperties", "unevaluatedProperties"):
+        return str(err.message).split("\n", 1)[0][:200]  # names properties, not values
+    if rule in ("type", "enum", "const", "format", "pattern") and len(json.dumps(expected, default=str)) <= 120:
+        return f"does not satisfy `{rule}` {json.dumps(expected, default=str)}"
+    return f"does not satisfy `{rule}` of the OpenAPI schema"
+
+
+class _Budget:
+    """How many more values one operation's schema may expand to."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.left = MAX_SCHEMA_NODES
+
+    def take(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise TransportError(
+                f"the input schema of operation '{self.name}' expands past {MAX_SCHEMA_NODES} values "
+                "(references nested in references): simplify it or leave the operation out with `include`"
+            )
+
+
+def _json_schema(node: Any, openapi_30: bool, budget: _Budget, depth: int = 0) -> Any:
+    """OpenAPI 3.0 schema dialect → JSON Schema: ``nullable`` becomes a ``null`` type.
+
+    The resolved document shares one object per referenced schema; this copy expands them, so it spends
+    ``budget`` as it goes and stops at ``MAX_DEPTH`` levels (a chain of references nests a level each)."""
+    budget.take()
+    if depth > MAX_DEPTH:
+        raise TransportError(f"the input schema of operation '{budget.name}' nests deeper than {MAX_DEPTH} levels")
     if isinstance(node, list):
-        return [_json_schema(v, openapi_30) for v in node]
+        return [_json_schema(v, openapi_30, budget, depth + 1) for v in node]
     if not isinstance(node, dict):
         return node
-    out = {k: _json_schema(v, openapi_30) for k, v in node.items() if k not in ("nullable", "example", "xml")}
+    out = {
+        k: _json_schema(v, openapi_30, budget, depth + 1)
+        for k, v in node.items()
+        if k not in ("nullable", "example", "xml")
+    }
     if openapi_30 and node.get("nullable") is True:
         if isinstance(out.get("type"), str):
             out["type"] = [out["type"], "null"]
@@ -202,6 +267,7 @@ def operation_tools(resolved: dict[str, Any], config: dict[str, Any]) -> list[di
 def _operation_tool(
     name: str, op_id: str, method: str, path: str, shared: list[dict[str, Any]], op: dict[str, Any], v30: bool
 ) -> dict[str, Any] | None:
+    budget = _Budget(op_id)
     params: dict[tuple[str, str], dict[str, Any]] = {(p["in"], p["name"]): p for p in shared if "name" in p}
     params |= {(p["in"], p["name"]): p for p in op.get("parameters", []) if isinstance(p, dict) and "name" in p}
     properties: dict[str, Any] = {}
@@ -214,7 +280,7 @@ def _operation_tool(
         schema = p.get("schema")
         if schema is None and isinstance(p.get("content"), dict) and p["content"]:
             schema = next(iter(p["content"].values())).get("schema")
-        schema = _json_schema(schema or {}, v30)
+        schema = _json_schema(schema or {}, v30, budget)
         if p.get("description") and isinstance(schema, dict) and "description" not in schema:
             schema = {**schema, "description": p["description"]}
         properties[arg] = schema
@@ -230,7 +296,7 @@ def _operation_tool(
             return None  # only JSON request bodies are brokered; other operations are left out
         media_type = media[0]
         body_arg = "body" if "body" not in properties else "request_body"
-        properties[body_arg] = _json_schema(body["content"][media_type].get("schema") or {}, v30)
+        properties[body_arg] = _json_schema(body["content"][media_type].get("schema") or {}, v30, budget)
         if body.get("required"):
             required.append(body_arg)
     description = str(op.get("summary") or op.get("description") or f"{method} {path}")

@@ -210,6 +210,37 @@ async def test_stdio_and_openapi_configuration_is_checked_and_nothing_is_stored(
     assert (await api.get("/v1/connections")).json()["connections"] == before
 
 
+async def test_a_members_openapi_document_cannot_read_the_admin_token_through_a_ref(stack: Stack, admin: str) -> None:
+    """The attack of issue 24: a plain member's personal connection whose parameter schema is a ``$ref`` to the
+    operator's token file. The document is refused before any validator reads anything; the token never comes back
+    (uploaded as an object or as text; a served document and a refresh take the same path, tested without the
+    stack in tests/integrations/test_documents.py)."""
+    from tests.integration.test_identity import add_user, as_user, mint
+
+    token_file = stack.home / "admin-token"
+    assert token_file.read_text().strip() == admin
+    member = await add_user(stack)
+    doc: dict[str, Any] = {
+        "openapi": "3.0.3",
+        "info": {"title": "t", "version": "1"},
+        "paths": {"/a": {"get": {"operationId": "a", "responses": {"200": {"description": "ok"}},
+                                 "parameters": [{"name": "q", "in": "query",
+                                                 "schema": {"$ref": f"file://{token_file}"}}]}}},
+    }  # fmt: skip
+    async with as_user(stack, await mint(stack, member["email"])) as me, serve_items() as app:
+        before = (await me.get("/v1/connections")).json()["connections"]
+        for config in ({"document": doc}, {"document": json.dumps(doc)}):
+            r = await me.post(
+                "/v1/connections",
+                json={"transport": "openapi", "owner": "personal", "token": "t", "base_url": app.url,
+                      "transport_config": config},
+            )  # fmt: skip
+            assert r.status_code == 400, r.text
+            assert "does not point inside the document" in r.json()["error"]
+            assert admin not in r.text and admin[8:24] not in r.text
+        assert (await me.get("/v1/connections")).json()["connections"] == before
+
+
 async def test_stopping_the_worker_ends_its_stdio_processes() -> None:
     from tests.helpers import eventually
     from tests.integration.conftest import FAST
