@@ -20,6 +20,7 @@ from core.errors import BadRequest, NotFound, Unprocessable
 from core.policy import Policy, parse_policy
 from core.policy_views import autonomy_summary, overview
 from db.policies import NamedPolicyVersion, PolicyMeta, VersionSummary
+from integrations import documents
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
@@ -74,7 +75,9 @@ def check_name(name: str) -> None:
 
 def load_yaml(text: str) -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(text)
+        doc = documents.load_yaml(text)
+    except documents.DocumentError as exc:
+        raise Unprocessable(f"bad policy content: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

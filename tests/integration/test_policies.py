@@ -160,6 +160,29 @@ async def test_delete_is_refused_while_any_revision_names_the_policy(api: httpx.
     assert (await api.get(f"/v1/policies/{unused}")).status_code == 404
 
 
+async def test_alias_bombs_and_deep_documents_are_refused_with_a_reason_and_store_nothing(
+    api: httpx.AsyncClient,
+) -> None:
+    """A 440-byte YAML alias bomb once cost the API 600 MB and 11 s; a 5,000-deep document was a 500."""
+    before = (await api.get("/v1/policies")).json()["policies"]
+    bomb = 'name: bomb\nx0: &x0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+        f"x{i}: &x{i} [{','.join([f'*x{i - 1}'] * 10)}]\n" for i in range(1, 8)
+    )
+    deep_yaml = "name: deep\nx: " + "[" * 5000 + "]" * 5000 + "\n"
+    for text, reason in ((bomb, "YAML aliases (*name) are not accepted (line 3)"), (deep_yaml, "deeper than 64")):
+        for route, body in (
+            ("/v1/policies", {"name": text.split()[1], "yaml": text}),
+            ("/v1/policies/validate", {"yaml": text}),
+        ):
+            r = await api.post(route, json=body)
+            assert r.status_code == 422, r.text
+            assert reason in r.json()["error"], r.text
+    deep_json = '{"content": {"name": "d", "x": ' + '{"x": ' * 5000 + "{}" + "}" * 5000 + "}}"
+    r = await api.post("/v1/policies/preview", content=deep_json, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert (await api.get("/v1/policies")).json()["policies"] == before
+
+
 async def test_validate_and_preview_persist_nothing(api: httpx.AsyncClient) -> None:
     before = (await api.get("/v1/policies")).json()["policies"]
     ok = await api.post("/v1/policies/validate", json={"yaml": "name: draft\ndefaults: {tool_action: deny}\n"})
