@@ -61,6 +61,19 @@ def workspace_doc(ws: WorkspaceInput | None) -> dict[str, Any] | None:
     return {"kind": "local_copy", "path": ws.path}
 
 
+def host_path_refusal(workspace: WorkspaceSpec | dict[str, Any] | None) -> str | None:
+    """Why ``workspace`` may only come from the operator (it names a path on the control plane's host), or None.
+
+    The host belongs to the operator token alone: no organization role, trigger or default may copy a host
+    directory into a sandbox or clone a host repository on someone else's behalf."""
+    doc = workspace.model_dump() if isinstance(workspace, WorkspaceSpec) else (workspace or {})
+    if doc.get("kind") == "local_copy":
+        return "a local_copy workspace names a control-plane host path and is restricted to the operator (admin token)"
+    if doc.get("kind") == "git_repository" and str(doc.get("url") or "").startswith("file:"):
+        return "a file:// git_repository names a control-plane host path and is restricted to the operator"
+    return None
+
+
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 

@@ -56,6 +56,7 @@ SUBSCRIPTION_COLUMNS = (
     "missed_run_policy",
     "connection_id",
     "event_filter",
+    "host_paths_allowed",
 )
 MUTABLE = frozenset(SUBSCRIPTION_COLUMNS) - {"id", "tenant_id", "kind", "agent_id"}
 TERMINAL_STATUSES = sorted(s.value for s in TERMINAL)

@@ -23,7 +23,14 @@ from core.errors import BadRequest, Forbidden, Unavailable, Unprocessable
 from core.harnesses import RUNNABLE
 from core.policy import Budgets
 from core.runner_env import runner_env
-from core.runspec import InvocationContext, RunSpec, WorkspaceSpec, freeze, repository_in_scope
+from core.runspec import (
+    InvocationContext,
+    RunSpec,
+    WorkspaceSpec,
+    freeze,
+    host_path_refusal,
+    repository_in_scope,
+)
 from core.states import RunStatus
 from db.capabilities import Capabilities
 from db.connections import Connections
@@ -164,10 +171,18 @@ class RunFactory:
         return {"connection_id": str(row.id), "reason": reason}
 
     async def prepare(
-        self, tenant_id: str, req: RunRequest, invocation: InvocationContext, invoker_user_id: str | None = None
+        self,
+        tenant_id: str,
+        req: RunRequest,
+        invocation: InvocationContext,
+        invoker_user_id: str | None = None,
+        *,
+        host_paths: bool | None = None,
     ) -> RunSpec:
         """Validate and freeze; nothing is written. Every refusal here is a 4xx naming the problem.
-        ``invoker_user_id``: the signed-in user starting the run (None for the operator and triggers)."""
+        ``invoker_user_id``: the signed-in user starting the run (None for the operator and triggers).
+        ``host_paths``: whether the workspace may name a control-plane host path (default: only without a user;
+        a trigger passes whether the operator set it up)."""
         store = self.store
         agent = await store.agents.find_agent(tenant_id, req.agent)
         if agent is None:
@@ -209,21 +224,13 @@ class RunFactory:
             spec = spec.model_copy(update={"result_destinations": list(req.result_destinations)})
         if pending:
             spec = spec.model_copy(update={"pending_requirements": pending})
-        if (
-            invoker_user_id is not None
-            and spec.workspace.kind == "git_repository"
-            and (spec.workspace.url or "").startswith("file:")
-        ):
-            raise Forbidden(
-                "a file:// git_repository names a control-plane host path and is restricted to the operator"
-            )
+        # Asked for, or the revision's default: either way it would read a control-plane host path.
+        may_name_host = invoker_user_id is None if host_paths is None else host_paths
+        refusal = None if may_name_host else host_path_refusal(spec.workspace)
+        if refusal is not None:
+            raise Forbidden(refusal)
         if spec.workspace.kind == "git_repository":
             await self.check_repository(tenant_id, spec.workspace.url or "", spec.workspace.credential, invoker_user_id)
-        if invoker_user_id is not None and spec.workspace.kind == "local_copy":
-            # Asked for, or the revision's default: either way it would copy a control-plane host path.
-            raise Forbidden(
-                "a local_copy workspace names a control-plane host path and is restricted to the operator (admin token)"
-            )
         size = sum(len(k) + len(v) + 2 for k, v in runner_env(spec, self.settings).items())
         if size > MAX_RUNNER_ENV_BYTES:
             raise Unprocessable(

@@ -4,6 +4,10 @@ The route parses and authorizes; this module holds the rules: the agent must exi
 only narrow, a callback URL is admitted and gets a fresh sealed secret, an event subscription needs an
 active organization connection, and a schedule subscription's Temporal Schedule is changed inside the
 row's transaction (so a Temporal failure stores nothing). Firing is ``services.triggers``.
+
+The host belongs to the operator: only the operator may create or edit a subscription whose workspace (its
+own, or the agent revision's default) names a control-plane host path, and the row records whether the
+operator was the last to set it up (``host_paths_allowed``), which its fires check again.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from temporalio.client import Client
 
 from config.settings import Settings
 from core.capabilities import narrow_pins
-from core.errors import BadRequest, DomainError, NotFound, Unavailable
-from core.runspec import WorkspaceInput, workspace_doc
+from core.errors import BadRequest, DomainError, Forbidden, NotFound, Unavailable
+from core.runspec import WorkspaceInput, host_path_refusal, workspace_doc
 from core.schedule import validate_schedule
 from core.triggers import (
     callback_context,
@@ -124,8 +128,22 @@ class SubscriptionService:
             log.warning("could not read the Temporal Schedule of subscription %s", row.id, exc_info=True)
             return None
 
-    async def create(self, tenant_id: str, draft: SubscriptionDraft) -> Created:
-        """Check and store a new subscription with its first token (and callback secret)."""
+    async def _check_host_paths(self, agent_id: str, workspace: dict[str, Any] | None, what: str) -> None:
+        """A member may not set up a subscription whose fires would read a control-plane host path."""
+        refusal = host_path_refusal(workspace)
+        if refusal is None and workspace is None:
+            revision = await self.store.agents.latest_revision_of(agent_id)
+            default = revision.default_workspace if revision is not None else None
+            if host_path_refusal(default) is not None:
+                refusal = (
+                    f"the agent's default workspace is a control-plane host path: {what} is restricted to the operator"
+                )
+        if refusal is not None:
+            raise Forbidden(refusal)
+
+    async def create(self, tenant_id: str, draft: SubscriptionDraft, *, operator: bool) -> Created:
+        """Check and store a new subscription with its first token (and callback secret). ``operator``: the
+        caller is the operator, the only one whose subscription may name a control-plane host path."""
         kind = subscription_kind(draft.schedule is not None, draft.connection is not None)
         if kind != "event" and (
             draft.events is not None or draft.repositories is not None or draft.publish is not None
@@ -139,6 +157,9 @@ class SubscriptionService:
             raise BadRequest(f"unknown agent '{draft.agent}'")
         agent_id = str(agent.id)
         await self._check_capabilities(agent_id, draft.capabilities)
+        workspace = workspace_doc(draft.workspace)
+        if not operator:
+            await self._check_host_paths(agent_id, workspace, "a subscription of it")
         sid = new_id()
         fields: dict[str, Any] = {
             "id": sid,
@@ -150,10 +171,11 @@ class SubscriptionService:
             "allow_workspace_override": draft.allow_workspace_override,
             "autonomous": draft.autonomous,
             "budgets": draft.budgets,
-            "workspace": workspace_doc(draft.workspace),
+            "workspace": workspace,
             "capabilities": draft.capabilities,
             "concurrency_policy": draft.concurrency_policy,
             "when_unavailable": draft.when_unavailable,
+            "host_paths_allowed": operator,
         }
         if draft.schedule is not None:
             cron = draft.schedule.cron or ""
@@ -177,12 +199,17 @@ class SubscriptionService:
         row = await self.db.create(tenant_id, fields, token, before_commit=self._schedule_sync(kind))
         return Created(row, token, secret)
 
-    async def patch(self, tenant_id: str, subscription_id: str, given: dict[str, Any]) -> Patched:
+    async def patch(self, tenant_id: str, subscription_id: str, given: dict[str, Any], *, operator: bool) -> Patched:
         """Apply the fields the caller set (``given``: field → value; ``schedule`` as a ScheduleDraft or
-        None). A concurrent edit is a 409 from the repository."""
+        None). A concurrent edit is a 409 from the repository. Only the operator edits a subscription whose
+        fires read a host path; an operator's edit lets its fires do so (a row stored before the rule)."""
         row = await self.get(tenant_id, subscription_id)
         sid = str(row.id)
         changes: dict[str, Any] = {}
+        if not operator:
+            await self._check_host_paths(str(row.agent_id), row.workspace, "editing its subscriptions")
+        elif not row.host_paths_allowed:
+            changes["host_paths_allowed"] = True
         for field in MUTABLE_AS_IS:
             if field in given:
                 value = given[field]

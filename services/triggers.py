@@ -257,7 +257,14 @@ class TriggerService:
             result_destinations=destinations,
             when_unavailable=sub.when_unavailable or "fail",
         )
-        return await self.runs.prepare(str(sub.tenant_id), request, invocation(sub, kind, key, variables, catch_up))
+        # A host path (the subscription's, an override narrowing it, or the revision's default) only when the
+        # operator set the subscription up: an admin member's trigger must not read the host on its behalf.
+        return await self.runs.prepare(
+            str(sub.tenant_id),
+            request,
+            invocation(sub, kind, key, variables, catch_up),
+            host_paths=sub.host_paths_allowed,
+        )
 
     async def _narrow(self, sub: TriggerSubscription, override: dict[str, Any]) -> dict[str, Any]:
         base = sub.workspace

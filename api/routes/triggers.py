@@ -201,7 +201,7 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) 
         workspace=body.workspace,
         schedule=ScheduleDraft(**body.schedule.model_dump()) if body.schedule is not None else None,
     )
-    created = await svc.subscriptions.create(op.tenant_id, draft)
+    created = await svc.subscriptions.create(op.tenant_id, draft, operator=op.is_operator)
     row = created.row
     return {
         "subscription": public(row),
@@ -275,7 +275,7 @@ async def patch_trigger(
     given: dict[str, Any] = {field: getattr(patch, field) for field in patch.model_fields_set}
     if patch.schedule is not None:
         given["schedule"] = ScheduleDraft(**patch.schedule.model_dump())
-    patched = await svc.subscriptions.patch(op.tenant_id, subscription_id, given)
+    patched = await svc.subscriptions.patch(op.tenant_id, subscription_id, given, operator=op.is_operator)
     new = patched.row
     return {
         "subscription": public(new),

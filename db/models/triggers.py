@@ -74,6 +74,8 @@ class TriggerSubscription(SQLModel, table=True):
     event_filter: dict[str, Any] | None = Field(sa_type=JSONB)
     # Migration 0015: a requirement its runs cannot bind parks the run (``park``) or refuses it (``fail``).
     when_unavailable: WhenUnavailable = Field(default="fail", sa_type=TEXT, sa_column_kwargs=default("'fail'"))
+    # Migration 0021: the operator created or last edited it, so its fires may copy a control-plane host path.
+    host_paths_allowed: bool = Field(default=False, sa_column_kwargs=FALSE)
     created_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
     updated_at: datetime = Field(sa_type=TIMESTAMPTZ, sa_column_kwargs=NOW)
 

@@ -619,3 +619,64 @@ async def test_event_subscriptions_store_their_filter_and_cannot_be_fired_by_han
         "/v1/triggers", json={"agent": agent, "name": unique("e"), "task_template": "t", "connection": conn_id}
     )
     assert r.status_code == 400 and r.json()["error"] == f"connection {conn_id} is revoked — reconnect it first"
+
+
+# ---- the host belongs to the operator ----------------------------------------------------------
+
+
+async def test_an_admin_members_trigger_cannot_copy_a_host_path_when_created_edited_or_fired(
+    api: httpx.AsyncClient, stack: Stack, anon: httpx.AsyncClient, tree: Path
+) -> None:
+    """Issue 24, finding 2: an admin-role member's trigger stored a local_copy (or file://) workspace, and its
+    run-now copied a root-only host directory into the sandbox. The rule holds at create, at patch and at fire."""
+    from tests.integration.test_identity import add_user, as_user, mint
+
+    agent = await make_agent(api, QUICK)
+    defaulted = await make_agent(api, QUICK, default_workspace={"kind": "local_copy", "path": str(tree)})
+    admin_member = await add_user(stack, "admin")
+    async with as_user(stack, await mint(stack, admin_member["email"])) as member:
+        before = (await member.get("/v1/triggers")).json()["subscriptions"]
+        for workspace in (
+            {"kind": "local_copy", "path": str(tree)},
+            {"kind": "git_repository", "url": f"file://{tree}"},
+        ):
+            r = await member.post(
+                "/v1/triggers",
+                json={"agent": agent, "name": unique("host"), "task_template": "t", "workspace": workspace},
+            )
+            assert r.status_code == 403, r.text
+            assert "control-plane host path and is restricted to the operator" in r.json()["error"]
+        r = await member.post("/v1/triggers", json={"agent": defaulted, "name": unique("dflt"), "task_template": "t"})
+        assert r.status_code == 403 and "the agent's default workspace is a control-plane host path" in r.text
+        assert (await member.get("/v1/triggers")).json()["subscriptions"] == before
+
+        # The operator's own host-path trigger: members may fire it, not edit it.
+        mine = await create(api, agent, task_template="Copy it", workspace={"kind": "local_copy", "path": str(tree)})
+        sid = mine["subscription"]["id"]
+        r = await member.patch(f"/v1/triggers/{sid}", json={"task_template": "Now read /root {{item}}"})
+        assert r.status_code == 403 and "restricted to the operator" in r.json()["error"], r.text
+        assert (await detail(api, sid))["subscription"]["task_template"] == "Copy it"
+        fired = await member.post(f"/v1/triggers/{sid}/run-now")
+        assert fired.status_code == 200, fired.text
+        await wait_status(api, fired.json()["session_id"], TERMINAL)
+
+    # A row an admin member stored before the rule (host_paths_allowed false) fires no host path: run-now and
+    # invoke are 403 (a schedule or event fire records the same refusal as a skip row); the operator's edit lets it
+    # fire again.
+    legacy = await create(api, agent, task_template="Copy it", workspace={"kind": "local_copy", "path": str(tree)})
+    lid = legacy["subscription"]["id"]
+    conn = await asyncpg.connect(asyncpg_dsn(stack.database_url or ""))
+    try:
+        await conn.execute("UPDATE trigger_subscriptions SET host_paths_allowed = false WHERE id = $1", uuid.UUID(lid))
+    finally:
+        await conn.close()
+    r = await api.post(f"/v1/triggers/{lid}/run-now")
+    assert r.status_code == 403 and "restricted to the operator" in r.json()["error"], r.text
+    r = await invoke(anon, lid, legacy["token"], body={}, key=unique("k"))
+    assert r.status_code == 403, r.text
+    assert (await detail(api, lid))["sessions"] == []
+    r = await api.patch(f"/v1/triggers/{lid}", json={"name": legacy["subscription"]["name"]})
+    assert r.status_code == 200, r.text
+    r = await api.post(f"/v1/triggers/{lid}/run-now")
+    assert r.status_code == 200, r.text
+    await wait_status(api, r.json()["session_id"], TERMINAL)
