@@ -163,6 +163,20 @@ def _check_owner(body: ConnectionCreate, who: Principal) -> None:
         raise Forbidden("creating an organization connection requires the admin or owner role")
 
 
+STDIO_OPERATOR = (
+    "a stdio connection runs its command on the control plane's hosts, unsandboxed: only the operator (admin "
+    "token) can create one"
+)
+
+
+def _check_env_reader(who: Principal) -> None:
+    """``credential_env`` reads the control plane's own environment, which is the operator's."""
+    if not who.is_operator:
+        raise Forbidden(
+            "`credential_env` reads the control plane's environment: only the operator (admin token) may name one"
+        )
+
+
 def _owner_user_id(body: ConnectionCreate, who: Principal) -> str | None:
     return who.user_id if body.owner == "personal" else None
 
@@ -219,6 +233,7 @@ async def _create_mcp_http(
         return await _preregistered(svc, who, body, row)
     _check_no_oauth_client(body)
     if body.credential_env is not None:
+        _check_env_reader(who)
         if body.token is not None:
             raise BadRequest("give either `token` or `credential_env`, not both")
         return await svc.connection_service.connect_env(
@@ -315,9 +330,11 @@ async def _create_described(
     answer 401 and publish its protected resource metadata, RFC 9728)."""
     config = dict(body.transport_config or {})
     if transport == "stdio":
-        # A command runs on every worker host: only trusted configuration may name one.
-        if body.owner == "personal" or not who.mutates_resources:
-            raise Forbidden("a stdio connection runs a command on the worker hosts: only an admin can create one")
+        # Its command runs on the API and worker hosts, unsandboxed, as their account (root in a root stack),
+        # starting with this create's photograph: the host belongs to the operator token, never to an org role.
+        if not who.is_operator:
+            raise Forbidden(STDIO_OPERATOR)
+        _check_owner(body, who)
         problem = stdio_config_problem(config)
         if problem is not None:
             raise Unprocessable(problem)
@@ -451,6 +468,8 @@ async def replace_credential(
         raise BadRequest("give exactly one of `token` or `credential_env`")
     row = await visible(svc, who, connection_id)
     require_manage(who, row, "changing the credential of")
+    if body.credential_env is not None:
+        _check_env_reader(who)
     if row.transport == "sandbox_cli":
         raise BadRequest(NO_SANDBOX_CREDENTIAL.format(field="credential"))
     updated, snapshot = await svc.connection_service.replace_credential(

@@ -171,7 +171,7 @@ async def test_stdio_and_openapi_configuration_is_checked_and_nothing_is_stored(
     r = await api.post(
         "/v1/connections", json={"transport": "stdio", "owner": "personal", "transport_config": {"command": "node"}}
     )
-    assert r.status_code == 403 and "only an admin" in r.json()["error"]
+    assert r.status_code == 400 and "the operator token has none" in r.json()["error"]
     r = await api.post("/v1/connections", json={"transport": "stdio", "transport_config": {"args": ["x"]}})
     assert r.status_code == 422 and "`command`" in r.json()["error"]
     r = await api.post(
@@ -239,6 +239,31 @@ async def test_a_members_openapi_document_cannot_read_the_admin_token_through_a_
             assert "does not point inside the document" in r.json()["error"]
             assert admin not in r.text and admin[8:24] not in r.text
         assert (await me.get("/v1/connections")).json()["connections"] == before
+
+
+async def test_an_admin_member_cannot_run_a_host_command_or_read_the_host_environment(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Issue 24, finding 3: creating a stdio connection ran its command at once, as root and unsandboxed, for an
+    admin-role member, even when the create was then refused. Now nothing runs unless the operator asks."""
+    from tests.integration.test_identity import add_user, as_user, mint
+
+    marker = tmp_path / "ran-as-host"
+    command = {"command": "/bin/sh", "args": ["-c", f"id > {marker}"]}
+    admin_member = await add_user(stack, "admin")
+    async with as_user(stack, await mint(stack, admin_member["email"])) as member:
+        before = (await member.get("/v1/connections")).json()["connections"]
+        for extra in ({}, {"owner": "personal"}, {"display_name": "x", "access": {"read": True}}):
+            r = await member.post("/v1/connections", json={"transport": "stdio", "transport_config": command, **extra})
+            assert r.status_code == 403, r.text
+            assert "only the operator (admin token) can create one" in r.json()["error"]
+        r = await member.post(
+            "/v1/connections",
+            json={"base_url": "https://mcp.example.com/mcp", "credential_env": "GITHUB_MCP_TOKEN"},
+        )
+        assert r.status_code == 403 and "reads the control plane's environment" in r.json()["error"], r.text
+        assert (await member.get("/v1/connections")).json()["connections"] == before
+    assert not marker.exists(), "the command ran on the host"
 
 
 async def test_stopping_the_worker_ends_its_stdio_processes() -> None:
