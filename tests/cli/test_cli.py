@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -77,9 +78,13 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 def test_demo_runs_a_governed_agent_end_to_end(home: Path) -> None:
-    proc = subprocess.run([FLUIDBOX, "demo"], env=cli_env(home), capture_output=True, text=True, timeout=240)
+    env = cli_env(home)
+    env.pop("XDG_RUNTIME_DIR", None)  # as on a fresh login shell without a session manager
+    proc = subprocess.run([FLUIDBOX, "demo"], env=env, capture_output=True, text=True, timeout=240)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
+    # A first run prints nothing that looks like a problem.
+    assert not re.search(r"(?i)warn|error|traceback", out + proc.stderr), out + proc.stderr
     assert "needs a human: Bash: ./deploy.sh" in out
     assert "a human approves over HTTP: POST /v1/approvals/" in out
     assert "DENY by policy" in out and "curl" in out
