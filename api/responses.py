@@ -511,8 +511,18 @@ class CatalogEntryPublic(_Out):
     created_at: Timestamp
 
 
+class BundleRef(_Out):
+    id: str
+    name: str
+    version: int
+
+
 class CatalogListed(CatalogEntryPublic):
     connection: ConnectionPublic | None = Field(description="The connection that covers this entry, if any.")
+    bundle: BundleRef | None = Field(
+        description="The newest capability bundle named after the entry's slug (what connecting an in-image "
+        "entry publishes), if any."
+    )
     connectable: bool
 
 
@@ -522,12 +532,6 @@ class CatalogList(_Out):
 
 class CatalogEntryOut(_Out):
     connector: CatalogEntryPublic
-
-
-class BundleRef(_Out):
-    id: str
-    name: str
-    version: int
 
 
 class CatalogConnected(_Out):

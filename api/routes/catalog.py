@@ -108,8 +108,11 @@ async def _covering(svc: Services, tenant_id: str, url: str | None) -> dict[str,
     "/v1/catalog", summary="Curated and custom connectors", response_model=out.CatalogList, responses=errors(401, 403)
 )
 async def catalog(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """Each entry with the connection that covers it (if any) and whether it can be connected now."""
-    return {"connectors": [await _listed(svc, op.tenant_id, row) for row in await svc.catalog.visible(op.tenant_id)]}
+    """Each entry with the connection that covers it (if any), the newest bundle named after its slug (if
+    any) and whether it can be connected now."""
+    rows = await svc.catalog.visible(op.tenant_id)
+    bundles = await svc.capabilities.newest(op.tenant_id, [row.slug for row in rows])
+    return {"connectors": [await _listed(svc, op.tenant_id, row, bundles.get(row.slug)) for row in rows]}
 
 
 def _connectable(row: ConnectorCatalogEntry) -> bool:
@@ -118,9 +121,12 @@ def _connectable(row: ConnectorCatalogEntry) -> bool:
     return row.auth_mode == "api_key" or bool(row.sandbox_launch) or bool(row.transport_config)
 
 
-async def _listed(svc: Services, tenant_id: str, row: ConnectorCatalogEntry) -> dict[str, Any]:
+async def _listed(
+    svc: Services, tenant_id: str, row: ConnectorCatalogEntry, bundle: tuple[str, int] | None
+) -> dict[str, Any]:
     covering = await _covering(svc, tenant_id, row.url)
-    return {**entry_public(row), "connection": covering, "connectable": _connectable(row)}
+    published = None if bundle is None else {"id": bundle[0], "name": row.slug, "version": bundle[1]}
+    return {**entry_public(row), "connection": covering, "bundle": published, "connectable": _connectable(row)}
 
 
 @router.get(
@@ -186,8 +192,10 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
     if body.owner == "personal":
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
     if row.sandbox_launch:
+        # The bundle is named after the slug (the catalog lists it under the entry by that name). Bundles
+        # published under the older underscore spelling stay as they are: agents pin bundles by name.
         definition = {
-            "name": body.bundle_name or slug.replace("-", "_"),
+            "name": body.bundle_name or slug,
             "description": row.description,
             "servers": [launch_server(slug, row.sandbox_launch)],
         }

@@ -65,6 +65,20 @@ async def test_an_in_image_entry_connects_as_a_sandbox_bundle(api: httpx.AsyncCl
     assert listed and listed[0]["classes"] == ["sandbox"] and listed[0]["tool_count"] == 1
 
 
+async def test_an_in_image_entry_connected_without_a_name_is_the_bundle_named_after_its_slug(
+    api: httpx.AsyncClient,
+) -> None:
+    r = await api.post("/v1/catalog/workspace-info/connect", json={})
+    assert r.status_code == 200, r.text
+    bundle = r.json()["bundle"]
+    assert bundle["name"] == "workspace-info"
+    listed = {c["slug"]: c for c in (await api.get("/v1/catalog")).json()["connectors"]}
+    assert listed["workspace-info"]["bundle"] == bundle  # the newest bundle of that name, under its entry
+    assert listed["sentry"]["bundle"] is None
+    names = {b["name"] for b in (await api.get("/v1/capabilities")).json()["bundles"]}
+    assert "workspace-info" in names and "workspace_info" not in names
+
+
 async def test_probe_detects_auth_and_previews_tools_without_storing_anything(api: httpx.AsyncClient) -> None:
     before = (await api.get("/v1/connections")).json()
     async with serve(basic()) as open_srv, serve(bearer("secret-" + secrets.token_hex(4))) as closed_srv:
