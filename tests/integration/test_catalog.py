@@ -17,7 +17,13 @@ pytestmark = pytest.mark.stack
 
 async def test_curated_entries_are_seeded_and_custom_ones_are_tenant_scoped(api: httpx.AsyncClient) -> None:
     connectors = {c["slug"]: c for c in (await api.get("/v1/catalog")).json()["connectors"]}
-    assert {"sentry", "stripe", "linear", "notion", "workspace-info"} <= set(connectors)
+    assert {"github", "sentry", "stripe", "linear", "atlassian", "notion", "workspace-info"} <= set(connectors)
+    github, atlassian = connectors["github"], connectors["atlassian"]
+    assert (github["url"], github["auth_mode"], github["connectable"]) == (
+        "https://api.githubcopilot.com/mcp/", "api_key", True
+    )  # fmt: skip
+    assert (atlassian["url"], atlassian["auth_mode"]) == ("https://mcp.atlassian.com/v1/mcp/authv2", "oauth")
+    assert github["access"]["write"]["tools"] and atlassian["access"]["write"]["approval"] == "always"
     assert connectors["sentry"]["auth_mode"] == "api_key" and connectors["sentry"]["tier"] == "verified"
     assert connectors["linear"]["auth_mode"] == "oauth" and connectors["linear"]["connectable"] is False
     assert connectors["workspace-info"]["sandbox_launch"]["command"] == "python3"
