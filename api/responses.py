@@ -545,7 +545,10 @@ class CatalogConnected(_Out):
 
 
 class ProbeOAuth(_Out):
+    """The authorization server the connect flow would sign in with (from its own discovery)."""
+
     issuer: str
+    authorization_endpoint: str
     scopes_supported: list[str] | None
 
 
@@ -559,6 +562,10 @@ class Probe(_Out):
     tools_preview: list[ToolRef]
     tools_truncated: bool
     oauth: ProbeOAuth | None
+    auth_hints: Json = Field(
+        description="How to present a credential (header_name, scheme, help): the catalog entry's for this URL, "
+        "else {}."
+    )
     notes: list[str]
 
 
