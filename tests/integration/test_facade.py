@@ -296,8 +296,10 @@ async def test_concurrent_requests_against_a_nearly_spent_budget_admit_exactly_w
         statuses = sorted(s for s, _ in results)
         assert statuses == [200] * 4 + [429] * 4
         refused = [d for s, d in results if s == 429]
-        assert all(d["error"]["code"] == "llm_budget_reservation_exceeded" for d in refused)
-        assert all(d["type"] == "error" and d["error"]["type"] == "rate_limit_error" for d in refused)
+        # The reference's body: Anthropic's error shape, the refusal's code as the error's type.
+        assert all(d["type"] == "error" and set(d["error"]) == {"type", "message"} for d in refused), refused
+        assert all(d["error"]["type"] == "llm_budget_reservation_exceeded" for d in refused), refused
+        assert all(d["error"]["message"].startswith("token budget: ") for d in refused), refused
         assert len(llm_upstream.requests) == 1 + 4  # the refused never reached the upstream
         llm_upstream.release()
         await wait_event(api, run_id, "model.response", count=5)
