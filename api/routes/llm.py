@@ -180,12 +180,14 @@ class Forward:
         metering = self.facade.metering
         try:
             usage = self.meter.result()
-            if usage is None:
-                await metering.unmetered(self.run_id, self.reservation, failure or "no complete usage report")
-            else:
+            if usage is not None:
                 await metering.charge(
                     self.run_id, self.reservation, self.model, usage, latency_ms=latency, ttfb_ms=ttfb
                 )
+            elif failure is not None:
+                await metering.unmetered(self.run_id, self.reservation, failure)
+            else:  # read to its end, and still no usage we could parse
+                await metering.unparsed(self.run_id)
         except Exception:
             log.exception("recording usage for reservation %s failed; it stays reserved", self.reservation)
 

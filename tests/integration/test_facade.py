@@ -416,7 +416,7 @@ async def test_unparsed_usage_keeps_the_reservation_until_expiry_charges_it_cons
         async with sandbox.stream("POST", MESSAGES, content=sent, headers={"content-type": "application/json"}) as r:
             assert r.status_code == 200
             await r.aread()
-        await wait_note(api, run_id, "without a usage report")
+        await wait_note(api, run_id, "model stream completed (usage unparsed)")
         report = await cost(api, run_id)
         assert report["reservations"] == {"active": 1, "tokens": len(sent) + 2000, "cost_usd": None}
         assert report["usage"]["requests"] == 0  # never counted as zero-cost usage
@@ -438,6 +438,31 @@ async def test_unparsed_usage_keeps_the_reservation_until_expiry_charges_it_cons
         assert report["usage"]["input_tokens"] == len(sent) and report["usage"]["output_tokens"] == 2000
         assert report["breakdown"][0]["source"] == "reservation_timeout"
         await wait_note(api, run_id, "charged conservatively as its whole reservation")
+
+
+UNPARSED = "model stream completed (usage unparsed)"
+
+
+async def test_an_answer_without_usage_ends_with_the_usage_unparsed_note(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(text("streamed, no usage", omit_usage=True), text("whole, no usage", omit_usage=True))
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        for stream in (True, False):
+            r = await sandbox.post(MESSAGES, content=body(stream=stream), headers={"content-type": "application/json"})
+            assert r.status_code == 200, r.text
+            count = 1 if stream else 2
+
+            async def noted(count: int = count) -> list[dict[str, Any]] | None:
+                notes = [e for e in await events(api, run_id) if e["payload"]["data"].get("text") == UNPARSED]
+                return notes if len(notes) >= count else None
+
+            notes = await eventually(noted, timeout=30, message=lambda: f"no {UNPARSED!r} note on run {run_id}")
+            assert notes is not None and len(notes) == count
+            assert notes[-1]["type"] == "agent.message"
+            assert notes[-1]["payload"]["data"] == {"role": "system", "text": UNPARSED}
+            assert (await events(api, run_id))[-1]["seq"] == notes[-1]["seq"]  # the answer's last word
+        assert (await cost(api, run_id))["reservations"]["active"] == 2  # held for expiry, never zero
 
 
 async def test_upstream_errors_pass_through_and_only_a_refused_key_releases_the_reservation(
