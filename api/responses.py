@@ -861,6 +861,14 @@ class Ok(_Out):
     note: str | None = Field(default=None, description="already terminal | finalizing")
 
 
+class LlmUsageAck(_Out):
+    """The LiteLLM usage callback's answer: ``{"ok": true}`` for the master key, else
+    ``{"ignored": "unauthenticated"}``. Nothing is recorded either way (the facade meters usage)."""
+
+    ok: bool | None = None
+    ignored: str | None = Field(default=None, description="unauthenticated")
+
+
 class EventAccepted(_Out):
     seq: int | None
     dropped: str | None = Field(default=None, description="The event type dropped (tool.requested).")

@@ -27,7 +27,7 @@ from core.redaction import MARK
 from core.usage import Dialect
 from db.engine import asyncpg_dsn
 from tests.helpers import eventually
-from tests.integration.conftest import LLM_UPSTREAM_KEY
+from tests.integration.conftest import LITELLM_MASTER_KEY, LLM_UPSTREAM_KEY
 from tests.integration.helpers import (
     events,
     issue_token,
@@ -463,6 +463,33 @@ async def test_an_answer_without_usage_ends_with_the_usage_unparsed_note(
             assert notes[-1]["payload"]["data"] == {"role": "system", "text": UNPARSED}
             assert (await events(api, run_id))[-1]["seq"] == notes[-1]["seq"]  # the answer's last word
         assert (await cost(api, run_id))["reservations"]["active"] == 2  # held for expiry, never zero
+
+
+async def test_the_litellm_usage_callback_is_a_stub_answering_by_its_master_key(stack: Stack) -> None:
+    async def usage_rows() -> int:
+        conn = await asyncpg.connect(asyncpg_dsn(stack.database_url or ""))
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM usage_entries"))
+        finally:
+            await conn.close()
+
+    before = await usage_rows()
+    report = {"model": "claude-sonnet-4-5", "usage": {"prompt_tokens": 10, "completion_tokens": 2}, "id": "x"}
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as litellm:
+        for header in (f"Bearer {LITELLM_MASTER_KEY}", LITELLM_MASTER_KEY):
+            for doc in (report, [report], "any JSON"):
+                r = await litellm.post("/internal/llm-usage", json=doc, headers={"authorization": header})
+                assert (r.status_code, r.json()) == (200, {"ok": True}), r.text
+        wrong: list[dict[str, str]] = [{}, {"authorization": "Bearer sk-litellm-wrong"}]
+        wrong.append({"authorization": f"Bearer {LLM_UPSTREAM_KEY}"})  # another credential of the deployment
+        for headers in wrong:
+            r = await litellm.post("/internal/llm-usage", json=report, headers=headers)
+            assert (r.status_code, r.json()) == (200, {"ignored": "unauthenticated"}), r.text
+        garbled = await litellm.post(
+            "/internal/llm-usage", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert garbled.status_code == 400 and garbled.json()["code"] == "invalid_request", garbled.text
+    assert await usage_rows() == before  # a stub: the facade is what meters
 
 
 async def test_upstream_errors_pass_through_and_only_a_refused_key_releases_the_reservation(
