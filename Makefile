@@ -18,7 +18,9 @@ OCTOKIT_OPENAPI_VERSION := 23.0.2
 TRANSPORT_NPM := @modelcontextprotocol/server-filesystem@$(FILESYSTEM_VERSION) @stoplight/prism-cli@$(PRISM_VERSION) @octokit/openapi@$(OCTOKIT_OPENAPI_VERSION)
 # Catalog review: the npm releases of the vendors' own MCP servers whose tools/list the hosted catalog entries'
 # patterns are checked against (tests/integrations/test_catalog_access.py). Stripe's npm package is only a stdio
-# proxy to https://mcp.stripe.com (no tool list of its own) and Linear publishes none, so neither is here.
+# proxy to https://mcp.stripe.com (no tool list of its own) and Linear and Atlassian publish none, so none is here.
+# GitHub's server is not on npm (a Go binary; @modelcontextprotocol/server-github is an older, archived server with
+# other tools): its reviewed tool list is a snapshot in tests/integrations/github_mcp_server_tools.json.
 SENTRY_MCP_VERSION := 0.39.0
 NOTION_MCP_VERSION := 2.5.2
 VENDOR_NPM := @sentry/mcp-server@$(SENTRY_MCP_VERSION) @notionhq/notion-mcp-server@$(NOTION_MCP_VERSION)

@@ -25,6 +25,11 @@ def _is_workspace(path: str) -> bool:
     return path.startswith(WORKSPACE_PREFIX) and path.endswith(WORKSPACE_SUFFIX)
 
 
+def _is_llm(path: str) -> bool:
+    # The facade's own paths, not a sibling such as /internal/llm-usage (an ordinary JSON route).
+    return path == LLM_PREFIX or path.startswith(LLM_PREFIX + "/")
+
+
 class RequestGuard:
     def __init__(
         self,
@@ -72,13 +77,13 @@ class RequestGuard:
 
     def cap(self, path: str) -> int:
         # A model conversation grows with every turn; the facade takes what the providers take.
-        if path.startswith(LLM_PREFIX):
+        if _is_llm(path):
             return self.llm_limit
         return self.workspace_limit if _is_workspace(path) else self.limit
 
     def too_large(self, path: str) -> JSONResponse:
         cap = self.cap(path)
-        if path.startswith(LLM_PREFIX):
+        if _is_llm(path):
             message = f"request body is over the {cap} byte limit of the LLM facade"
             return JSONResponse(
                 {"type": "error", "error": {"type": "request_too_large", "message": message}}, status_code=413

@@ -511,8 +511,18 @@ class CatalogEntryPublic(_Out):
     created_at: Timestamp
 
 
+class BundleRef(_Out):
+    id: str
+    name: str
+    version: int
+
+
 class CatalogListed(CatalogEntryPublic):
     connection: ConnectionPublic | None = Field(description="The connection that covers this entry, if any.")
+    bundle: BundleRef | None = Field(
+        description="The newest capability bundle named after the entry's slug (what connecting an in-image "
+        "entry publishes), if any."
+    )
     connectable: bool
 
 
@@ -522,12 +532,6 @@ class CatalogList(_Out):
 
 class CatalogEntryOut(_Out):
     connector: CatalogEntryPublic
-
-
-class BundleRef(_Out):
-    id: str
-    name: str
-    version: int
 
 
 class CatalogConnected(_Out):
@@ -541,7 +545,10 @@ class CatalogConnected(_Out):
 
 
 class ProbeOAuth(_Out):
+    """The authorization server the connect flow would sign in with (from its own discovery)."""
+
     issuer: str
+    authorization_endpoint: str
     scopes_supported: list[str] | None
 
 
@@ -555,6 +562,10 @@ class Probe(_Out):
     tools_preview: list[ToolRef]
     tools_truncated: bool
     oauth: ProbeOAuth | None
+    auth_hints: Json = Field(
+        description="How to present a credential (header_name, scheme, help): the catalog entry's for this URL, "
+        "else {}."
+    )
     notes: list[str]
 
 
@@ -848,6 +859,14 @@ class MemberOut(_Out):
 class Ok(_Out):
     ok: bool
     note: str | None = Field(default=None, description="already terminal | finalizing")
+
+
+class LlmUsageAck(_Out):
+    """The LiteLLM usage callback's answer: ``{"ok": true}`` for the master key, else
+    ``{"ignored": "unauthenticated"}``. Nothing is recorded either way (the facade meters usage)."""
+
+    ok: bool | None = None
+    ignored: str | None = Field(default=None, description="unauthenticated")
 
 
 class EventAccepted(_Out):

@@ -129,6 +129,8 @@ class Settings(BaseSettings):
     llm_upstream_key: SecretStr | None = None
     anthropic_api_key: SecretStr | None = Field(default=None, validation_alias="ANTHROPIC_API_KEY")
     openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")
+    # The key a LiteLLM proxy presents on its usage callback (POST /internal/llm-usage, a stub: the facade meters).
+    litellm_master_key: SecretStr | None = Field(default=None, validation_alias="LITELLM_MASTER_KEY")
     llm_max_concurrent_reservations: int = 32
     llm_reservation_ttl_secs: int = 1800
     llm_upstream_timeout_secs: float = 900.0
@@ -181,7 +183,7 @@ class Settings(BaseSettings):
 
     def llm_secrets(self) -> tuple[str, ...]:
         """Every model credential this process holds (for the redactor)."""
-        keys = (self.llm_upstream_key, self.anthropic_api_key, self.openai_api_key)
+        keys = (self.llm_upstream_key, self.anthropic_api_key, self.openai_api_key, self.litellm_master_key)
         return tuple(k.get_secret_value() for k in keys if k is not None and k.get_secret_value())
 
     def require_admin_token(self) -> str:

@@ -56,14 +56,13 @@ class FacadeError(Exception):
 
 
 def error_body(dialect: Dialect, status: int, message: str, code: str | None = None) -> dict[str, Any]:
-    """The provider's JSON error document for a refusal with this status."""
-    kind = ERROR_KINDS.get(status, "api_error")
+    """The provider's JSON error document for a refusal with this status. A refusal with a ``code`` (the
+    reservation refusals) carries it as the error's ``type``, the field clients branch on (OpenAI's also as
+    ``code``); any other takes the provider's type for the status."""
+    kind = code or ERROR_KINDS.get(status, "api_error")
     if dialect is Dialect.OPENAI:
         return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    error: dict[str, Any] = {"type": kind, "message": message}
-    if code:
-        error["code"] = code
-    return {"type": "error", "error": error}
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def stream_error(dialect: Dialect, message: str) -> bytes:

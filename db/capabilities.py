@@ -72,6 +72,17 @@ class Capabilities(Repository):
             version,
         )
 
+    async def newest(self, tenant_id: str, names: list[str]) -> dict[str, tuple[str, int]]:
+        """The newest version of each of ``names`` that has one: name → (bundle id, version), no definitions."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT DISTINCT ON (name) name, id, version FROM capability_bundles"
+                " WHERE tenant_id = $1 AND name = ANY($2::text[]) ORDER BY name, version DESC",
+                uuid.UUID(tenant_id),
+                names,
+            )
+        return {r["name"]: (str(r["id"]), int(r["version"])) for r in rows}
+
     async def by_ids(self, ids: list[str]) -> dict[str, CapabilityBundle]:
         """The bundles of ``ids``, by id text."""
         if not ids:

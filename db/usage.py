@@ -32,6 +32,8 @@ from db.store import Store
 log = logging.getLogger("fluidbox.usage")
 PRICING_FILE = Path(__file__).resolve().parent.parent / "core" / "pricing.yaml"
 MODEL_RESPONSE = "model.response"
+# The reference's system note for an answer that came back whole but whose usage could not be read (a public string).
+USAGE_UNPARSED = "model stream completed (usage unparsed)"
 ACTIVE = sorted(s.value for s in ACCEPTS_WORK)
 
 
@@ -261,13 +263,18 @@ class Metering:
             )
 
     async def unmetered(self, run_id: str, reservation_id: str, why: str) -> None:
-        """No usage could be read (an unparsable answer, or an upstream error that may still have been
-        billed): the reservation stays held (never zero)."""
+        """No usage could be read (a broken stream, or an upstream error that may still have been billed):
+        the reservation stays held (never zero)."""
         note = (
             f"model request without a usage report ({why}); reservation {reservation_id} stays held and is "
             f"charged conservatively when it expires"
         )
         await self.store.ledger.append_events(run_id, [ev.system_message(note)])
+
+    async def unparsed(self, run_id: str) -> None:
+        """The answer came back whole but carried no usage we could parse: the reservation stays held (never
+        zero) until expiry charges it, and the run's ledger says so in the reference's words."""
+        await self.store.ledger.append_events(run_id, [ev.system_message(USAGE_UNPARSED)])
 
     async def expire_due(self, limit: int = 100) -> int:
         """Charge every expired reservation as its whole reservation (``source='reservation_timeout'``)

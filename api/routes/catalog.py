@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-import httpx
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -22,7 +21,7 @@ from db.catalog import duplicate_slug
 from db.models.catalog import ConnectorCatalogEntry
 from integrations import mcp_client
 from integrations.catalog import CatalogEntryError, check_entry
-from integrations.oauth import OAuthClientError
+from integrations.oauth import OAuthClient, OAuthClientError
 from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused, same_origin_path
@@ -108,8 +107,11 @@ async def _covering(svc: Services, tenant_id: str, url: str | None) -> dict[str,
     "/v1/catalog", summary="Curated and custom connectors", response_model=out.CatalogList, responses=errors(401, 403)
 )
 async def catalog(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """Each entry with the connection that covers it (if any) and whether it can be connected now."""
-    return {"connectors": [await _listed(svc, op.tenant_id, row) for row in await svc.catalog.visible(op.tenant_id)]}
+    """Each entry with the connection that covers it (if any), the newest bundle named after its slug (if
+    any) and whether it can be connected now."""
+    rows = await svc.catalog.visible(op.tenant_id)
+    bundles = await svc.capabilities.newest(op.tenant_id, [row.slug for row in rows])
+    return {"connectors": [await _listed(svc, op.tenant_id, row, bundles.get(row.slug)) for row in rows]}
 
 
 def _connectable(row: ConnectorCatalogEntry) -> bool:
@@ -118,9 +120,12 @@ def _connectable(row: ConnectorCatalogEntry) -> bool:
     return row.auth_mode == "api_key" or bool(row.sandbox_launch) or bool(row.transport_config)
 
 
-async def _listed(svc: Services, tenant_id: str, row: ConnectorCatalogEntry) -> dict[str, Any]:
+async def _listed(
+    svc: Services, tenant_id: str, row: ConnectorCatalogEntry, bundle: tuple[str, int] | None
+) -> dict[str, Any]:
     covering = await _covering(svc, tenant_id, row.url)
-    return {**entry_public(row), "connection": covering, "connectable": _connectable(row)}
+    published = None if bundle is None else {"id": bundle[0], "name": row.slug, "version": bundle[1]}
+    return {**entry_public(row), "connection": covering, "bundle": published, "connectable": _connectable(row)}
 
 
 @router.get(
@@ -186,8 +191,10 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
     if body.owner == "personal":
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
     if row.sandbox_launch:
+        # The bundle is named after the slug (the catalog lists it under the entry by that name). Bundles
+        # published under the older underscore spelling stay as they are: agents pin bundles by name.
         definition = {
-            "name": body.bundle_name or slug.replace("-", "_"),
+            "name": body.bundle_name or slug,
             "description": row.description,
             "servers": [launch_server(slug, row.sandbox_launch)],
         }
@@ -295,26 +302,13 @@ async def _connect_device_or_cli(
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
 
 
-async def _oauth_metadata(url: str) -> dict[str, Any] | None:
-    """RFC 9728 protected-resource metadata, if the server publishes it (no redirects, no env proxies)."""
-    origin, _, rest = url.partition("://")
-    host, _, path = rest.partition("/")
-    candidates = [f"{origin}://{host}/.well-known/oauth-protected-resource/{path}".rstrip("/"),
-                  f"{origin}://{host}/.well-known/oauth-protected-resource"]  # fmt: skip
-    async with httpx.AsyncClient(timeout=5, follow_redirects=False, trust_env=False) as client:
-        for candidate in candidates:
-            try:
-                r = await client.get(candidate)
-            except httpx.HTTPError:
-                continue
-            if r.status_code == 200:
-                try:
-                    doc = r.json()
-                except ValueError:
-                    continue
-                if isinstance(doc, dict) and doc.get("authorization_servers"):
-                    return doc
-    return None
+def _hints(rows: list[ConnectorCatalogEntry], url: str) -> dict[str, Any]:
+    """How to present a credential to ``url``: the hints of the catalog entry for it (a vendor's own header or
+    scheme), or none known."""
+    for row in rows:
+        if row.url and same_origin_path(row.url, url):
+            return dict(row.auth_hints or {})
+    return {}
 
 
 @router.post(
@@ -324,32 +318,40 @@ async def _oauth_metadata(url: str) -> dict[str, Any] | None:
     responses=errors(401, 403),
 )
 async def probe(body: ProbeIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
-    """Unreachable servers answer ``reachable: false``; nothing is ever stored."""
+    """A URL the admission refuses, or a server that does not answer, is ``reachable: false`` with the reason
+    in ``notes`` (a probe is a question, not a change: 200 either way); nothing is ever stored."""
+    found: dict[str, Any] = {"url": body.url, "transport": "streamable_http", "reachable": False, "auth_mode": None,
+                             "oauth_available": False, "static_possible": False, "tools_preview": [],
+                             "tools_truncated": False, "oauth": None, "auth_hints": {}, "notes": []}  # fmt: skip
     try:
         admitted = await svc.url_policy.admit(body.url)
     except UrlRefused as err:
-        raise BadRequest(str(err)) from None
-    found: dict[str, Any] = {"url": admitted.url, "transport": "streamable_http", "reachable": True,
-                           "tools_preview": [], "tools_truncated": False, "oauth": None, "notes": []}  # fmt: skip
+        found["notes"].append(str(err))
+        return found
+    found |= {"url": admitted.url, "reachable": True,
+              "auth_hints": _hints(await svc.catalog.visible(op.tenant_id), admitted.url)}  # fmt: skip
     try:
         photo = await mcp_client.photograph(admitted.url, {}, timeout=10, pin=admitted)
     except mcp_client.AuthRejected:
-        meta = await _oauth_metadata(admitted.url)
-        found |= {"auth_mode": "oauth" if meta else "api_key", "oauth_available": bool(meta), "static_possible": True}
-        if meta:
-            found["oauth"] = {
-                "issuer": meta["authorization_servers"][0],
-                "scopes_supported": meta.get("scopes_supported"),
-            }
+        found |= {"auth_mode": "api_key", "static_possible": True}
         found["notes"].append("the server requires credentials; tools are listed once connected")
+        try:
+            # The connect flow's own discovery (admitted, pinned): OAuth is offered only where it would work.
+            server = (await OAuthClient(svc.url_policy).discover(admitted.url)).authorization_server
+        except OAuthClientError as err:
+            found["notes"].append(f"no OAuth sign-in: {err}")
+            return found
+        found |= {"auth_mode": "oauth", "oauth_available": True}
+        found["oauth"] = {"issuer": server.issuer, "authorization_endpoint": server.authorization_endpoint,
+                          "scopes_supported": server.scopes_supported}  # fmt: skip
         return found
     except mcp_client.McpClientError as err:
-        found |= {"reachable": False, "auth_mode": None, "oauth_available": False, "static_possible": False}
+        found["reachable"] = False
         found["notes"].append(str(err))
         return found
     preview = [{"name": t["name"], "description": t.get("description", "")} for t in photo.tools]
-    found |= {"auth_mode": "none", "oauth_available": False, "static_possible": True,
-              "tools_preview": preview[:50], "tools_truncated": len(preview) > 50}  # fmt: skip
+    found |= {"auth_mode": "none", "static_possible": True, "tools_preview": preview[:50],
+              "tools_truncated": len(preview) > 50}  # fmt: skip
     found["notes"].append(f"negotiated MCP {photo.protocol_version}")
     return found
 

@@ -17,23 +17,28 @@ breaks ends with the provider's SSE error event. Errors use the provider's error
 ``wrong_audience`` which is byte-stable for every runner route.
 
 This module is the ASGI handling and the reservation's bookkeeping; the body checks and error shapes are
-pure (:mod:`core.llm_body`) and the upstream client is :mod:`integrations.llm_upstream`.
+pure (:mod:`core.llm_body`) and the upstream client is :mod:`integrations.llm_upstream`. It also answers
+LiteLLM's usage callback (``POST /internal/llm-usage``), a stub: the facade is the metering source.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Body
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
-from api.deps import Services, bearer, wrong_audience_response
+from api import responses as out
+from api.deps import Services, ServicesDep, bearer, wrong_audience_response
+from api.errors import errors
 from core.errors import DomainError
 from core.llm_body import FREE, ROUTES, FacadeError, dialect_of, dialect_of_path, error_body, inspect_body, stream_error
 from core.tokens import Audience, token_digest
@@ -43,7 +48,7 @@ from integrations import llm_upstream as up
 
 log = logging.getLogger("fluidbox.api.llm")
 PREFIX = "/internal/llm"
-router = APIRouter(prefix=PREFIX, tags=["internal"])
+router = APIRouter(prefix="/internal", tags=["internal"])
 
 # The one upstream answer that proves non-dispatch (the key was refused before any model work). Any other
 # error may have been billed behind a proxy (LiteLLM retries and fallbacks), so it keeps its reservation.
@@ -104,11 +109,31 @@ async def sweep_reservations(metering: Metering, period: float) -> None:
         await asyncio.sleep(period)
 
 
-@router.api_route("", methods=["HEAD", "GET"], include_in_schema=False)
-@router.api_route("/", methods=["HEAD", "GET"], include_in_schema=False)
+@router.api_route("/llm", methods=["HEAD", "GET"], include_in_schema=False)
+@router.api_route("/llm/", methods=["HEAD", "GET"], include_in_schema=False)
 async def probe() -> Response:
     """Model clients probe their base URL before the first call; nothing is forwarded."""
     return Response(status_code=200)
+
+
+@router.post(
+    "/llm-usage",
+    summary="LiteLLM's usage callback (a stub: usage is metered by the facade)",
+    response_model=out.LlmUsageAck,
+    response_model_exclude_unset=True,
+    responses=errors(),
+)
+async def llm_usage(request: Request, svc: ServicesDep, _report: Any = Body(default=None)) -> dict[str, Any]:
+    """Any JSON body. ``{"ok": true}`` when ``Authorization`` carries ``LITELLM_MASTER_KEY`` (bare or after a
+    scheme such as ``Bearer``), else ``{"ignored": "unauthenticated"}``; nothing is stored either way, so a
+    proxy configured with this callback never fails and never counts a request twice."""
+    key = svc.settings.litellm_master_key
+    presented = request.headers.get("authorization", "").strip()
+    secret = key.get_secret_value().encode() if key is not None else b""
+    candidates = (presented, presented.partition(" ")[2].strip())
+    if secret and any(hmac.compare_digest(c.encode(), secret) for c in candidates):
+        return {"ok": True}
+    return {"ignored": "unauthenticated"}
 
 
 async def serve(scope: Scope, receive: Receive, send: Send) -> None:
@@ -180,12 +205,14 @@ class Forward:
         metering = self.facade.metering
         try:
             usage = self.meter.result()
-            if usage is None:
-                await metering.unmetered(self.run_id, self.reservation, failure or "no complete usage report")
-            else:
+            if usage is not None:
                 await metering.charge(
                     self.run_id, self.reservation, self.model, usage, latency_ms=latency, ttfb_ms=ttfb
                 )
+            elif failure is not None:
+                await metering.unmetered(self.run_id, self.reservation, failure)
+            else:  # read to its end, and still no usage we could parse
+                await metering.unparsed(self.run_id)
         except Exception:
             log.exception("recording usage for reservation %s failed; it stays reserved", self.reservation)
 

@@ -236,15 +236,19 @@ def test_openai_instructions_are_checked_like_input() -> None:
     assert refusal.status == 422 and "(at instructions[0];" in refusal.message
 
 
-def test_anthropic_errors_have_the_messages_shape_with_a_code_only_when_given() -> None:
+def test_anthropic_errors_have_the_messages_shape_and_a_code_is_the_type() -> None:
     assert error_body(Dialect.ANTHROPIC, 401, "unauthorized") == {
         "type": "error",
         "error": {"type": "authentication_error", "message": "unauthorized"},
     }
     assert error_body(Dialect.ANTHROPIC, 429, "too many", "llm_reservation_ceiling_exceeded") == {
         "type": "error",
-        "error": {"type": "rate_limit_error", "message": "too many", "code": "llm_reservation_ceiling_exceeded"},
+        "error": {"type": "llm_reservation_ceiling_exceeded", "message": "too many"},
     }
+    assert error_body(Dialect.OPENAI, 429, "over", "llm_budget_reservation_exceeded") == {
+        "error": {"message": "over", "type": "llm_budget_reservation_exceeded", "param": None,
+                  "code": "llm_budget_reservation_exceeded"}
+    }  # fmt: skip
 
 
 def test_openai_errors_have_the_responses_shape_and_unknown_statuses_are_api_errors() -> None:

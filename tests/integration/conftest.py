@@ -43,6 +43,8 @@ FAST = {
 
 # The real upstream credential of this test session: only the API process may ever hold it.
 LLM_UPSTREAM_KEY = "sk-ant-upstream-" + secrets.token_hex(20)
+# What a LiteLLM proxy in front of the upstream would present on its usage callback (/internal/llm-usage).
+LITELLM_MASTER_KEY = "sk-litellm-" + secrets.token_hex(20)
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +70,7 @@ async def stack(llm_upstream_server: Upstream) -> AsyncIterator[Stack]:
         "FLUIDBOX_LLM_UPSTREAM_URL": llm_upstream_server.url,
         "FLUIDBOX_LLM_UPSTREAM_KEY": LLM_UPSTREAM_KEY,
         "FLUIDBOX_LLM_SWEEP_SECS": "0.5",
+        "LITELLM_MASTER_KEY": LITELLM_MASTER_KEY,
     }
     st = Stack.ephemeral("fbxt-", env)
     try:

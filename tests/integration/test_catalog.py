@@ -10,14 +10,21 @@ import httpx
 import pytest
 
 from tests.integration.helpers import unique
-from tests.mcp_servers import basic, bearer, serve
+from tests.mcp_servers import RunningServer, basic, bearer, serve
+from tests.oauth_servers import AuthorizationServer
 
 pytestmark = pytest.mark.stack
 
 
 async def test_curated_entries_are_seeded_and_custom_ones_are_tenant_scoped(api: httpx.AsyncClient) -> None:
     connectors = {c["slug"]: c for c in (await api.get("/v1/catalog")).json()["connectors"]}
-    assert {"sentry", "stripe", "linear", "notion", "workspace-info"} <= set(connectors)
+    assert {"github", "sentry", "stripe", "linear", "atlassian", "notion", "workspace-info"} <= set(connectors)
+    github, atlassian = connectors["github"], connectors["atlassian"]
+    assert (github["url"], github["auth_mode"], github["connectable"]) == (
+        "https://api.githubcopilot.com/mcp/", "api_key", True
+    )  # fmt: skip
+    assert (atlassian["url"], atlassian["auth_mode"]) == ("https://mcp.atlassian.com/v1/mcp/authv2", "oauth")
+    assert github["access"]["write"]["tools"] and atlassian["access"]["write"]["approval"] == "always"
     assert connectors["sentry"]["auth_mode"] == "api_key" and connectors["sentry"]["tier"] == "verified"
     assert connectors["linear"]["auth_mode"] == "oauth" and connectors["linear"]["connectable"] is False
     assert connectors["workspace-info"]["sandbox_launch"]["command"] == "python3"
@@ -63,6 +70,58 @@ async def test_an_in_image_entry_connects_as_a_sandbox_bundle(api: httpx.AsyncCl
     assert r.status_code == 200 and r.json()["bundle"]["name"] == name
     listed = [b for b in (await api.get("/v1/capabilities")).json()["bundles"] if b["name"] == name]
     assert listed and listed[0]["classes"] == ["sandbox"] and listed[0]["tool_count"] == 1
+
+
+async def test_an_in_image_entry_connected_without_a_name_is_the_bundle_named_after_its_slug(
+    api: httpx.AsyncClient,
+) -> None:
+    r = await api.post("/v1/catalog/workspace-info/connect", json={})
+    assert r.status_code == 200, r.text
+    bundle = r.json()["bundle"]
+    assert bundle["name"] == "workspace-info"
+    listed = {c["slug"]: c for c in (await api.get("/v1/catalog")).json()["connectors"]}
+    assert listed["workspace-info"]["bundle"] == bundle  # the newest bundle of that name, under its entry
+    assert listed["sentry"]["bundle"] is None
+    names = {b["name"] for b in (await api.get("/v1/capabilities")).json()["bundles"]}
+    assert "workspace-info" in names and "workspace_info" not in names
+
+
+async def test_probe_of_an_address_the_admission_refuses_is_unreachable_with_the_reason(
+    api: httpx.AsyncClient,
+) -> None:
+    before = (await api.get("/v1/connections")).json()
+    r = await api.post("/v1/mcp/probe", json={"url": "http://10.0.0.8/mcp"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    notes = body.pop("notes")
+    assert body == {
+        "url": "http://10.0.0.8/mcp", "transport": "streamable_http", "reachable": False, "auth_mode": None,
+        "oauth_available": False, "static_possible": False, "tools_preview": [], "tools_truncated": False,
+        "oauth": None, "auth_hints": {},
+    }  # fmt: skip
+    assert len(notes) == 1 and "private" in notes[0], notes
+    assert (await api.get("/v1/connections")).json() == before
+
+
+async def test_probe_names_the_authorization_server_an_oauth_server_signs_in_with(
+    api: httpx.AsyncClient, auth: AuthorizationServer, mcp: RunningServer
+) -> None:
+    found = (await api.post("/v1/mcp/probe", json={"url": mcp.url})).json()
+    assert (found["reachable"], found["auth_mode"], found["oauth_available"]) == (True, "oauth", True)
+    assert found["oauth"]["issuer"] == auth.issuer
+    assert found["oauth"]["authorization_endpoint"] == auth.metadata["authorization_endpoint"]
+    assert found["tools_preview"] == [] and found["auth_hints"] == {}
+
+
+async def test_probe_of_a_catalogued_server_gives_its_entrys_credential_hints(api: httpx.AsyncClient) -> None:
+    async with serve(bearer("secret-" + secrets.token_hex(4))) as srv:
+        slug = unique("hinted")
+        hints = {"header_name": "X-Api-Key", "scheme": "", "help": "An API key from the settings page."}
+        made = await api.post("/v1/catalog", json={"slug": slug, "name": "Hinted", "url": srv.url, "auth_hints": hints})
+        assert made.status_code == 200, made.text
+        found = (await api.post("/v1/mcp/probe", json={"url": srv.url})).json()
+    assert (found["auth_mode"], found["oauth_available"], found["auth_hints"]) == ("api_key", False, hints)
+    assert any("no OAuth sign-in" in n for n in found["notes"]), found["notes"]
 
 
 async def test_probe_detects_auth_and_previews_tools_without_storing_anything(api: httpx.AsyncClient) -> None:

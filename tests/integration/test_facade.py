@@ -27,7 +27,7 @@ from core.redaction import MARK
 from core.usage import Dialect
 from db.engine import asyncpg_dsn
 from tests.helpers import eventually
-from tests.integration.conftest import LLM_UPSTREAM_KEY
+from tests.integration.conftest import LITELLM_MASTER_KEY, LLM_UPSTREAM_KEY
 from tests.integration.helpers import (
     events,
     issue_token,
@@ -296,8 +296,10 @@ async def test_concurrent_requests_against_a_nearly_spent_budget_admit_exactly_w
         statuses = sorted(s for s, _ in results)
         assert statuses == [200] * 4 + [429] * 4
         refused = [d for s, d in results if s == 429]
-        assert all(d["error"]["code"] == "llm_budget_reservation_exceeded" for d in refused)
-        assert all(d["type"] == "error" and d["error"]["type"] == "rate_limit_error" for d in refused)
+        # The reference's body: Anthropic's error shape, the refusal's code as the error's type.
+        assert all(d["type"] == "error" and set(d["error"]) == {"type", "message"} for d in refused), refused
+        assert all(d["error"]["type"] == "llm_budget_reservation_exceeded" for d in refused), refused
+        assert all(d["error"]["message"].startswith("token budget: ") for d in refused), refused
         assert len(llm_upstream.requests) == 1 + 4  # the refused never reached the upstream
         llm_upstream.release()
         await wait_event(api, run_id, "model.response", count=5)
@@ -414,7 +416,7 @@ async def test_unparsed_usage_keeps_the_reservation_until_expiry_charges_it_cons
         async with sandbox.stream("POST", MESSAGES, content=sent, headers={"content-type": "application/json"}) as r:
             assert r.status_code == 200
             await r.aread()
-        await wait_note(api, run_id, "without a usage report")
+        await wait_note(api, run_id, "model stream completed (usage unparsed)")
         report = await cost(api, run_id)
         assert report["reservations"] == {"active": 1, "tokens": len(sent) + 2000, "cost_usd": None}
         assert report["usage"]["requests"] == 0  # never counted as zero-cost usage
@@ -436,6 +438,58 @@ async def test_unparsed_usage_keeps_the_reservation_until_expiry_charges_it_cons
         assert report["usage"]["input_tokens"] == len(sent) and report["usage"]["output_tokens"] == 2000
         assert report["breakdown"][0]["source"] == "reservation_timeout"
         await wait_note(api, run_id, "charged conservatively as its whole reservation")
+
+
+UNPARSED = "model stream completed (usage unparsed)"
+
+
+async def test_an_answer_without_usage_ends_with_the_usage_unparsed_note(
+    api: httpx.AsyncClient, stack: Stack, llm_upstream: Upstream
+) -> None:
+    llm_upstream.push(text("streamed, no usage", omit_usage=True), text("whole, no usage", omit_usage=True))
+    async with held_run(api) as run_id, sandbox_client(stack, await llm_token(stack, run_id)) as sandbox:
+        for stream in (True, False):
+            r = await sandbox.post(MESSAGES, content=body(stream=stream), headers={"content-type": "application/json"})
+            assert r.status_code == 200, r.text
+            count = 1 if stream else 2
+
+            async def noted(count: int = count) -> list[dict[str, Any]] | None:
+                notes = [e for e in await events(api, run_id) if e["payload"]["data"].get("text") == UNPARSED]
+                return notes if len(notes) >= count else None
+
+            notes = await eventually(noted, timeout=30, message=lambda: f"no {UNPARSED!r} note on run {run_id}")
+            assert notes is not None and len(notes) == count
+            assert notes[-1]["type"] == "agent.message"
+            assert notes[-1]["payload"]["data"] == {"role": "system", "text": UNPARSED}
+            assert (await events(api, run_id))[-1]["seq"] == notes[-1]["seq"]  # the answer's last word
+        assert (await cost(api, run_id))["reservations"]["active"] == 2  # held for expiry, never zero
+
+
+async def test_the_litellm_usage_callback_is_a_stub_answering_by_its_master_key(stack: Stack) -> None:
+    async def usage_rows() -> int:
+        conn = await asyncpg.connect(asyncpg_dsn(stack.database_url or ""))
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM usage_entries"))
+        finally:
+            await conn.close()
+
+    before = await usage_rows()
+    report = {"model": "claude-sonnet-4-5", "usage": {"prompt_tokens": 10, "completion_tokens": 2}, "id": "x"}
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as litellm:
+        for header in (f"Bearer {LITELLM_MASTER_KEY}", LITELLM_MASTER_KEY):
+            for doc in (report, [report], "any JSON"):
+                r = await litellm.post("/internal/llm-usage", json=doc, headers={"authorization": header})
+                assert (r.status_code, r.json()) == (200, {"ok": True}), r.text
+        wrong: list[dict[str, str]] = [{}, {"authorization": "Bearer sk-litellm-wrong"}]
+        wrong.append({"authorization": f"Bearer {LLM_UPSTREAM_KEY}"})  # another credential of the deployment
+        for headers in wrong:
+            r = await litellm.post("/internal/llm-usage", json=report, headers=headers)
+            assert (r.status_code, r.json()) == (200, {"ignored": "unauthenticated"}), r.text
+        garbled = await litellm.post(
+            "/internal/llm-usage", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert garbled.status_code == 400 and garbled.json()["code"] == "invalid_request", garbled.text
+    assert await usage_rows() == before  # a stub: the facade is what meters
 
 
 async def test_upstream_errors_pass_through_and_only_a_refused_key_releases_the_reservation(

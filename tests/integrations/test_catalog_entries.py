@@ -32,6 +32,23 @@ def test_the_shipped_catalog_names_every_kind_of_entry_and_passes() -> None:
     assert all(t["command"] == "git" for t in tools.values())
 
 
+def test_the_shipped_catalog_seeds_the_reference_entries_as_the_reference_describes_them() -> None:
+    by_slug = {e["slug"]: e for e in check_entries(yaml.safe_load(SHIPPED.read_text()))}
+    assert {"github", "stripe", "linear", "sentry", "atlassian", "notion", "workspace-info"} <= set(by_slug)
+    shape = {slug: (by_slug[slug].get("url"), by_slug[slug]["auth_mode"]) for slug in ("github", "atlassian", "linear")}
+    assert shape == {
+        "github": ("https://api.githubcopilot.com/mcp/", "api_key"),
+        "atlassian": ("https://mcp.atlassian.com/v1/mcp/authv2", "oauth"),
+        "linear": ("https://mcp.linear.app/mcp", "oauth"),
+    }
+    assert by_slug["github"]["auth_hints"]["scheme"] == "Bearer"
+    assert by_slug["sentry"]["auth_hints"]["header_name"] == "Sentry-Bearer"
+    assert by_slug["notion"]["auth_mode"] == "oauth"
+    for slug in ("github", "atlassian"):  # reviewed patterns: reads, and writes that always need a human
+        access = by_slug[slug]["access"]
+        assert access["read"]["tools"] and access["write"]["tools"] and access["write"]["approval"] == "always"
+
+
 def test_a_relay_entry_is_normalized_with_its_bounded_timeout() -> None:
     entry = {"slug": "dev", "transport": "relay", "url": "https://relay.example.net/mcp", "auth_mode": "api_key"}
     assert check_entry(entry)["transport_config"] == {"timeout_s": 30.0}
