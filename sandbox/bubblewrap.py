@@ -23,7 +23,8 @@ Why it is shaped this way:
   (``sandbox.hostfs``): owned by the control plane again, setuid/setgid bits cleared, devices,
   fifos and sockets removed.
 * A syscall filter (``sandbox.seccomp``, through ``--seccomp``) refuses ptrace, new namespaces, mounts,
-  io_uring, BPF and the rest of the kernel surface no tool needs; bwrap installs it last, over everything.
+  io_uring, BPF, socket families beyond Unix, IP and netlink routing (vsock is not network-namespaced)
+  and the rest of the kernel surface no tool needs; bwrap installs it last, over everything.
 * Memory and process limits come from a cgroup per sandbox (see ``sandbox.limits``). The launcher joins
   it before forking bwrap, so bwrap and everything in the sandbox are inside and the worker never is;
   the handle records the cgroup directories, so whichever worker destroys the sandbox removes them.
