@@ -31,9 +31,10 @@ Syscalls newer than the tables (number 451 and up, ``map_shadow_stack`` excepted
 as on an older kernel, so a new kernel interface is never open by omission.
 
 Everything denied fails with ``EPERM`` (``ENOSYS`` for ``clone3``, ``EAFNOSUPPORT`` for a socket
-family, ``EPROTONOSUPPORT`` for a netlink protocol), never a kill, so a tool that probes for a feature gets an error it can handle. A syscall made
-through another ABI than the native one (i386 or x32 on x86_64) is refused: its numbers mean different
-calls, and that is also what closes i386's ``socketcall``, whose family the filter could not read.
+family, ``EPROTONOSUPPORT`` for a netlink protocol), never a kill, so a tool that probes for a feature
+gets an error it can handle. A syscall made through another ABI than the native one (i386 or x32 on
+x86_64) is refused: its numbers mean different calls, and that is also what closes i386's
+``socketcall``, whose family the filter could not read.
 Supported: x86_64 and aarch64.
 
 Pure: builds bytes, touches nothing.
