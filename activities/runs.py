@@ -39,7 +39,7 @@ from db.approvals import ApprovalRecord
 from db.connections import Connections, credential_context
 from db.models.runs import Run
 from db.parks import end_all
-from db.runs import LiveRun
+from db.runs import LiveRun, UnfinishedRun
 from db.store import Store
 from db.workspaces import WorkspaceArchives
 from integrations.sealing import SealingError, sealer_from_settings
@@ -67,8 +67,8 @@ LAUNCH_ORDER = [RunStatus.CREATED, RunStatus.PROVISIONING, RunStatus.INITIALIZIN
 # Why the liveness sweep ended a run in its workflow's place (nothing else ever would).
 WORKFLOW_LOST = "its workflow no longer exists (Temporal's data was lost, or the workflow was deleted)"
 WORKFLOW_TERMINATED = "its workflow was terminated outside fluidbox (from the Temporal UI or CLI)"
-# How many runs' workflows the sweep asks Temporal about at once.
-_DESCRIBE_CONCURRENCY = 16
+# How many runs the sweep looks up in Temporal (and ends, when their workflow is gone) at once.
+_SWEEP_CONCURRENCY = 16
 
 
 class RunActivities:
@@ -393,26 +393,37 @@ class RunActivities:
         """Every unfinished run whose workflow is gone, ended here (a run with an intent is found sooner, by
         ``_wake``; this finds the ones nobody signals: a runner still working, a run waiting on a human)."""
         runs = await self.store.runs.unfinished_runs()
-        limit = asyncio.Semaphore(_DESCRIBE_CONCURRENCY)
+        limit = asyncio.Semaphore(_SWEEP_CONCURRENCY)
 
-        async def gone(run_id: str) -> str | None:
+        async def end(run: UnfinishedRun) -> bool:
             async with limit:
-                return await self._workflow_gone(run_id)
+                why = await self._workflow_gone(run.id)
+                # Never started (its starter died): the stranded-run check starts it, and then the run goes on.
+                if why is None or (why == WORKFLOW_LOST and run.unstarted):
+                    return False
+                return await self._end_without_workflow(run.id, why)
 
-        verdicts = await asyncio.gather(*(gone(run.id) for run in runs))
+        outcomes = await asyncio.gather(*(end(run) for run in runs), return_exceptions=True)
         ended: set[str] = set()
-        for run, why in zip(runs, verdicts, strict=True):
-            # Never started (its starter died): the stranded-run check starts it, and then the run goes on.
-            if why is None or (why == WORKFLOW_LOST and run.unstarted):
-                continue
-            if await self._end_without_workflow(run.id, why):
+        for run, outcome in zip(runs, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                # One run that cannot be ended must not stop the sweep from watching every other run.
+                activity.logger.warning("run %s has no workflow and could not be ended: %r", run.id, outcome)
+            elif outcome:
                 ended.add(run.id)
         return ended
 
     async def _end_if_workflow_gone(self, run_id: str) -> bool:
         """A signal found no workflow to wake: end the run here if its workflow is gone for good."""
         why = await self._workflow_gone(run_id)
-        return why is not None and await self._end_without_workflow(run_id, why)
+        if why is None:
+            return False
+        try:
+            return await self._end_without_workflow(run_id, why)
+        except Exception as err:
+            # One run that cannot be ended must not stop the sweep from watching every other run.
+            activity.logger.warning("run %s has no workflow and could not be ended: %r", run_id, err)
+            return False
 
     async def _workflow_gone(self, run_id: str) -> str | None:
         """Why the run's workflow can never end the run, or None: it runs (or Temporal cannot say now)."""
