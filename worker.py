@@ -139,6 +139,7 @@ def build_activities(
         sandbox_user=settings.sandbox_user,
         pod_policy=pod_policy(settings),
         kube_config=str(settings.kube_config) if settings.kube_config else None,
+        state_dir=str(settings.runs_dir),
     )
     acts = RunActivities(store, provider, settings)
     broker_sealer = sealer_from_settings(*settings.credential_keys())

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -38,7 +39,7 @@ from db.approvals import ApprovalRecord
 from db.connections import Connections, credential_context
 from db.models.runs import Run
 from db.parks import end_all
-from db.runs import LiveRun
+from db.runs import LiveRun, UnfinishedRun
 from db.store import Store
 from db.workspaces import WorkspaceArchives
 from integrations.sealing import SealingError, sealer_from_settings
@@ -63,6 +64,11 @@ def precompile_code() -> None:
 
 
 LAUNCH_ORDER = [RunStatus.CREATED, RunStatus.PROVISIONING, RunStatus.INITIALIZING, RunStatus.RUNNING]
+# Why the liveness sweep ended a run in its workflow's place (nothing else ever would).
+WORKFLOW_LOST = "its workflow no longer exists (Temporal's data was lost, or the workflow was deleted)"
+WORKFLOW_TERMINATED = "its workflow was terminated outside fluidbox (from the Temporal UI or CLI)"
+# How many runs the sweep looks up in Temporal (and ends, when their workflow is gone) at once.
+_SWEEP_CONCURRENCY = 16
 
 
 class RunActivities:
@@ -314,18 +320,23 @@ class RunActivities:
         A sandbox found not running is a suspect first and fails only if the next sweep (about a second
         later) still finds it so, giving a just-posted /result time to land. A failure is recorded the way
         the workflow records one (a finalization intent and ``run.error``), then the run's workflow is
-        signalled; a run whose intent exists but whose workflow still waits is signalled again.
+        signalled; a run whose intent exists but whose workflow still waits is signalled again. A run whose
+        workflow is gone (terminated from the Temporal UI, Temporal's data lost) is wound down here instead.
         """
         runs = await self.store.runs.live_runs()
-        await self._sweep_orphans()
+        ended = await self._sweep_orphans()
         suspects: list[str] = []
         out = c.SweepOut(next_secs=self.settings.liveness_check_secs)
         gateway_up: float | None = None
         for run in runs:
             run_id = run.id
+            if run_id in ended:
+                continue
             if run.has_intent:
-                await self._wake(run_id)
-                out.woken += 1
+                if await self._wake(run_id):
+                    out.woken += 1
+                elif await self._end_if_workflow_gone(run_id):
+                    out.failed += 1
                 continue
             handle = self._handle(run)
             state = await self.provider.status(handle) if handle else "missing"
@@ -353,35 +364,112 @@ class RunActivities:
                 await self.request_finalization(
                     c.FinalizationIn(run_id=run_id, outcome="failed", reason=reason, error=reason)
                 )
-                await self._wake(run_id)
+                if not await self._wake(run_id):
+                    await self._end_if_workflow_gone(run_id)
                 out.failed += 1
         out.suspects = suspects
         return out
 
-    async def _sweep_orphans(self) -> None:
-        """Destroy sandboxes whose run is over or unknown (a worker died between create and record, or
-        between a run's end and its teardown); every FLUIDBOX_SANDBOX_ORPHAN_SWEEP_SECS, found by label."""
+    async def _sweep_orphans(self) -> set[str]:
+        """On a worker's first sweep and every FLUIDBOX_SANDBOX_ORPHAN_SWEEP_SECS: end the runs whose workflow
+        is gone, then destroy the sandboxes whose run is over or unknown (a worker died between create and
+        record, or between a run's end and its teardown; a run ended while its stack was stopped), found
+        where the provider records them. Returns the runs it ended."""
         if time.monotonic() - self._orphans_swept < self.settings.sandbox_orphan_sweep_secs:
-            return
+            return set()
         self._orphans_swept = time.monotonic()
+        ended = await self._end_runs_without_workflows()
         held = await self.provider.sandboxes()
         if not held:
-            return
+            return ended
         unfinished = await self.store.runs.unfinished_run_ids(held)
         for run_id in held:
             if run_id not in unfinished:
                 activity.logger.warning("destroying the orphaned sandbox of run %s", run_id)
                 await self.provider.destroy(SandboxHandle(provider=self.provider.name, run_id=run_id), grace_secs=0)
+        return ended
 
-    async def _wake(self, run_id: str) -> None:
-        """Signal the run's workflow to act on its intent (by name: activities never import workflows)."""
+    async def _end_runs_without_workflows(self) -> set[str]:
+        """Every unfinished run whose workflow is gone, ended here (a run with an intent is found sooner, by
+        ``_wake``; this finds the ones nobody signals: a runner still working, a run waiting on a human)."""
+        runs = await self.store.runs.unfinished_runs()
+        limit = asyncio.Semaphore(_SWEEP_CONCURRENCY)
+
+        async def end(run: UnfinishedRun) -> bool:
+            async with limit:
+                why = await self._workflow_gone(run.id)
+                # Never started (its starter died): the stranded-run check starts it, and then the run goes on.
+                if why is None or (why == WORKFLOW_LOST and run.unstarted):
+                    return False
+                return await self._end_without_workflow(run.id, why)
+
+        outcomes = await asyncio.gather(*(end(run) for run in runs), return_exceptions=True)
+        ended: set[str] = set()
+        for run, outcome in zip(runs, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                # One run that cannot be ended must not stop the sweep from watching every other run.
+                activity.logger.warning("run %s has no workflow and could not be ended: %r", run.id, outcome)
+            elif outcome:
+                ended.add(run.id)
+        return ended
+
+    async def _end_if_workflow_gone(self, run_id: str) -> bool:
+        """A signal found no workflow to wake: end the run here if its workflow is gone for good."""
+        why = await self._workflow_gone(run_id)
+        if why is None:
+            return False
+        try:
+            return await self._end_without_workflow(run_id, why)
+        except Exception as err:
+            # One run that cannot be ended must not stop the sweep from watching every other run.
+            activity.logger.warning("run %s has no workflow and could not be ended: %r", run_id, err)
+            return False
+
+    async def _workflow_gone(self, run_id: str) -> str | None:
+        """Why the run's workflow can never end the run, or None: it runs (or Temporal cannot say now)."""
+        handle = activity.client().get_workflow_handle(c.workflow_id(run_id))
+        try:
+            status = (await handle.describe()).status
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return WORKFLOW_LOST
+            activity.logger.warning("cannot look up the workflow of run %s: %s", run_id, err)
+            return None
+        if status is None or status == WorkflowExecutionStatus.RUNNING:
+            return None
+        if status == WorkflowExecutionStatus.TERMINATED:
+            return WORKFLOW_TERMINATED
+        return f"its workflow ended ({status.name.lower().replace('_', ' ')}) without ending the run"
+
+    async def _end_without_workflow(self, run_id: str, why: str) -> bool:
+        """Wind the run down in its workflow's place: record ``why`` as its failure unless an intent (a cancel,
+        the runner's result) is recorded already, then finalize it as the workflow would have (sandbox
+        destroyed, diff, deliveries), with no quiesce: nobody is left to wait for it. True if it ended here."""
+        row = await self.store.runs.get_run(None, run_id)
+        # Looked up after the workflow was found closed: a run its workflow ended normally is terminal by now.
+        if row is None or is_terminal(row.status):
+            return False
+        activity.logger.warning("run %s: %s; ending it", run_id, why)
+        created, _ = await self.store.runs.request_finalization(run_id, "failed", reason=why, quiesce=False)
+        message = ev.NewEvent(type=ev.RUN_ERROR, data={"message": why}) if created else ev.system_message(why)
+        await self.store.ledger.append_events(run_id, [message])
+        status = await self._status(run_id)
+        if status != RunStatus.FINALIZING and not is_terminal(status):
+            intent = await self.store.runs.finalization(run_id)
+            await self.store.runs.transition(run_id, RunStatus.FINALIZING, intent.reason if intent else why)
+        return is_terminal((await self.finalize(c.RunRef(run_id=run_id))).status)
+
+    async def _wake(self, run_id: str) -> bool:
+        """Signal the run's workflow to act on its intent (by name: activities never import workflows).
+        False when there is no running workflow to signal."""
         handle = activity.client().get_workflow_handle(c.workflow_id(run_id))
         try:
             await handle.signal(c.SWEEP_SIGNAL)
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
-            # No such workflow (it ended already): nothing to wake.
+            return False  # it ended, or it is gone (``_end_if_workflow_gone`` tells which)
+        return True
 
     def _gateway_up_secs(self) -> float:
         """How long the API's gateway socket has been up (the API binds a new one on every start); 0 while down."""

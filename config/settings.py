@@ -69,7 +69,8 @@ class Settings(BaseSettings):
     kube_allow_dns: bool = True  # sandbox egress to cluster DNS (to resolve runner_url); off when it is an IP
     sandbox_cpu_millis: int = Field(default=1000, ge=1)
     sandbox_ephemeral_mb: int = Field(default=4096, ge=64)
-    # How often the liveness sweep looks for sandboxes whose run is over (found by label, destroyed).
+    # How often the liveness sweep looks for sandboxes whose run is over or unknown (destroyed) and for runs whose
+    # workflow is gone (ended); also on each worker's first sweep.
     sandbox_orphan_sweep_secs: float = Field(default=60.0, gt=0)
     # The prepared workspace and a run's final state travel over the runner plane as gzip'd tars of at most this.
     workspace_archive_max_mb: int = Field(default=64, ge=1)

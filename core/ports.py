@@ -93,7 +93,10 @@ class ExecutionProvider(Protocol):
 
     async def status(self, handle: SandboxHandle) -> SandboxState: ...
 
-    async def destroy(self, handle: SandboxHandle, grace_secs: float = 2.0) -> None: ...
+    async def destroy(self, handle: SandboxHandle, grace_secs: float = 2.0) -> None:
+        """End the sandbox and clean up after it; a handle naming only ``run_id`` (the orphan sweep's, from
+        ``sandboxes``) ends whatever sandbox this provider holds for that run."""
+        ...
 
     async def find(self, run_id: str, log_path: str = "") -> SandboxHandle | None:
         """The live sandbox this provider started for ``run_id``, if any: how a retried provisioning learns
@@ -109,6 +112,6 @@ class ExecutionProvider(Protocol):
         ...
 
     async def sandboxes(self) -> list[str]:
-        """The run ids of every sandbox this provider holds (found by label, not by memory): the orphan sweep
-        destroys those whose run is over."""
+        """The run ids of every live sandbox this provider holds (found where it records them, a label or a
+        pidfile, not in memory): the orphan sweep destroys those whose run is over or unknown."""
         ...

@@ -39,6 +39,15 @@ class LiveRun(ReadModel):
     has_intent: bool
 
 
+class UnfinishedRun(ReadModel):
+    """A run not ended yet, as the sweep for runs without a workflow sees it."""
+
+    id: str
+    # Still 'created' (or parked up front) with no intent: its starter may not have started its workflow yet,
+    # and if it died first the stranded-run check starts it (``stranded``).
+    unstarted: bool
+
+
 class Liveness(ReadModel):
     """One run's liveness: its status, seconds since it was last heard of, and whether an intent exists."""
 
@@ -304,6 +313,17 @@ class Runs(Repository):
             " WHERE s.status IN ('running', 'awaiting_approval')"
             " OR (f.outcome IS NOT NULL AND s.status IN ('created', 'provisioning', 'initializing',"
             " 'waiting_for_connection'))",
+        )
+
+    async def unfinished_runs(self) -> list[UnfinishedRun]:
+        """Every run not in a terminal status: each has a workflow that ends it, or will have one."""
+        return await self.many(
+            UnfinishedRun,
+            "SELECT s.id::text AS id, (s.status = 'created' OR (s.status = 'waiting_for_connection'"
+            " AND s.sandbox_handle IS NULL)) AND f.outcome IS NULL AND coalesce(s.status_reason, '') NOT LIKE $1"
+            " AS unstarted FROM sessions s LEFT JOIN session_finalizations f ON f.session_id = s.id"
+            " WHERE s.status NOT IN ('completed', 'failed', 'cancelled', 'budget_exceeded')",
+            f"{WAITING_FOR_CAPACITY}%",
         )
 
     async def liveness(self, run_id: str) -> Liveness:

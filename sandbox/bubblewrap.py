@@ -23,7 +23,8 @@ Why it is shaped this way:
   (``sandbox.hostfs``): owned by the control plane again, setuid/setgid bits cleared, devices,
   fifos and sockets removed.
 * A syscall filter (``sandbox.seccomp``, through ``--seccomp``) refuses ptrace, new namespaces, mounts,
-  io_uring, BPF and the rest of the kernel surface no tool needs; bwrap installs it last, over everything.
+  io_uring, BPF, socket families beyond Unix, IP and netlink routing (vsock is not network-namespaced)
+  and the rest of the kernel surface no tool needs; bwrap installs it last, over everything.
 * Memory and process limits come from a cgroup per sandbox (see ``sandbox.limits``). The launcher joins
   it before forking bwrap, so bwrap and everything in the sandbox are inside and the worker never is;
   the handle records the cgroup directories, so whichever worker destroys the sandbox removes them.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import glob
 import json
 import logging
 import os
@@ -218,6 +220,7 @@ class BubblewrapProvider:
         limiter: CgroupLimiter | None = None,
         syscall_filter: bool = True,
         sandbox_user: str | None = DEFAULT_SANDBOX_USER,
+        state_dir: str | None = None,
     ) -> None:
         """``limits_mode``: ``best-effort`` applies what the host allows (warning once about the rest),
         ``required`` refuses to start a sandbox without every limit, ``off`` applies none.
@@ -225,6 +228,8 @@ class BubblewrapProvider:
         ``sandbox_user``: the account a root worker starts sandboxes as (created on first use). ``None``
         starts them as this process's own user, which for root maps the sandbox onto host root: it exists
         only to measure what the account costs (``bench/sandbox.py``), never for real runs.
+        ``state_dir``: where the worker keeps one directory per run holding its sandbox's log (and so its
+        pidfile), ``FLUIDBOX_HOME/runs``; ``sandboxes`` lists what is recorded there (without it, nothing).
 
         Raises:
             ValueError: an unknown ``limits_mode``.
@@ -239,6 +244,7 @@ class BubblewrapProvider:
         self._limits = limits if limits is not None else Limits(DEFAULT_MEMORY_MB * MIB, DEFAULT_PIDS)
         self._limiter = limiter if limiter is not None else CgroupLimiter()
         self._sandbox_user = sandbox_user
+        self._state_dir = os.path.abspath(state_dir) if state_dir else None
         self._account: Account | None = None
         self._launcher = LAUNCH_SERVER  # one per process, whatever the number of providers
         arch = machine_arch()
@@ -379,9 +385,25 @@ class BubblewrapProvider:
         return Collected(log_tail=await asyncio.to_thread(_log_tail, handle.log_path))
 
     async def sandboxes(self) -> list[str]:
-        """None to sweep here: a bubblewrap sandbox dies with its run's teardown, and the cgroups of one that
-        did not are swept at the next create (``CgroupLimiter.sweep``)."""
-        return []
+        """Run ids of the live sandboxes recorded under ``state_dir``: a sandbox outlives a stopped stack, so
+        one whose run ended meanwhile (or that its database never knew) is found here and nowhere else."""
+        return sorted(await asyncio.to_thread(self._held))
+
+    def _held(self) -> dict[str, SandboxHandle]:
+        """The live sandbox of each run that has a pidfile under ``state_dir``, by run id.
+
+        Each handle is checked against ``/proc`` (pid and start time, bwrap's or its init's), so a pidfile
+        left by a sandbox that is gone, whose pid now names another process, is not taken for a sandbox.
+        The run directories are the control plane's alone (0700), so no sandbox can plant a pidfile there.
+        """
+        if self._state_dir is None:
+            return {}
+        found: dict[str, SandboxHandle] = {}
+        for path in sorted(glob.glob(os.path.join(glob.escape(self._state_dir), "*", PIDFILE_NAME))):
+            handle = _read_pidfile(path)
+            if handle is not None and handle.provider == self.name and _status(handle) == "running":
+                found[handle.run_id] = handle
+        return found
 
     def describe(self, handle: SandboxHandle) -> str:
         guards = "".join(
@@ -404,6 +426,12 @@ class BubblewrapProvider:
         return await asyncio.to_thread(_find)
 
     async def destroy(self, handle: SandboxHandle, grace_secs: float = 2.0) -> None:
+        if handle.pid <= 0:
+            # A run id alone (the orphan sweep's, from ``sandboxes``): the live sandbox recorded for that run.
+            recorded = (await asyncio.to_thread(self._held)).get(handle.run_id)
+            if recorded is None:
+                return
+            handle = recorded
         gone = True
         if handle.pid > 0 and not await _stop(handle, signal.SIGTERM, grace_secs):
             gone = await _stop(handle, signal.SIGKILL, _KILL_WAIT_SECS)

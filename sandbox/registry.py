@@ -22,11 +22,14 @@ def make_provider(
     sandbox_user: str = DEFAULT_SANDBOX_USER,
     pod_policy: PodPolicy | None = None,
     kube_config: str | None = None,
+    state_dir: str | None = None,
 ) -> ExecutionProvider:
     """Build the execution provider called ``name``.
 
     ``limits_mode`` is ``best-effort``, ``required`` or ``off``; a ``memory_mb`` or ``pids`` of 0 leaves
     that resource unlimited. ``sandbox_user`` is the account a root worker starts sandboxes as.
+    ``state_dir`` is where bubblewrap sandboxes' run directories are (``FLUIDBOX_HOME/runs``), for its
+    orphan listing.
 
     Raises:
         ValueError: no provider has that name, or an unknown limits mode.
@@ -39,6 +42,7 @@ def make_provider(
             limits=limits,
             syscall_filter=syscall_filter,
             sandbox_user=sandbox_user,
+            state_dir=state_dir,
         )
     if name == "kubernetes":
         # Imported here: the client costs about 0.5 s to import, and a bubblewrap worker never needs it.

@@ -17,13 +17,25 @@ processes:
 * **Mounts, modules, keys, kexec, clocks, swap, quotas, reboot, BPF, perf, io_uring,
   userfaultfd, handle-based opens, the kernel log** — the rest of Docker's default deny list, for the
   same reasons.
+* **Socket families but a few** — ``socket`` and ``socketpair`` are allowed for ``AF_UNIX`` (the gateway
+  socket, multiprocessing, git), ``AF_INET``/``AF_INET6`` (loopback in the sandbox's own network
+  namespace: test servers an agent starts) and ``AF_NETLINK`` with ``NETLINK_ROUTE`` only (glibc's
+  ``getifaddrs``/``if_nameindex``/``AI_ADDRCONFIG``, which Node's ``os.networkInterfaces`` and ``ip``
+  use; it shows the sandbox its own loopback). Every other family answers ``EAFNOSUPPORT``, as on a
+  kernel built without it, and every other netlink protocol ``EPROTONOSUPPORT``. Some families are not
+  network-namespaced at all: ``AF_VSOCK`` would let a sandbox take ports from every other sandbox and
+  the host, and talk to the hypervisor; the rest (``AF_PACKET``, ``AF_ALG``, ``AF_XDP``, ``AF_KEY``,
+  ``AF_TIPC``, ``AF_RDS``, ``AF_CAN``, Bluetooth…) are kernel surface no tool needs.
 
 Syscalls newer than the tables (number 451 and up, ``map_shadow_stack`` excepted) answer ``ENOSYS``,
 as on an older kernel, so a new kernel interface is never open by omission.
 
-Everything denied fails with ``EPERM`` (``ENOSYS`` for ``clone3``), never a kill, so a tool that probes
-for a feature gets an error it can handle. A syscall made through another ABI than the native one (i386
-or x32 on x86_64) is refused: its numbers mean different calls. Supported: x86_64 and aarch64.
+Everything denied fails with ``EPERM`` (``ENOSYS`` for ``clone3``, ``EAFNOSUPPORT`` for a socket
+family, ``EPROTONOSUPPORT`` for a netlink protocol), never a kill, so a tool that probes for a feature
+gets an error it can handle. A syscall made through another ABI than the native one (i386 or x32 on
+x86_64) is refused: its numbers mean different calls, and that is also what closes i386's
+``socketcall``, whose family the filter could not read.
+Supported: x86_64 and aarch64.
 
 Pure: builds bytes, touches nothing.
 """
@@ -100,6 +112,10 @@ X32_SYSCALL_BIT = 0x40000000
 # the kernel were older, so libc falls back; except map_shadow_stack, which glibc's CET support needs.
 FIRST_UNKNOWN = 451
 ALLOWED_NEW = (453,)  # map_shadow_stack
+# The socket families a sandbox may open (linux/socket.h); netlink only for its routing protocol.
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+NETLINK_ROUTE = 0
+SOCKET_FAMILIES = (AF_UNIX, AF_INET, AF_INET6)
 
 
 @dataclass(frozen=True)
@@ -164,6 +180,8 @@ X86_64 = Arch(
         "request_key": 249,
         "setns": 308,
         "settimeofday": 164,
+        "socket": 41,
+        "socketpair": 53,
         "swapoff": 168,
         "swapon": 167,
         "syslog": 103,
@@ -222,6 +240,8 @@ AARCH64 = Arch(
         "request_key": 218,
         "setns": 268,
         "settimeofday": 170,
+        "socket": 198,
+        "socketpair": 199,
         "swapoff": 225,
         "swapon": 224,
         "syslog": 116,
@@ -241,7 +261,9 @@ RET_K = 0x06  # BPF_RET | BPF_K
 RET_ALLOW = 0x7FFF0000
 RET_ERRNO = 0x00050000
 # struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]
-OFF_NR, OFF_ARCH, OFF_ARG0_LOW = 0, 4, 16  # args[0]'s low half: the filter runs on little-endian arches only
+# args[n]'s low half (the filter runs on little-endian arches only); socket's family and protocol are C ints,
+# so the kernel reads only that half too, and whatever is in the high half changes nothing.
+OFF_NR, OFF_ARCH, OFF_ARG0_LOW, OFF_ARG2_LOW = 0, 4, 16, 32
 
 
 def machine_arch() -> Arch | None:
@@ -267,12 +289,27 @@ def program(arch: Arch) -> bytes:
     ops += [
         (JEQ_K, "enosys", None, arch.numbers["clone3"]),
         (JEQ_K, "clone", None, arch.numbers["clone"]),
+        (JEQ_K, "socket", None, arch.numbers["socket"]),
+        (JEQ_K, "socket", None, arch.numbers["socketpair"]),
         "allow",
         (RET_K, None, None, RET_ALLOW),
         "clone",
         (LD_ABS_W, None, None, OFF_ARG0_LOW),
         (JSET_K, "eperm", None, CLONE_NEWUSER),
         (RET_K, None, None, RET_ALLOW),
+        # socket(family, type, protocol) and socketpair(family, type, protocol, sv) alike.
+        "socket",
+        (LD_ABS_W, None, None, OFF_ARG0_LOW),
+        *((JEQ_K, "socket_allow", None, family) for family in SOCKET_FAMILIES),
+        (JEQ_K, None, "eafnosupport", AF_NETLINK),
+        (LD_ABS_W, None, None, OFF_ARG2_LOW),
+        (JEQ_K, None, "eprotonosupport", NETLINK_ROUTE),
+        "socket_allow",
+        (RET_K, None, None, RET_ALLOW),
+        "eafnosupport",
+        (RET_K, None, None, RET_ERRNO | errno.EAFNOSUPPORT),
+        "eprotonosupport",
+        (RET_K, None, None, RET_ERRNO | errno.EPROTONOSUPPORT),
         "eperm",
         (RET_K, None, None, RET_ERRNO | errno.EPERM),
         "enosys",

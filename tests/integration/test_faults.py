@@ -1,4 +1,4 @@
-"""Faults and the runner plane: retries re-attach, reused ids, lost runners, a killed worker."""
+"""Faults and the runner plane: retries re-attach, reused ids, lost runners, a killed worker, a lost workflow."""
 
 from __future__ import annotations
 
@@ -9,9 +9,15 @@ from typing import Any
 
 import httpx
 import pytest
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
+from activities.runs import WORKFLOW_LOST, WORKFLOW_TERMINATED
 from cli.stack import Stack
 from config.settings import Settings
+from contracts.temporal import workflow_id
 from core.redaction import Redactor
 from core.runspec import InvocationContext
 from db.capabilities import Capabilities
@@ -20,10 +26,13 @@ from db.engine import create_pool
 from db.store import Store
 from services.runs import RunFactory, RunRequest
 from tests.helpers import eventually
+from tests.integration.conftest import FAST
 from tests.integration.helpers import (
+    TERMINAL,
     events,
     issue_token,
     make_agent,
+    own_stack,
     run_row,
     start_run,
     types,
@@ -393,3 +402,58 @@ async def test_more_tool_calls_awaiting_approval_than_temporal_holds_in_flight_w
         answers = await asyncio.wait_for(asyncio.gather(*waiting[1:]), 60)
         assert all(a.json()["decision"] == "deny" for a in answers)
     await wait_status(api, run_id, {"cancelled"})
+
+
+async def test_a_run_whose_workflow_was_terminated_from_the_temporal_ui_is_ended_by_the_sweep() -> None:
+    async with own_stack("fbxw-", {**FAST, "FLUIDBOX_SANDBOX_ORPHAN_SWEEP_SECS": "0.5"}) as (stack, api):
+        agent = await make_agent(api, IDLE)
+        lost, live = await asyncio.gather(*(start_run(api, agent, workspace=None) for _ in range(2)))
+        await asyncio.gather(*(wait_status(api, run, {"running"}) for run in (lost, live)))
+        lost_pid, live_pid = [int((await wait_sandbox_env(run))["__pid__"]) for run in (lost, live)]
+        temporal = await Client.connect(stack.temporal_address or "", namespace="default")
+
+        # What an operator does in the Temporal UI; the runner keeps working and heartbeating.
+        await temporal.get_workflow_handle(workflow_id(lost)).terminate(reason="cleaning up")
+
+        row = await wait_status(api, lost, TERMINAL)
+        assert (row["status"], row["status_reason"]) == ("failed", WORKFLOW_TERMINATED)
+        errors = [e["payload"]["data"]["message"] for e in await events(api, lost) if e["type"] == "run.error"]
+        assert errors == [WORKFLOW_TERMINATED]
+        assert not process_alive(lost_pid), "the run's sandbox must be destroyed"
+        # The same sweep looked at the other run, whose workflow runs: it goes on.
+        assert (await run_row(api, live))["status"] == "running" and process_alive(live_pid)
+
+
+async def test_cancelling_a_run_whose_workflow_is_gone_ends_it() -> None:
+    # An hour between the sweeps that look for such runs: only the cancel can end these two.
+    async with own_stack("fbxc-", {**FAST, "FLUIDBOX_SANDBOX_ORPHAN_SWEEP_SECS": "3600"}) as (stack, api):
+        agent = await make_agent(api, IDLE)
+        terminated, deleted = await asyncio.gather(*(start_run(api, agent, workspace=None) for _ in range(2)))
+        await asyncio.gather(*(wait_status(api, run, {"running"}) for run in (terminated, deleted)))
+        pids = [int((await wait_sandbox_env(run))["__pid__"]) for run in (terminated, deleted)]
+        temporal = await Client.connect(stack.temporal_address or "", namespace="default")
+        await temporal.get_workflow_handle(workflow_id(terminated)).terminate(reason="cleaning up")
+        # Deleted, as from the UI, or as if Temporal's data were lost: Temporal no longer knows the workflow.
+        await temporal.workflow_service.delete_workflow_execution(
+            DeleteWorkflowExecutionRequest(
+                namespace="default", workflow_execution=WorkflowExecution(workflow_id=workflow_id(deleted))
+            )
+        )
+
+        async def forgotten() -> bool:
+            try:
+                await temporal.get_workflow_handle(workflow_id(deleted)).describe()
+            except RPCError as err:
+                return err.status == RPCStatusCode.NOT_FOUND
+            return False
+
+        await eventually(forgotten, timeout=30, message="Temporal still knows the deleted workflow")
+
+        for run in (terminated, deleted):
+            assert (await api.post(f"/v1/sessions/{run}/cancel")).json() == {"cancelled": True}
+        rows = await asyncio.gather(*(wait_status(api, run, TERMINAL) for run in (terminated, deleted)))
+        assert [(r["status"], r["status_reason"]) for r in rows] == [("cancelled", "cancelled by user")] * 2
+        for run, why in ((terminated, WORKFLOW_TERMINATED), (deleted, WORKFLOW_LOST)):
+            said = [e["payload"]["data"]["text"] for e in await events(api, run) if e["type"] == "agent.message"]
+            assert why in said, said
+        assert not any(process_alive(pid) for pid in pids), "their sandboxes must be destroyed"

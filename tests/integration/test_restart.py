@@ -3,17 +3,26 @@
 A whole stack is stopped and started again (PostgreSQL, Temporal, worker, API) while its runs wait on
 approvals; after the restart every approval is decided and every run completes, each tool once. A
 runner whose gateway stays away for longer than ``FLUIDBOX_GATEWAY_STALENESS_SECS`` gives up, and its
-run fails with a reason naming that.
+run fails with a reason naming that. A sandbox whose run ended (or that its database never knew) while the
+stack was down is reaped when it comes back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
+from pathlib import Path
 
 import httpx
 import pytest
 
 from cli.stack import admin_token
+from core.ports import SandboxHandle, SandboxSpec
+from core.redaction import Redactor
+from core.states import RunStatus
+from db.engine import create_pool
+from db.store import Store
+from sandbox.bubblewrap import BubblewrapProvider
 from tests.helpers import eventually
 from tests.integration.conftest import FAST
 from tests.integration.helpers import (
@@ -24,6 +33,7 @@ from tests.integration.helpers import (
     own_stack,
     pending_approvals,
     process_alive,
+    run_row,
     start_run,
     wait_sandbox_env,
     wait_status,
@@ -93,3 +103,64 @@ async def test_a_runner_whose_gateway_stays_away_past_the_staleness_window_gives
         assert row["status_reason"] == (
             "runner gave up: control plane unreachable for longer than FLUIDBOX_GATEWAY_STALENESS_SECS (2s)"
         )
+
+
+async def end_behind_the_stack(database_url: str, run_id: str, reason: str) -> None:
+    """End a run in PostgreSQL the way finalization does, but without tearing its sandbox down."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        runs = Store(pool, Redactor()).runs
+        await runs.request_finalization(run_id, "failed", reason=reason, quiesce=False)
+        await runs.transition(run_id, RunStatus.FINALIZING, reason)
+        await runs.finish(run_id, RunStatus.FAILED, reason, None, "failed", [], [])
+    finally:
+        await pool.close()
+
+
+async def start_unknown_sandbox(home: Path) -> SandboxHandle:
+    """A sandbox under the stack's runs directory for a run its database never had (a worker of an earlier
+    database, or one that died between starting the sandbox and recording its run)."""
+    run_id = str(uuid.uuid4())
+    run_dir = home / "runs" / run_id
+    (run_dir / "workspace").mkdir(parents=True)
+    spec = SandboxSpec(
+        run_id=run_id,
+        workspace_dir=str(run_dir / "workspace"),
+        socket_dir=str(run_dir),
+        argv=["/bin/sleep", "600"],
+        log_path=str(run_dir / "sandbox.log"),
+    )
+    return await BubblewrapProvider().create(spec)
+
+
+async def test_a_restarted_stack_reaps_the_sandboxes_of_ended_and_unknown_runs_and_spares_live_ones() -> None:
+    env = {**FAST, "FLUIDBOX_GATEWAY_STALENESS_SECS": "300"}
+    async with own_stack("fbxo-", env) as (stack, api):
+        agent = await make_agent(api, [{"sleep_ms": 600000}])
+        ended, live = await asyncio.gather(*(start_run(api, agent, workspace=None) for _ in range(2)))
+        await asyncio.gather(*(wait_status(api, run, {"running"}) for run in (ended, live)))
+        ended_pid, live_pid = [int((await wait_sandbox_env(run))["__pid__"]) for run in (ended, live)]
+        unknown = await start_unknown_sandbox(stack.home)
+        unknown_pid = int(unknown.extra["child_pid"])
+
+        # The control plane stops; behind it one run ends (its row says failed, its sandbox still runs).
+        stack.stop_process("api")
+        stack.stop_process("worker")
+        await end_behind_the_stack(stack.database_url or "", ended, "ended while the control plane was down")
+        stack.stop(destroy_sandboxes=False)
+        assert all(process_alive(pid) for pid in (ended_pid, live_pid, unknown_pid)), "a stop must leave sandboxes"
+        await stack.start()
+
+        await wait_gone(ended_pid, timeout=60)
+        await wait_gone(unknown_pid, timeout=60)
+        assert process_alive(live_pid), "the sandbox of a live run was reaped"
+        assert not (stack.home / "runs" / ended / "sandbox.pid").exists()
+
+        token = admin_token(stack.home)[0]
+        async with httpx.AsyncClient(
+            base_url=stack.api_url, headers={"authorization": f"Bearer {token}"}, timeout=60
+        ) as again:
+            assert (await again.post(f"/v1/sessions/{live}/cancel")).json() == {"cancelled": True}
+            row = await wait_status(again, live, TERMINAL, timeout=90)
+            assert (row["status"], row["status_reason"]) == ("cancelled", "cancelled by user")
+            assert (await run_row(again, ended))["status"] == "failed"

@@ -851,3 +851,44 @@ async def test_a_handle_without_a_pid_is_missing_and_destroy_is_a_no_op() -> Non
 
     assert await provider.status(empty) == "missing"
     await provider.destroy(empty)
+
+
+def run_spec(runs: Path, name: str, argv: list[str]) -> SandboxSpec:
+    """A spec laid out as the worker lays runs out: its log (and so its pidfile) in ``runs/<run id>/``."""
+    spec = make_spec(runs.parent / name, argv)
+    return spec.model_copy(update={"log_path": str(runs / spec.run_id / "sandbox.log")})
+
+
+@needs_bwrap
+async def test_the_provider_lists_the_live_sandboxes_recorded_under_its_state_dir(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    provider = BubblewrapProvider(state_dir=str(runs))
+    live = await provider.create(run_spec(runs, "live", SLEEPER))
+    done = await provider.create(run_spec(runs, "done", ["true"]))
+    # A pidfile whose pid now names another process (recycled: another start time) is no sandbox.
+    bystander = await asyncio.create_subprocess_exec(*SLEEPER)
+    (runs / "recycled").mkdir()
+    recycled = SandboxHandle(provider="bwrap", run_id="recycled", pid=bystander.pid, start_time=1)
+    (runs / "recycled" / PIDFILE_NAME).write_text(recycled.model_dump_json())
+    try:
+        await wait_exited(provider, done)
+
+        assert await provider.sandboxes() == [live.run_id]
+        assert await BubblewrapProvider().sandboxes() == []  # no state dir: nothing recorded to look at
+
+        # The orphan sweep names a run only: that is enough to end its sandbox.
+        await provider.destroy(SandboxHandle(provider="bwrap", run_id=live.run_id), grace_secs=0)
+        assert await provider.status(live) == "exited"
+        assert await provider.sandboxes() == []
+        await provider.destroy(SandboxHandle(provider="bwrap", run_id="recycled"), grace_secs=0)
+        assert bystander.returncode is None and process_alive(bystander.pid, _start_time(bystander.pid))
+    finally:
+        bystander.kill()
+        await bystander.wait()
+        await provider.destroy(live)
+        await provider.destroy(done)
+
+
+def _start_time(pid: int) -> str:
+    data = Path(f"/proc/{pid}/stat").read_bytes()
+    return data[data.rindex(b")") + 2 :].split()[19].decode()

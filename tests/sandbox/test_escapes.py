@@ -94,6 +94,75 @@ with open("/workspace/report.json", "w") as f:
 assert creds.control_token
 """
 
+# The agent's side: the socket families the kernel does not confine to the sandbox's network namespace, and
+# the ones its tools need (loopback servers, a Unix socketpair, interface listing, Node's networking).
+SOCKETS = r"""
+import json, shutil, socket, subprocess
+
+
+def attempt(fn):
+    try:
+        return fn()
+    except OSError as exc:
+        return exc.errno
+
+
+def opened(family, kind, proto=0):
+    socket.socket(family, kind, proto).close()
+    return "opened"
+
+
+def vsock_bind():
+    with socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM) as s:
+        s.bind((socket.VMADDR_CID_ANY, socket.VMADDR_PORT_ANY))
+        return "bound"
+
+
+def pair(family):
+    a, b = socket.socketpair(family, socket.SOCK_STREAM)
+    with a, b:
+        a.sendall(b"x")
+        return b.recv(1).decode()
+
+
+def loopback(family, host):
+    with socket.socket(family, socket.SOCK_STREAM) as server:
+        server.bind((host, 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()[:2], timeout=5) as client:
+            conn, _ = server.accept()
+            with conn:
+                client.sendall(b"ping")
+                return conn.recv(4).decode()
+
+
+NODE = (
+    "const os = require('os'), net = require('net');"
+    "const names = Object.keys(os.networkInterfaces());"
+    "const server = net.createServer(c => c.end('pong')).listen(0, '127.0.0.1', () => {"
+    "  net.connect(server.address().port, '127.0.0.1').on('data', d => {"
+    "    console.log(JSON.stringify({names, reply: d.toString()})); process.exit(0); }); });"
+)
+node = shutil.which("node")
+report = {
+    "vsock": attempt(lambda: opened(socket.AF_VSOCK, socket.SOCK_STREAM)),
+    "vsock_bind": attempt(vsock_bind),
+    "vsock_pair": attempt(lambda: pair(socket.AF_VSOCK)),
+    "packet": attempt(lambda: opened(socket.AF_PACKET, socket.SOCK_RAW)),
+    "netlink_sock_diag": attempt(lambda: opened(socket.AF_NETLINK, socket.SOCK_RAW, 4)),
+    "tcp4": attempt(lambda: loopback(socket.AF_INET, "127.0.0.1")),
+    "tcp6": attempt(lambda: loopback(socket.AF_INET6, "::1")),
+    "unix_pair": attempt(lambda: pair(socket.AF_UNIX)),
+    "interfaces": attempt(lambda: [name for _, name in socket.if_nameindex()]),
+    "localhost": attempt(lambda: sorted({a[4][0] for a in socket.getaddrinfo("localhost", 80, proto=6)})),
+    "node": json.loads(subprocess.run([node, "-e", NODE], capture_output=True, text=True, timeout=60).stdout)
+    if node
+    else None,
+}
+with open("/workspace/report.json", "w") as f:
+    json.dump(report, f)
+"""
+
 PLANT = """
 cp /usr/bin/id /workspace/suid_id && chmod 4755 /workspace/suid_id
 mkdir /workspace/sgid_dir && chmod 2775 /workspace/sgid_dir
@@ -105,8 +174,10 @@ exec sleep 300
 """
 
 
-async def run_probe(tmp_path: Path, script: str, *args: str, **spec_kw: Any) -> dict[str, Any]:
-    provider = BubblewrapProvider()
+async def run_probe(
+    tmp_path: Path, script: str, *args: str, provider: BubblewrapProvider | None = None, **spec_kw: Any
+) -> dict[str, Any]:
+    provider = provider or BubblewrapProvider()
     code = tmp_path / "code" / "probe"
     code.mkdir(parents=True)
     (code / "probe.py").write_text(script)
@@ -221,3 +292,20 @@ async def test_every_sandbox_process_runs_as_the_sandbox_account_and_no_mount_is
         assert STAGE_ROOT not in await asyncio.to_thread(Path("/proc/self/mountinfo").read_text)
     finally:
         await provider.destroy(handle)
+
+
+@pytest.mark.parametrize("user", [DEFAULT_SANDBOX_USER, None], ids=["sandbox-account", "worker-user"])
+async def test_a_sandbox_opens_no_socket_family_beyond_its_own_namespace(tmp_path: Path, user: str | None) -> None:
+    # Finding 6: vsock is not network-namespaced; a sandbox could bind ports every other sandbox and the host
+    # then could not, and reach the hypervisor. ``None``: the worker's own user (host root in CI).
+    report = await run_probe(tmp_path, SOCKETS, provider=BubblewrapProvider(sandbox_user=user))
+
+    refused = {k: report[k] for k in ("vsock", "vsock_bind", "vsock_pair", "packet")}
+    assert refused == dict.fromkeys(refused, errno.EAFNOSUPPORT), report
+    assert report["netlink_sock_diag"] == errno.EPROTONOSUPPORT, report
+    # What tools use still works: loopback servers on both families, Unix socket pairs, interface listing.
+    assert (report["tcp4"], report["tcp6"], report["unix_pair"]) == ("ping", "ping", "x"), report
+    assert report["interfaces"] == ["lo"], report
+    assert "127.0.0.1" in report["localhost"], report
+    if report["node"] is not None:
+        assert report["node"] == {"names": ["lo"], "reply": "pong"}, report

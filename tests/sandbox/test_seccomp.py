@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import shutil
 import struct
@@ -73,6 +74,40 @@ seen = {
     "io_uring_setup": call("io_uring_setup", 1, 0),
     "bpf": call("bpf", 0, 0, 0),
 }
+
+
+def sock(family, kind, proto=0):
+    try:
+        socket.socket(family, kind, proto).close()
+        return 0
+    except OSError as exc:
+        return exc.errno
+
+
+def pair(family, kind):
+    try:
+        for end in socket.socketpair(family, kind):
+            end.close()
+        return 0
+    except OSError as exc:
+        return exc.errno
+
+
+seen["sockets"] = {
+    "vsock": sock(40, socket.SOCK_STREAM),
+    "vsock_pair": pair(40, socket.SOCK_STREAM),
+    "packet": sock(17, socket.SOCK_RAW),
+    "alg": sock(38, socket.SOCK_SEQPACKET),
+    "netlink_sock_diag": sock(16, socket.SOCK_RAW, 4),
+    # The kernel reads the family as an int: a high half must neither smuggle vsock past nor refuse unix.
+    "vsock_high_bits": raw(arch.numbers["socket"], (1 << 32) | 40, socket.SOCK_STREAM, 0),
+    "unix_high_bits": raw(arch.numbers["socket"], (1 << 32) | 1, socket.SOCK_STREAM, 0),
+    "unix": sock(socket.AF_UNIX, socket.SOCK_STREAM),
+    "inet": sock(socket.AF_INET, socket.SOCK_STREAM),
+    "inet6": sock(socket.AF_INET6, socket.SOCK_DGRAM),
+    "netlink_route": sock(16, socket.SOCK_RAW, 0),
+    "unix_pair": pair(socket.AF_UNIX, socket.SOCK_DGRAM),
+}
 pid = os.fork()
 if pid == 0:
     os._exit(3)
@@ -121,6 +156,20 @@ def test_the_filter_refuses_what_reaches_across_processes_or_into_the_kernel_and
     assert seen["subprocess"] == "42" and seen["socketpair"] == "x"
 
 
+REFUSED_FAMILIES = ("vsock", "vsock_pair", "packet", "alg", "vsock_high_bits")
+ALLOWED_FAMILIES = ("unix", "inet", "inet6", "netlink_route", "unix_pair", "unix_high_bits")
+
+
+@needs_filter
+def test_the_filter_allows_only_the_socket_families_a_sandbox_uses() -> None:
+    sockets = probe("filtered")["sockets"]
+    assert isinstance(sockets, dict)
+    # vsock is not network-namespaced: refused, as on a kernel built without it (and the rest with it).
+    assert {k: sockets[k] for k in REFUSED_FAMILIES} == dict.fromkeys(REFUSED_FAMILIES, errno.EAFNOSUPPORT)
+    assert sockets["netlink_sock_diag"] == errno.EPROTONOSUPPORT  # netlink for routing (getifaddrs) only
+    assert {k: sockets[k] for k in ALLOWED_FAMILIES} == dict.fromkeys(ALLOWED_FAMILIES, 0)
+
+
 @needs_filter
 def test_without_the_filter_the_same_probes_get_other_answers() -> None:
     # Proof that the probes can tell: unfiltered, none of them is refused with EPERM by a filter.
@@ -129,6 +178,12 @@ def test_without_the_filter_the_same_probes_get_other_answers() -> None:
     assert seen["clone3"] != errno.ENOSYS  # the kernel has clone3 (EFAULT/EINVAL for these arguments)
     assert seen["keyctl"] != errno.EPERM and seen["io_uring_setup"] != errno.EPERM
     assert seen["pidfd_getfd"] == errno.EBADF  # the kernel looked at the (invalid) pidfd
+    sockets = seen["sockets"]
+    assert isinstance(sockets, dict)
+    assert sockets["netlink_sock_diag"] == 0
+    if os.path.exists("/dev/vsock"):  # a VM whose kernel has vsock: the kernel answers for itself
+        assert sockets["vsock"] == sockets["vsock_high_bits"] == 0
+        assert sockets["vsock_pair"] == errno.EOPNOTSUPP  # vsock has no socketpair
 
 
 def _header_numbers(path: Path) -> dict[str, int]:
