@@ -69,6 +69,8 @@ WORKFLOW_LOST = "its workflow no longer exists (Temporal's data was lost, or the
 WORKFLOW_TERMINATED = "its workflow was terminated outside fluidbox (from the Temporal UI or CLI)"
 # How many runs the sweep looks up in Temporal (and ends, when their workflow is gone) at once.
 _SWEEP_CONCURRENCY = 16
+# From this many started runs up, all of them missing from Temporal at once ends none (see the sweep).
+LOST_ALL_MINIMUM = 3
 
 
 class RunActivities:
@@ -395,15 +397,34 @@ class RunActivities:
         runs = await self.store.runs.unfinished_runs()
         limit = asyncio.Semaphore(_SWEEP_CONCURRENCY)
 
-        async def end(run: UnfinishedRun) -> bool:
+        async def gone(run: UnfinishedRun) -> str | None:
             async with limit:
-                why = await self._workflow_gone(run.id)
-                # Never started (its starter died): the stranded-run check starts it, and then the run goes on.
-                if why is None or (why == WORKFLOW_LOST and run.unstarted):
-                    return False
+                return await self._workflow_gone(run.id)
+
+        looked = await asyncio.gather(*(gone(run) for run in runs), return_exceptions=True)
+        whys = [why if isinstance(why, str) else None for why in looked]  # a lookup that failed: no answer
+        started = [why for run, why in zip(runs, whys, strict=True) if not run.unstarted]
+        lost = sum(why == WORKFLOW_LOST for why in started)
+        if lost >= LOST_ALL_MINIMUM and lost == len(started):
+            # Every run missing at once is far likelier a worker pointed at the wrong Temporal (address,
+            # namespace) than every workflow deleted: end none, say so; a cancel still ends one run at a time.
+            activity.logger.error(
+                "none of the %d started runs has a workflow in Temporal namespace %r at %s: not ending them "
+                "(check FLUIDBOX_TEMPORAL_ADDRESS and FLUIDBOX_TEMPORAL_NAMESPACE; cancel a run to end it)",
+                lost, self.settings.temporal_namespace, self.settings.temporal_target,
+            )  # fmt: skip
+            return set()
+
+        async def end(run: UnfinishedRun, why: str | None) -> bool:
+            # Never started (its starter died): the stranded-run check starts it, and then the run goes on.
+            if why is None or (why == WORKFLOW_LOST and run.unstarted):
+                return False
+            async with limit:
                 return await self._end_without_workflow(run.id, why)
 
-        outcomes = await asyncio.gather(*(end(run) for run in runs), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(end(run, why) for run, why in zip(runs, whys, strict=True)), return_exceptions=True
+        )
         ended: set[str] = set()
         for run, outcome in zip(runs, outcomes, strict=True):
             if isinstance(outcome, BaseException):

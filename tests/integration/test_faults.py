@@ -457,3 +457,34 @@ async def test_cancelling_a_run_whose_workflow_is_gone_ends_it() -> None:
             said = [e["payload"]["data"]["text"] for e in await events(api, run) if e["type"] == "agent.message"]
             assert why in said, said
         assert not any(process_alive(pid) for pid in pids), "their sandboxes must be destroyed"
+
+
+async def test_every_workflow_missing_at_once_looks_like_the_wrong_temporal_and_ends_no_run() -> None:
+    """A worker pointed at another Temporal (address, namespace) finds no run's workflow: the sweep must not take
+    that for every workflow deleted and fail every run; it says what to check, and a cancel still ends a run."""
+    async with own_stack("fbxn-", {**FAST, "FLUIDBOX_SANDBOX_ORPHAN_SWEEP_SECS": "0.5"}) as (stack, api):
+        agent = await make_agent(api, IDLE)
+        runs = await asyncio.gather(*(start_run(api, agent, workspace=None) for _ in range(3)))
+        await asyncio.gather(*(wait_status(api, run, {"running"}) for run in runs))
+        temporal = await Client.connect(stack.temporal_address or "", namespace="default")
+        for run in runs:
+            await temporal.workflow_service.delete_workflow_execution(
+                DeleteWorkflowExecutionRequest(
+                    namespace="default", workflow_execution=WorkflowExecution(workflow_id=workflow_id(run))
+                )
+            )
+        log = stack.logs / "worker.log"
+        said = "none of the 3 started runs has a workflow in Temporal namespace 'default'"
+
+        async def warned() -> bool:
+            return said in log.read_text(errors="replace")
+
+        await eventually(warned, timeout=60, message="no warning logged")
+        rows = await asyncio.gather(*(run_row(api, run) for run in runs))
+        assert [r["status"] for r in rows] == ["running"] * 3
+        assert (await api.post(f"/v1/sessions/{runs[0]}/cancel")).json() == {"cancelled": True}
+        row = await wait_status(api, runs[0], TERMINAL)
+        assert (row["status"], row["status_reason"]) == ("cancelled", "cancelled by user")
+        for run in runs[1:]:
+            await api.post(f"/v1/sessions/{run}/cancel")
+            await wait_status(api, run, TERMINAL)
