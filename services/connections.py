@@ -25,7 +25,7 @@ from db.connections import ConnectionRow, Connections, NewConnection, credential
 from db.models.connections import ConnectionToolSnapshot
 from db.parks import Challenges, Parks
 from integrations import mcp_client
-from integrations.headers import auth_headers
+from integrations.headers import auth_headers, header_credential_problem
 from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
 from integrations.transports import (
@@ -36,6 +36,7 @@ from integrations.transports import (
     Transports,
     openapi,
 )
+from integrations.transports._auth import credential_problem
 from integrations.transports.relay import RelayConfigError, check_config
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
 from services.oauth_connect import OAuthConnect
@@ -62,6 +63,8 @@ def _photograph_refusals(*, rolled_back: bool) -> Iterator[None]:
     except mcp_client.AuthRejected as err:
         suffix = " (connection rolled back)" if rolled_back else ""
         raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
+    except mcp_client.UnsendableHeaders as err:
+        raise BadRequest(f"{err} (nothing was sent)") from None
     except mcp_client.McpClientError as err:
         raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
 
@@ -155,6 +158,15 @@ class ConnectionService:
         sealer = self.custody()
         if scheme == "Basic" and ":" not in token:
             raise BadRequest("a Basic credential must be `email:api_token`")
+        as_sent = TransportConnection(
+            id="new", transport=transport, base_url=base_url, config=transport_config or {}, credential=token,
+            header_name=header_name, scheme=scheme,
+        )  # fmt: skip
+        sendable(
+            header_credential_problem(token, header_name=header_name, scheme=scheme)
+            if transport == "mcp_http"
+            else credential_problem(as_sent)
+        )
         if transport == "mcp_http":
             admitted = await self.admit(base_url)
             url = admitted.url
@@ -198,6 +210,7 @@ class ConnectionService:
         ``relay`` provider (the one brokered calls use) with its credential and bounded timeout, then the
         credential sealed. Any refusal stores nothing."""
         sealer = self.custody()
+        sendable(header_credential_problem(token, header_name=None, scheme="Bearer"))
         try:
             settings = check_config(base_url, config)
         except RelayConfigError as err:
@@ -331,6 +344,7 @@ class ConnectionService:
         """A static connection whose credential is the environment variable ``credential_env`` (configuration,
         read by each process when it uses it); ``Missing <VAR>`` (409) when this process does not have it."""
         token = env_credential(credential_env)
+        sendable(header_credential_problem(token, header_name=header_name, scheme=scheme))
         admitted = await self.admit(base_url)
         headers = auth_headers(token, header_name=header_name, scheme=scheme)
         photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
@@ -356,6 +370,7 @@ class ConnectionService:
                 raise BadRequest("a git connection's credential is sealed: give a `token`")
             photo: dict[str, Any] = {"protocol_version": "git", "tools": [], "digest": document_digest([])}
         else:
+            sendable(header_credential_problem(secret, header_name=row.header_name, scheme=row.scheme))
             admitted = await self.admit(row.base_url)
             headers = auth_headers(secret, header_name=row.header_name, scheme=row.scheme)
             photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
@@ -489,6 +504,12 @@ def git_base_problem(base_url: str) -> str | None:
     if "@" in authority or "?" in rest or "#" in rest:
         return "a git connection's `base_url` carries no user, query or fragment: the credential is the `token`"
     return None
+
+
+def sendable(problem: str | None) -> None:
+    """400 for a credential no request could carry (checked before anything is contacted or stored)."""
+    if problem is not None:
+        raise BadRequest(f"{problem} (nothing was stored)")
 
 
 def env_credential(var: str) -> str:
