@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from core.digests import document_digest
-from core.errors import BadRequest, Conflict, Unavailable, UpstreamFailed
+from core.errors import BadRequest, Conflict, Forbidden, Unavailable, UpstreamFailed
 from core.runspec import is_loopback_authority
 from core.sandbox_cli import check_tools
 from db.connections import ConnectionRow, Connections, NewConnection, credential_context
@@ -380,10 +380,13 @@ class ConnectionService:
         assert snapshot is not None
         return updated, snapshot
 
-    async def authorize(self, tenant_id: str, row: ConnectionRow, actor_user_id: str | None) -> dict[str, Any]:
+    async def authorize(
+        self, tenant_id: str, row: ConnectionRow, actor_user_id: str | None, *, signs_in: bool = True
+    ) -> dict[str, Any]:
         """Start or poll authorization of one connection: ``connected``; ``authorize`` with the sign-in link
         (a pending flow's link is reused, so asking again mints nothing); or :class:`Conflict` with
-        ``status: unavailable`` and the reason (a missing environment credential named exactly)."""
+        ``status: unavailable`` and the reason (a missing environment credential named exactly). Without
+        ``signs_in`` (a read-only caller), :class:`Forbidden` instead of any sign-in link."""
         env = await Parks(self.connections.store).connection_env(str(row.id))
         missing = f"Missing {env}" if env and not os.environ.get(env) else None
         if row.status == "active":
@@ -399,6 +402,8 @@ class ConnectionService:
             )
         if row.status == "revoked":
             raise unavailable("the connection is revoked: create a new one")
+        if not signs_in:
+            raise Forbidden(READ_ONLY_SIGN_IN)
         url = await Challenges(self.connections.pool).pending(str(row.id), int(row.authorization_generation))
         if url is None:
             url = await self.start_sign_in(tenant_id, row, actor_user_id)
@@ -504,6 +509,9 @@ def git_base_problem(base_url: str) -> str | None:
     if "@" in authority or "?" in rest or "#" in rest:
         return "a git connection's `base_url` carries no user, query or fragment: the credential is the `token`"
     return None
+
+
+READ_ONLY_SIGN_IN = "this token is read-only; starting or handing out a sign-in needs a token that may write"
 
 
 def sendable(problem: str | None) -> None:
