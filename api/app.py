@@ -190,6 +190,8 @@ def create_app(settings: Settings) -> FastAPI:
         llm_limit=settings.llm_max_request_body_bytes,
         facade=llm.serve,
         workspace_limit=settings.workspace_archive_max_mb * 1024 * 1024,
+        large_bodies=settings.max_concurrent_large_bodies,
+        large_body_wait_secs=settings.large_body_wait_secs,
     )
 
     routers = (health, agents, policies, connections, catalog, capabilities, sessions, approvals, triggers, deliveries)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -142,15 +142,75 @@ def _describe(exc: RequestValidationError) -> tuple[int, str]:
     return 400, "invalid request: " + "; ".join(problems)
 
 
+NUL_REFUSED = "contains a NUL character (\\u0000), which cannot be stored"
+# PostgreSQL text and jsonb cannot hold U+0000 (character_not_in_repertoire, untranslatable_character).
+NUL_SQLSTATES = frozenset({"22021", "22P05"})
+
+
+def _nul_at(doc: Any) -> list[str] | None:
+    """The location of the first string (or key) in a parsed JSON document that holds a NUL, or None.
+    Iterative: a document nested as deep as the parser allows must not exhaust the stack here."""
+    stack: list[tuple[list[str], Any]] = [([], doc)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return where
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if "\x00" in key:
+                    return [*where, key.replace("\x00", "\\u0000")]
+                stack.append(([*where, key], item))
+        elif isinstance(value, list):
+            stack.extend(([*where, str(i)], item) for i, item in enumerate(value))
+    return None
+
+
+async def refuse_nul(request: Request) -> None:
+    """Every route's first dependency: a NUL in a path or query parameter or in a JSON body's strings is
+    400 ``invalid_request`` naming where, before the route (or its database) sees anything."""
+    problems: list[dict[str, Any]] = []
+    for kind, params in (("path", list(request.path_params.items())), ("query", request.query_params.multi_items())):
+        for name, value in params:
+            if "\x00" in str(value) or "\x00" in name:
+                problems.append({"type": "nul", "loc": (kind, name.replace("\x00", "\\u0000")), "msg": NUL_REFUSED})
+    route = request.scope.get("route")
+    # Only a body the route itself parses as JSON (already read and cached by FastAPI): a raw body (a
+    # workspace archive) is the route's to read, after its credential.
+    if getattr(route, "body_field", None) is not None and request.headers.get("content-type", "").startswith(
+        "application/json"
+    ):
+        raw = await request.body()
+        # JSON can carry a NUL only escaped (a raw control character does not parse): most bodies stop here.
+        if b"\\u0000" in raw:
+            try:
+                doc = await request.json()
+            except ValueError:
+                doc = None  # FastAPI already answered a body that does not parse
+            where = _nul_at(doc)
+            if where is not None:
+                problems.append({"type": "nul", "loc": ("body", *where), "msg": NUL_REFUSED})
+    if problems:
+        raise RequestValidationError(problems)
+
+
+def domain_response(exc: DomainError) -> JSONResponse:
+    """A domain error's answer (also given by the request guard, ahead of the router)."""
+    body: dict[str, str] = {"error": exc.message}
+    if exc.code is not None:  # None: a body whose bytes the runner contract fixes (wrong_audience)
+        body["code"] = exc.code
+    return JSONResponse({**body, **exc.details}, status_code=exc.status)
+
+
 def install(app: FastAPI) -> None:
+    """The error handlers, the OpenAPI clean-up and :func:`refuse_nul` as a dependency of every route
+    (so before any router is included)."""
     document(app)
+    app.router.dependencies.append(Depends(refuse_nul))
 
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
-        body: dict[str, str] = {"error": exc.message}
-        if exc.code is not None:  # None: a body whose bytes the runner contract fixes (wrong_audience)
-            body["code"] = exc.code
-        return JSONResponse({**body, **exc.details}, status_code=exc.status)
+        return domain_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -167,5 +227,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        if getattr(exc, "sqlstate", None) in NUL_SQLSTATES:
+            # What refuse_nul does not see (a NUL in a header, or text the route derived) still is bad input.
+            log.warning("a NUL reached the database on %s %s", request.method, request.url.path)
+            return JSONResponse(error_body(f"invalid request: a text value {NUL_REFUSED}", 400, INVALID_REQUEST), 400)
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse(error_body("internal error", 500), status_code=500)

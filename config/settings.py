@@ -103,6 +103,11 @@ class Settings(BaseSettings):
     token_ttl_secs: int = 3 * 3600
 
     max_request_body_bytes: int = 2 * 1024 * 1024
+    # Bodies that may be over max_request_body_bytes (model calls, workspace archives) are received this many at
+    # once per API process, each only after its token was looked up; one that finds no place within
+    # large_body_wait_secs is answered 429 with Retry-After (api/guard.py).
+    max_concurrent_large_bodies: int = Field(default=4, ge=1)
+    large_body_wait_secs: float = Field(default=15.0, gt=0)
     # A run still 'created' this long after its insert has no workflow (its starter died in between);
     # every API process looks for such runs every stranded_check_secs and starts their workflows.
     stranded_after_secs: float = 60.0

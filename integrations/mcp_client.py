@@ -115,6 +115,18 @@ class AuthRejected(McpClientError):
         self.status = status
 
 
+class UnsendableHeaders(McpClientError):
+    """A header value (the credential) is no valid HTTP header value: nothing was sent; bad input, not a failure
+    of the server."""
+
+
+def _unsendable(headers: dict[str, str]) -> str | None:
+    for name, value in headers.items():
+        if not all(" " <= ch <= "~" for ch in value):
+            return f"the {name} header (the credential) is not printable ASCII and cannot be sent"
+    return None
+
+
 class UnsupportedProtocol(McpClientError):
     """The server negotiated a protocol version the broker does not accept."""
 
@@ -369,6 +381,8 @@ async def photograph(
     makes every request connect to its vetted addresses only (see :mod:`integrations.pinning`).
     Raises a :class:`McpClientError`.
     """
+    if (unsendable := _unsendable(headers)) is not None:
+        raise UnsendableHeaders(unsendable)
     wire = _Wire()
     photo: Photograph | None = None
     failure: McpClientError | None = None
@@ -481,6 +495,8 @@ async def call_tool(
     the name is resolved again at connect time. ``tls``: the context that verifies the server
     (default: the system's trust store), e.g. one trusting a device relay's own CA.
     """
+    if (unsendable := _unsendable(headers)) is not None:
+        return _before_send(unsendable)
     wire = _Wire()
     outcome: CallOutcome | None = None
     sent = False  # the tools/call request has been handed to the transport

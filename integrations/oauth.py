@@ -49,7 +49,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 from authlib.common.security import generate_token
@@ -68,7 +68,7 @@ from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_serv
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from integrations.pinning import PinnedTransport
-from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
+from integrations.urls import AdmittedUrl, RefusalCategory, UrlPolicy, UrlRefused, classify_address
 
 __all__ = [
     "REFRESH_MARGIN",
@@ -377,6 +377,22 @@ class OAuthClient:
         except UrlRefused as exc:
             raise EndpointRefused(f"refusing to contact {_show(url)}: {exc}") from None
 
+    async def admit_sign_in_page(self, url: str) -> AdmittedUrl:
+        """Admit an authorization endpoint (or an authorization URL) before a browser is sent there from our
+        origin: our redirect is a link people trust, so it passes the admission every outbound URL does (no
+        private, link-local or metadata address) and must be https, plain http only on an admitted loopback
+        address (development, ``allow_loopback``). Raises :class:`EndpointRefused`."""
+        try:
+            parts = urlsplit(url)
+            # The query (state, PKCE challenge, a long scope list) is ours: the endpoint is what is judged.
+            admitted = await self._policy.admit(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
+        except (UrlRefused, ValueError) as exc:
+            raise EndpointRefused(f"refusing to send a browser to {_show(url)}: {exc}") from None
+        loopback = all(classify_address(ip) is RefusalCategory.LOOPBACK for ip in admitted.addresses)
+        if admitted.scheme != "https" and not loopback:
+            raise EndpointRefused(f"refusing to send a browser to {_show(url)}: a sign-in page must be https")
+        return admitted
+
     async def _send(
         self, url: str, request: Callable[[httpx2.AsyncClient], Awaitable[httpx2.Response]]
     ) -> httpx2.Response:
@@ -454,6 +470,7 @@ class OAuthClient:
         scope = get_client_metadata_scopes(
             challenge_scope, prm, metadata, client_grant_types=["authorization_code", "refresh_token"]
         )
+        await self.admit_sign_in_page(str(metadata.authorization_endpoint))
         logger.info("%s is protected by %s (resource %s)", _show(server_url), _show(issuer), _show(resource))
         return Discovery(
             server_url=server_url,

@@ -18,14 +18,14 @@ from typing import Any
 from pydantic import SecretStr
 
 from core.digests import document_digest
-from core.errors import BadRequest, Conflict, Unavailable, UpstreamFailed
+from core.errors import BadRequest, Conflict, Forbidden, Unavailable, UpstreamFailed
 from core.runspec import is_loopback_authority
 from core.sandbox_cli import check_tools
 from db.connections import ConnectionRow, Connections, NewConnection, credential_context
 from db.models.connections import ConnectionToolSnapshot
 from db.parks import Challenges, Parks
 from integrations import mcp_client
-from integrations.headers import auth_headers
+from integrations.headers import auth_headers, header_credential_problem
 from integrations.oauth import OAuthClientError
 from integrations.sealing import Sealer, SealingError
 from integrations.transports import (
@@ -36,6 +36,7 @@ from integrations.transports import (
     Transports,
     openapi,
 )
+from integrations.transports._auth import credential_problem
 from integrations.transports.relay import RelayConfigError, check_config
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
 from services.oauth_connect import OAuthConnect
@@ -62,6 +63,8 @@ def _photograph_refusals(*, rolled_back: bool) -> Iterator[None]:
     except mcp_client.AuthRejected as err:
         suffix = " (connection rolled back)" if rolled_back else ""
         raise BadRequest(f"the server rejected this credential{suffix}: {err}") from None
+    except mcp_client.UnsendableHeaders as err:
+        raise BadRequest(f"{err} (nothing was sent)") from None
     except mcp_client.McpClientError as err:
         raise UpstreamFailed(f"could not photograph the server's tools: {err}") from None
 
@@ -155,6 +158,15 @@ class ConnectionService:
         sealer = self.custody()
         if scheme == "Basic" and ":" not in token:
             raise BadRequest("a Basic credential must be `email:api_token`")
+        as_sent = TransportConnection(
+            id="new", transport=transport, base_url=base_url, config=transport_config or {}, credential=token,
+            header_name=header_name, scheme=scheme,
+        )  # fmt: skip
+        sendable(
+            header_credential_problem(token, header_name=header_name, scheme=scheme)
+            if transport == "mcp_http"
+            else credential_problem(as_sent)
+        )
         if transport == "mcp_http":
             admitted = await self.admit(base_url)
             url = admitted.url
@@ -198,6 +210,7 @@ class ConnectionService:
         ``relay`` provider (the one brokered calls use) with its credential and bounded timeout, then the
         credential sealed. Any refusal stores nothing."""
         sealer = self.custody()
+        sendable(header_credential_problem(token, header_name=None, scheme="Bearer"))
         try:
             settings = check_config(base_url, config)
         except RelayConfigError as err:
@@ -331,6 +344,7 @@ class ConnectionService:
         """A static connection whose credential is the environment variable ``credential_env`` (configuration,
         read by each process when it uses it); ``Missing <VAR>`` (409) when this process does not have it."""
         token = env_credential(credential_env)
+        sendable(header_credential_problem(token, header_name=header_name, scheme=scheme))
         admitted = await self.admit(base_url)
         headers = auth_headers(token, header_name=header_name, scheme=scheme)
         photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
@@ -356,6 +370,7 @@ class ConnectionService:
                 raise BadRequest("a git connection's credential is sealed: give a `token`")
             photo: dict[str, Any] = {"protocol_version": "git", "tools": [], "digest": document_digest([])}
         else:
+            sendable(header_credential_problem(secret, header_name=row.header_name, scheme=row.scheme))
             admitted = await self.admit(row.base_url)
             headers = auth_headers(secret, header_name=row.header_name, scheme=row.scheme)
             photo = await take_photograph(admitted.url, headers, rolled_back=True, pin=admitted)
@@ -365,10 +380,13 @@ class ConnectionService:
         assert snapshot is not None
         return updated, snapshot
 
-    async def authorize(self, tenant_id: str, row: ConnectionRow, actor_user_id: str | None) -> dict[str, Any]:
+    async def authorize(
+        self, tenant_id: str, row: ConnectionRow, actor_user_id: str | None, *, signs_in: bool = True
+    ) -> dict[str, Any]:
         """Start or poll authorization of one connection: ``connected``; ``authorize`` with the sign-in link
         (a pending flow's link is reused, so asking again mints nothing); or :class:`Conflict` with
-        ``status: unavailable`` and the reason (a missing environment credential named exactly)."""
+        ``status: unavailable`` and the reason (a missing environment credential named exactly). Without
+        ``signs_in`` (a read-only caller), :class:`Forbidden` instead of any sign-in link."""
         env = await Parks(self.connections.store).connection_env(str(row.id))
         missing = f"Missing {env}" if env and not os.environ.get(env) else None
         if row.status == "active":
@@ -384,6 +402,8 @@ class ConnectionService:
             )
         if row.status == "revoked":
             raise unavailable("the connection is revoked: create a new one")
+        if not signs_in:
+            raise Forbidden(READ_ONLY_SIGN_IN)
         url = await Challenges(self.connections.pool).pending(str(row.id), int(row.authorization_generation))
         if url is None:
             url = await self.start_sign_in(tenant_id, row, actor_user_id)
@@ -489,6 +509,15 @@ def git_base_problem(base_url: str) -> str | None:
     if "@" in authority or "?" in rest or "#" in rest:
         return "a git connection's `base_url` carries no user, query or fragment: the credential is the `token`"
     return None
+
+
+READ_ONLY_SIGN_IN = "this token is read-only; starting or handing out a sign-in needs a token that may write"
+
+
+def sendable(problem: str | None) -> None:
+    """400 for a credential no request could carry (checked before anything is contacted or stored)."""
+    if problem is not None:
+        raise BadRequest(f"{problem} (nothing was stored)")
 
 
 def env_credential(var: str) -> str:

@@ -143,12 +143,14 @@ async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[st
     "/v1/catalog",
     summary="Add a custom catalog entry (tier custom)",
     response_model=out.CatalogEntryOut,
-    responses=errors(401, 403, 409),
+    responses=errors(401, 403, 409, 422),
 )
 async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Tenant-scoped; a slug already used (globally or by this tenant) is a 409; a stdio entry needs a
     ``sandbox_launch`` with declared tools (400); a relay entry an https URL and ``auth_mode: api_key``, a
-    sandbox_cli entry a ``sandbox-cli://`` URL, ``auth_mode: none`` and its tools (400 naming the problem)."""
+    sandbox_cli entry a ``sandbox-cli://`` URL, ``auth_mode: none`` and its tools (400 naming the problem).
+    A ``transport_config`` its transport cannot use (stdio, openapi, http) or a bad ``access`` declaration is
+    422, as on ``POST /v1/connections``."""
     if body.transport == "stdio" and body.transport_config is not None and body.sandbox_launch is None:
         problem = stdio_config_problem(body.transport_config)
         if problem is not None:
@@ -367,7 +369,7 @@ def slugify(name: str) -> str:
     "/v1/mcp/servers",
     summary="Add a custom MCP server and connect it in one call",
     response_model=out.ServerAdded,
-    responses=errors(401, 403, 409, 502, 503),
+    responses=errors(401, 403, 409, 422, 502, 503),
 )
 async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     """Creates a custom catalog entry and a connection; a failed connect leaves no orphan entry."""

@@ -28,7 +28,7 @@ from integrations.transports._auth import validate_auth as auth_problem
 from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused
-from services.connections import Ownership, unavailable
+from services.connections import READ_ONLY_SIGN_IN, Ownership, unavailable
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
 
@@ -404,7 +404,11 @@ async def authorize(
     owner: Literal["organization", "personal"] = "organization",
 ) -> dict[str, Any]:
     """``connected``; ``authorize`` with the sign-in ``url`` (a pending flow's link is reused, so calling
-    again mints no new flow and doubles as a poll); or 409 ``{status: "unavailable", reason}``."""
+    again mints no new flow and doubles as a poll); or 409 ``{status: "unavailable", reason}``.
+
+    A read-only token polls only: ``connected`` and ``unavailable`` as for anyone, but 403 where the answer
+    would make a connection or hand out a sign-in link (a bearer link: whoever opens it connects the account
+    they sign in with), since a GET must not do what the token could not do otherwise."""
     if owner == "personal" and who.user_id is None:
         raise unavailable("a personal connection needs a signed-in user; the operator token has none")
     try:
@@ -414,12 +418,13 @@ async def authorize(
     else:
         row = await visible(svc, who, connection)
     require_manage(who, row, "authorizing")
-    return await svc.connection_service.authorize(who.tenant_id, row, who.user_id)
+    return await svc.connection_service.authorize(who.tenant_id, row, who.user_id, signs_in=not who.read_only)
 
 
 async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: str) -> ConnectionRow:
     """The connection serving catalog entry ``slug`` for this caller: the newest to its URL (active first), or
-    one made now (a pending oauth connection; a static one from its ``credential_env``)."""
+    one made now (a pending oauth connection; a static one from its ``credential_env``; never for a read-only
+    token)."""
     entry = found(await svc.catalog.get(who.tenant_id, slug))
     if not entry.url:
         raise unavailable(f"'{slug}' has no URL to connect to (no auth definition)")
@@ -435,6 +440,8 @@ async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: s
     owner_user_id = who.user_id if personal else None
     if not personal and not who.mutates_resources:  # checked before anything is created
         raise Forbidden("authorizing an organization connection requires the admin or owner role")
+    if who.read_only:
+        raise Forbidden(READ_ONLY_SIGN_IN)
     made = Ownership(entry.name, owner_user_id, who.user_id, from_catalog(entry.access))
     if entry.auth_mode == "oauth":
         return await svc.connection_service.connect_oauth(who.tenant_id, base_url=entry.url, made=made)

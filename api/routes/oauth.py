@@ -27,6 +27,7 @@ from core.tokens import token_digest
 from integrations import mcp_client
 from integrations.oauth import (
     AuthorizationFailed,
+    EndpointRefused,
     OAuthClientError,
     client_metadata_document,
     client_metadata_document_url,
@@ -61,9 +62,15 @@ def _open_go(svc: Services, f: str) -> tuple[str, str]:
     responses={302: {"description": "To the authorization server, with the flow cookie set."}, **errors(404, 409, 503)},
 )
 async def go(f: str, request: Request, svc: ServicesDep) -> RedirectResponse:
-    """Sets the flow cookie and redirects (302) to the authorization server; a used or expired link is refused."""
+    """Sets the flow cookie and redirects (302) to the authorization server; a used or expired link is refused,
+    and so (400, nothing bound) is an authorization endpoint the outbound admission refuses now."""
     oauth = oauth_of(svc)
     flow_id, url = _open_go(svc, f)
+    try:
+        # Admitted when the flow was made; again now, as its name may resolve elsewhere since.
+        await oauth.client.admit_sign_in_page(url)
+    except EndpointRefused as err:
+        raise BadRequest(f"this sign-in cannot continue: {err}") from None
     name = cookie_name(svc)
     browser = request.cookies.get(name) or secrets.token_urlsafe(32)
     await oauth.open(flow_id, token_digest(browser))

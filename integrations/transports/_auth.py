@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from integrations.headers import auth_headers
+from integrations.headers import auth_headers, header_credential_problem
 from integrations.transports import TransportConnection
 
 AUTH_TYPES = ("bearer", "basic", "api_key", "oauth", "none")
@@ -61,6 +61,18 @@ def credential_parts(conn: TransportConnection) -> tuple[dict[str, str], dict[st
     if kind == "basic":
         return auth_headers(token, header_name=None, scheme="Basic"), {}
     return auth_headers(token, header_name=None, scheme="Bearer"), {}
+
+
+def credential_problem(conn: TransportConnection) -> str | None:
+    """Why the connection's credential cannot be sent the way its auth definition sends it, or None."""
+    auth = auth_definition(conn)
+    kind, token = auth["type"], conn.credential
+    if not token or kind in ("none", "basic") or (kind == "api_key" and auth.get("in") == "query"):
+        return None  # nothing sent, base64, or percent-encoded into the query
+    if kind == "api_key":
+        name, scheme = str(auth.get("name") or ""), str(auth.get("scheme", ""))
+        return header_credential_problem(token, header_name=name, scheme=scheme)
+    return header_credential_problem(token, header_name=None, scheme="Bearer")
 
 
 def validate_auth(auth: Any) -> str | None:

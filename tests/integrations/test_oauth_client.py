@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -408,3 +409,36 @@ async def test_an_authorization_server_without_pkce_s256_is_refused(client: OAut
     async with serve(plain) as server:
         with pytest.raises(DiscoveryFailed, match="S256"):
             await client.discover(server.url)
+
+
+def sign_in_page_at(endpoint: str) -> McpTestServer:
+    def prm(url: str) -> Response:
+        return JSONResponse({"resource": url, "authorization_servers": [url.removesuffix("/mcp")]})
+
+    return misbehaving(prm=prm, as_metadata=lambda origin: as_document(origin, authorization_endpoint=endpoint))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "why"),
+    [
+        ("http://10.0.0.8/authorize", r"10\.0\.0\.8 is a private address"),
+        ("https://169.254.169.254/authorize", "a cloud metadata address"),
+        ("http://auth.example.com/authorize", "a sign-in page must be https"),
+    ],
+)
+async def test_an_authorization_endpoint_our_admission_refuses_fails_discovery(endpoint: str, why: str) -> None:
+    """We redirect browsers there from our own origin: it is admitted like any outbound URL, and must be https
+    (plain http only on loopback, when loopback is allowed)."""
+    public = OAuthClient(UrlPolicy(allow_loopback=True, resolver=lambda host, port: ["93.184.216.34"]))
+    async with serve(sign_in_page_at(endpoint)) as server:
+        with pytest.raises(EndpointRefused, match=f"refusing to send a browser to .*{why}"):
+            await public.discover(server.url)
+
+
+async def test_an_https_sign_in_page_on_a_public_address_is_admitted() -> None:
+    public = OAuthClient(UrlPolicy(allow_loopback=True, resolver=lambda host, port: ["93.184.216.34"]))
+    async with serve(sign_in_page_at("https://auth.example.com/authorize")) as server:
+        found = await public.discover(server.url)
+    assert found.authorization_server.authorization_endpoint == "https://auth.example.com/authorize"
+    admitted = await public.admit_sign_in_page(f"{found.authorization_server.authorization_endpoint}?state=x")
+    assert admitted.addresses == (ipaddress.ip_address("93.184.216.34"),)
