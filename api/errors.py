@@ -223,6 +223,10 @@ def install(app: FastAPI) -> None:
         if isinstance(detail, dict):
             return JSONResponse(detail, status_code=exc.status_code, headers=exc.headers)
         message = "not found" if exc.status_code == 404 else detail
+        if isinstance(exc.__cause__, RecursionError):
+            # FastAPI's "There was an error parsing the body" for a body the JSON parser could not descend.
+            message = "invalid request: the JSON body nests too deeply to be parsed"
+            return JSONResponse(error_body(message, 400, INVALID_REQUEST), status_code=400)
         return JSONResponse(error_body(message, exc.status_code), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)

@@ -180,6 +180,10 @@ async def test_alias_bombs_and_deep_documents_are_refused_with_a_reason_and_stor
     deep_json = '{"content": {"name": "d", "x": ' + '{"x": ' * 5000 + "{}" + "}" * 5000 + "}}"
     r = await api.post("/v1/policies/preview", content=deep_json, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
+    assert r.json() == {
+        "error": "invalid request: the JSON body nests too deeply to be parsed",
+        "code": "invalid_request",
+    }
     assert (await api.get("/v1/policies")).json()["policies"] == before
 
 
