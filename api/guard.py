@@ -39,6 +39,9 @@ from db.identity import PAT_PREFIX
 
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 LLM_PREFIX = "/internal/llm"
+# LiteLLM's usage callback authenticates with LiteLLM's own master key (and answers `ignored` without it): its
+# body (a small JSON one, under the JSON ceiling like any) is the route's to judge.
+LLM_USAGE_PATH = "/internal/llm-usage"
 # A runner's final workspace (a gzip'd tar, api/routes/workspaces.py): its own ceiling and content type.
 WORKSPACE_PREFIX, WORKSPACE_SUFFIX = "/internal/sessions/", "/workspace"
 ARCHIVE_TYPES = ("application/gzip", "application/octet-stream")
@@ -179,6 +182,8 @@ class RequestGuard:
         """401 for a body whose token cannot be one its path takes, judged from the headers alone; for a
         body that may be large, the route's own answer to its token (looked up) unless it is live."""
         path: str = scope["path"]
+        if path == LLM_USAGE_PATH:
+            return None
         request = Request(scope)
         svc: Services = scope["app"].state.services
         facade = _is_facade(path)
