@@ -43,7 +43,7 @@ from db.runs import LiveRun, UnfinishedRun
 from db.store import Store
 from db.workspaces import WorkspaceArchives
 from integrations.sealing import SealingError, sealer_from_settings
-from integrations.urls import UrlPolicy, UrlRefused
+from integrations.urls import UrlPolicy
 from sandbox.limits import MIB
 from sandbox.manifests import BOOTSTRAP_FILE
 
@@ -212,13 +212,10 @@ class RunActivities:
     ) -> dict[str, object]:
         """Clone a git_repository workspace here, in the control plane (never with a credential in the
         sandbox); an https URL must resolve to public addresses (FLUIDBOX_ALLOW_LOOPBACK_CONNECTORS
-        admits loopback, for tests, and then plain http to a loopback server)."""
-        if url.startswith(("https:", "http:")):
-            try:
-                await UrlPolicy(allow_loopback=self.settings.allow_loopback_connectors).admit(url)
-            except UrlRefused as err:
-                raise workspace.WorkspaceError(f"repository URL refused: {err.reason}") from None
-        commit = await workspace.clone(url, ref, dest, auth)
+        admits loopback, for tests, and then plain http to a loopback server), and git connects to those
+        addresses only, following no redirect."""
+        policy = UrlPolicy(allow_loopback=self.settings.allow_loopback_connectors)
+        commit = await workspace.fetch(url, ref, dest, policy, auth)
         return {"repository": url, "ref": ref, "commit": commit}
 
     async def _remote_spec(self, spec: RunSpec, run_dir: Path) -> SandboxSpec:

@@ -23,6 +23,7 @@ import asyncio
 import base64
 import hashlib
 import io
+import ipaddress
 import json
 import os
 import re
@@ -35,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
+
+from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused, same_origin_path
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "fluidbox",
@@ -452,18 +455,76 @@ class GitAuth:
         return f"Authorization: {self.scheme} {value}"
 
 
-async def clone(url: str, ref: str | None, dest: Path, auth: GitAuth | None = None) -> str:
+def _pinned_config(admitted: AdmittedUrl | None, auth: GitAuth | None) -> list[tuple[str, str]]:
+    """The configuration every clone gets through the environment: redirects never followed, and for an
+    http(s) URL its host pinned to the addresses admission vetted.
+
+    ``http.curloptResolve`` (curl's ``CURLOPT_RESOLVE``, ``host:port:addr[,addr]``; an IPv6 address in
+    brackets) seeds curl's name cache, so git connects to exactly those addresses and never asks DNS again:
+    a resolver that answered a public address for the admission cannot answer ``127.0.0.1`` or the metadata
+    address for the clone. The entry matches the name case-insensitively but spells a trailing dot as
+    written, so the name goes in both with and without one. An IP literal host is never resolved at all."""
+    pairs: list[tuple[str, str]] = [("http.followRedirects", "false")]
+    if admitted is not None and not _is_ip_literal(admitted.host):
+        addrs = ",".join(f"[{a}]" if a.version == 6 else str(a) for a in admitted.addresses)
+        for name in dict.fromkeys((admitted.host, admitted.host.rstrip("."))):
+            pairs.append(("http.curloptResolve", f"{name}:{admitted.port}:{addrs}"))
+    if auth is not None:
+        pairs.append(("http.extraHeader", auth.header()))
+    return pairs
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+    for i, (key, value) in enumerate(pairs):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    return env
+
+
+async def fetch(url: str, ref: str | None, dest: Path, policy: UrlPolicy, auth: GitAuth | None = None) -> str:
+    """Admit ``url`` under ``policy`` (an http(s) one must resolve to addresses it permits), then :func:`clone`
+    it pinned to what admission saw; returns the commit.
+
+    Raises:
+        WorkspaceError: the URL is refused (naming why), or the clone failed.
+    """
+    admitted = None
+    if url.startswith(("https:", "http:")):
+        try:
+            admitted = await policy.admit(url)
+        except UrlRefused as err:
+            raise WorkspaceError(f"repository URL refused: {err.reason}") from None
+    return await clone(url, ref, dest, auth, admitted)
+
+
+async def clone(
+    url: str, ref: str | None, dest: Path, auth: GitAuth | None = None, admitted: AdmittedUrl | None = None
+) -> str:
     """A shallow clone of ``url`` (at ``ref``) into ``dest`` as a plain tree (its ``.git`` removed: the
     agent gets files, and the baseline is the control plane's own); returns the commit it was.
 
-    With ``auth``, the header reaches git only through ``GIT_CONFIG_COUNT``/``GIT_CONFIG_KEY_0``/``VALUE_0`` in
+    An http(s) ``url`` is cloned only with its admission (``admitted``, see :func:`fetch`): git connects to the
+    admitted addresses alone and follows no redirect, with or without a credential, so neither a second DNS
+    answer nor a ``302`` can send the clone anywhere admission did not vet.
+
+    With ``auth``, the header reaches git only through ``GIT_CONFIG_COUNT``/``GIT_CONFIG_KEY_n``/``VALUE_n`` in
     the environment of this git process: not its argv (other users could read that), not a file, not the clone's
-    ``.git/config``, and redirects are not followed (the header would go with them).
+    ``.git/config``.
 
     Raises:
-        WorkspaceError: the clone failed (the remote refusing the credential says so) or took longer than
-            ``CLONE_TIMEOUT_SECS``. Messages name the repository, never the credential.
+        WorkspaceError: the clone failed (the remote refusing the credential or redirecting says so) or took
+            longer than ``CLONE_TIMEOUT_SECS``. Messages name the repository, never the credential.
     """
+    if url.startswith(("https:", "http:")) and (admitted is None or not same_origin_path(admitted, url)):
+        raise WorkspaceError(f"cannot clone {url}: an http(s) repository is cloned only pinned to its admission")
     await asyncio.to_thread(shutil.rmtree, dest, True)  # a retried provisioning starts over
     opts = list(CLONE_OPTS)
     if url.startswith("http:"):
@@ -472,17 +533,7 @@ async def clone(url: str, ref: str | None, dest: Path, auth: GitAuth | None = No
     if ref:
         args += ["--branch", ref]
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_ENV}
-    clone_env = dict(env)
-    if auth is not None:
-        clone_env.update(
-            {
-                "GIT_CONFIG_COUNT": "2",
-                "GIT_CONFIG_KEY_0": "http.extraHeader",
-                "GIT_CONFIG_VALUE_0": auth.header(),
-                "GIT_CONFIG_KEY_1": "http.followRedirects",
-                "GIT_CONFIG_VALUE_1": "false",
-            }
-        )
+    clone_env = {**env, **_config_env(_pinned_config(admitted, auth))}
     proc = await asyncio.create_subprocess_exec(
         *args, "--", url, str(dest), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=clone_env,
@@ -501,6 +552,11 @@ async def clone(url: str, ref: str | None, dest: Path, auth: GitAuth | None = No
         if AUTH_REFUSED.search(text):
             given = "the remote refused the stored credential" if auth else "it needs a credential"
             raise WorkspaceError(f"cannot clone {url}: {given} (authentication failed)")
+        if redirect := REDIRECTED.search(text):
+            raise WorkspaceError(
+                f"cannot clone {url}: the server answered with a redirect (HTTP {redirect.group(1)}), which is "
+                "never followed; give the repository's final URL"
+            )
         raise WorkspaceError(f"cannot clone {url}: {text.strip()[:300]}")
     head = await asyncio.create_subprocess_exec(
         "git", f"--git-dir={dest / '.git'}", *GIT_OPTS, "rev-parse", "HEAD",
@@ -511,6 +567,8 @@ async def clone(url: str, ref: str | None, dest: Path, auth: GitAuth | None = No
     return out.decode().strip()
 
 
+# With ``http.followRedirects=false`` git reports a 3xx answer as an error status.
+REDIRECTED = re.compile(r"The requested URL returned error: (3\d\d)")
 # What git prints when the server answers 401/403 (with prompting off it cannot ask for anything else).
 AUTH_REFUSED = re.compile(
     r"Authentication failed|could not read Username|could not read Password|terminal prompts disabled"

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core import shell_words
 from core.errors import Unprocessable
 
 Action = Literal["allow", "approve", "deny"]
@@ -35,6 +36,10 @@ def _bounded(values: list[str], what: str) -> list[str]:
     return values
 
 
+# A backreference or conditional by group number or name: joined into one alternation it would point elsewhere.
+_GROUP_REFERENCE = re.compile(r"\\[1-9]|\(\?P=|\(\?\(|\\g<")
+
+
 class ShellConstraint(_Strict):
     allow_prefixes: list[str] = Field(default_factory=list)
     deny_regex: list[str] = Field(default_factory=list)
@@ -43,6 +48,38 @@ class ShellConstraint(_Strict):
     @cached_property
     def compiled(self) -> list[re.Pattern[str]]:
         return [re.compile(p) for p in self.deny_regex]
+
+    @cached_property
+    def any_deny(self) -> re.Pattern[str] | None:
+        """All deny patterns as one alternation: one scan of a command instead of one per pattern (a third of
+        the time for governed's 22), the patterns themselves consulted only to name the one that hit. None
+        when the patterns cannot be joined without changing their meaning (a group referred to by number or
+        name, a global flag) or there are none: then each is tried in turn."""
+        if not self.deny_regex or any(_GROUP_REFERENCE.search(p) for p in self.deny_regex):
+            return None
+        try:
+            return re.compile("|".join(f"(?:{p})" for p in self.deny_regex))
+        except re.error:
+            return None
+
+    def denied_by(self, text: str) -> str | None:
+        """The first deny pattern (in order) found in ``text``."""
+        if self.any_deny is not None and not self.any_deny.search(text):
+            return None
+        return next((p for p, c in zip(self.deny_regex, self.compiled, strict=True) if c.search(text)), None)
+
+    @cached_property
+    def prefix_words(self) -> list[tuple[str, list[str] | None, bool]]:
+        """Each prefix as written, its words (None: it does not split, so it never matches) and whether it
+        needs one more word (it ends in a space or tab: ``"cat "`` wants an argument)."""
+        out: list[tuple[str, list[str] | None, bool]] = []
+        for prefix in self.allow_prefixes:
+            try:
+                words: list[str] | None = shell_words.split(prefix)
+            except shell_words.ShellSyntaxError:
+                words = None
+            out.append((prefix, words, prefix[-1:] in (" ", "\t")))
+        return out
 
     @field_validator("allow_prefixes")
     @classmethod
@@ -216,11 +253,35 @@ def _name_matches(pattern: str, tool: str) -> bool:
     return pattern == tool
 
 
-def _prefix_matches(prefix: str, command: str) -> bool:
-    if not command.startswith(prefix):
+def _prefix_matches(words: list[str] | None, needs_more: bool, command: list[str]) -> bool:
+    """Whether the command's leading words are the prefix's words (and one more, if the prefix wants it).
+    A prefix of no words matches only a command of none: ``""`` is the empty command, never every command."""
+    if words is None:
         return False
-    rest = command[len(prefix) :]
-    return rest == "" or rest[0] in " \t" or prefix[-1:] in (" ", "\t")
+    if not words:
+        return not command and not needs_more
+    n = len(words)
+    return command[:n] == words and (len(command) > n or not needs_more)
+
+
+def _shell_verdict(shell: ShellConstraint, command: str) -> tuple[str | None, str | None]:
+    """``(deny reason, None)`` or ``(None, the matched prefix as written or None)`` for one shell command.
+
+    Deny patterns see the command as written and, when it differs, as the shell splits and unquotes it
+    (its words joined by single spaces), so ``"--output"=f`` is ``--output=f`` to them; prefixes compare
+    words. A command that cannot be split (an unterminated quote) cannot be judged and is denied."""
+    pattern = shell.denied_by(command)
+    if pattern is not None:
+        return f'shell command matches deny pattern "{pattern}"', None
+    try:
+        words = shell_words.split(command)
+    except shell_words.ShellSyntaxError as exc:
+        return f"shell command cannot be split into words: {exc}; the policy cannot judge it", None
+    unquoted = " ".join(words)
+    if unquoted != command and (pattern := shell.denied_by(unquoted)) is not None:
+        return f'shell command matches deny pattern "{pattern}" once the shell unquotes it', None
+    matched = next((p for p, w, more in shell.prefix_words if _prefix_matches(w, more, words)), None)
+    return None, matched
 
 
 PATH_KEYS = ("file_path", "path", "notebook_path", "filePath")
@@ -269,12 +330,9 @@ def _raw_verdict(
         scope_key = tool
         if rule.shell is not None:
             command = str(tool_input.get("command", "")).strip()
-            for pattern, compiled in zip(rule.shell.deny_regex, rule.shell.compiled, strict=True):
-                if compiled.search(command):
-                    return PolicyVerdict(
-                        action="deny", rule=index, reason=f'shell command matches deny pattern "{pattern}"'
-                    ), rule
-            matched = next((p for p in rule.shell.allow_prefixes if _prefix_matches(p, command)), None)
+            denied, matched = _shell_verdict(rule.shell, command)
+            if denied is not None:
+                return PolicyVerdict(action="deny", rule=index, reason=denied), rule
             # Two key namespaces so an exact command can never collide with a prefix key.
             if matched is not None:
                 scope_key = f"{tool}:prefix:{matched}"

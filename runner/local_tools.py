@@ -11,12 +11,22 @@ judges it against the frozen schema), then runs it here:
   as exactly one argv element: ``; rm -rf /`` stays one literal argument. A value before the template's ``--``
   may not start with ``-`` (no flag the template did not declare).
 
+A CLI tool runs whatever its program reads from the workspace, and the workspace is the agent's: under a policy
+that denies ``Bash`` but lets the agent write files, a ``git status`` that obeyed a ``core.fsmonitor`` the agent
+put in ``.git/config`` would be a shell by another name. So ``git`` (the catalog's tools, and any tool whose
+command is git) runs with no system or global configuration (``HOME`` is the workspace, so ``~/.gitconfig`` is the
+agent's too), no pager, editor or prompt, and with every configuration key that makes git run a command
+overridden, including those the repository's own configuration (and what it includes) declares for named drivers
+(see :func:`git_hardening`). Other programs are run as declared: a CLI tool that reads the workspace (``make``,
+``npm``) trusts it, and its access class should say so.
+
 Standard library only (the runner starts with ``python -S``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Mapping
@@ -171,11 +181,14 @@ def run_cli(decl: Mapping[str, Any], arguments: Mapping[str, Any], root: str) ->
     """Execute a sandbox CLI tool without a shell in ``root``; ``(exit code, merged output capped at 16 KiB)``."""
     argv = build_argv(decl, arguments)
     timeout = float(decl.get("timeout_s") or CLI_DEFAULT_TIMEOUT_S)
+    env = tools.child_env(root)
+    if os.path.basename(argv[0]) == "git":
+        argv, env = git_hardening(argv, root, env)
     try:
         proc = subprocess.run(
             argv,
             cwd=root,
-            env=tools.child_env(root),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -191,6 +204,143 @@ def run_cli(decl: Mapping[str, Any], arguments: Mapping[str, Any], root: str) ->
     return (128 - code if code < 0 else code), tools._cap(proc.stdout, len(proc.stdout))
 
 
+# ---- git: a CLI that runs what its configuration names --------------------------------------------------------
+
+GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",  # HOME is the workspace: ~/.gitconfig and ~/.config/git are the agent's
+    "GIT_ATTR_NOSYSTEM": "1",
+    "GIT_PAGER": "cat",
+    "PAGER": "cat",
+    "GIT_EDITOR": ":",
+    "GIT_SEQUENCE_EDITOR": ":",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_OPTIONAL_LOCKS": "0",  # a read (status) leaves the index alone: no index write, no post-index-change
+}
+# Keys that name a command (or make git start one) whatever the repository says, given as command-line
+# configuration, which outranks the repository's. Child gits (submodules, gc) inherit them.
+GIT_FIXED: tuple[tuple[str, str], ...] = (
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", "/dev/null"),
+    ("core.pager", "cat"),
+    ("core.editor", ":"),
+    ("sequence.editor", ":"),
+    ("core.askPass", ""),
+    ("credential.helper", ""),  # an empty value clears every helper configured before it
+    ("core.sshCommand", "ssh"),
+    ("core.attributesFile", "/dev/null"),
+    ("protocol.ext.allow", "never"),  # ext:: runs a command; the sandbox has no network for git:// or ssh
+    ("protocol.git.allow", "never"),  # (and core.gitProxy would run one for git://)
+    ("protocol.ssh.allow", "never"),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+    ("push.gpgSign", "false"),
+    ("log.showSignature", "false"),
+    ("merge.verifySignatures", "false"),
+    ("gpg.program", "gpg"),
+    ("gpg.openpgp.program", "gpg"),
+    ("gpg.x509.program", "gpgsm"),
+    ("gpg.ssh.program", "ssh-keygen"),
+    # A submodule is a repository whose configuration is read by a child git: never look into one.
+    ("diff.ignoreSubmodules", "all"),
+    ("diff.submodule", "short"),
+    ("status.submoduleSummary", "false"),
+    ("submodule.recurse", "false"),
+    ("gc.auto", "0"),
+    ("maintenance.auto", "false"),
+)
+# Keys that name a command but have no neutral value: emptied only when the repository sets them (git then
+# refuses to run the empty command: ``diff.external`` fails a diff unless the tool passes ``--no-ext-diff``).
+GIT_IF_SET = {"diff.external": "", "core.alternaterefscommand": "", "gpg.ssh.defaultkeycommand": ""}
+# Per-driver keys (``<section>.<name>.<key>``) that name a command, and what neutralizes each: an empty filter
+# is no filter; a textconv of ``cat`` shows the file as it is (an empty one would fail the diff); an empty
+# external diff or merge driver is refused.
+GIT_DRIVER_KEYS = {
+    "filter": (("clean", ""), ("smudge", ""), ("process", ""), ("required", "false")),
+    "diff": (("textconv", "cat"), ("command", "")),
+    "merge": (("driver", ""),),
+    "difftool": (("cmd", ""),),
+    "mergetool": (("cmd", ""),),
+    "credential": (("helper", ""),),
+    "remote": (("uploadpack", "git-upload-pack"), ("receivepack", "git-receive-pack"), ("proxy", "")),
+    "submodule": (("ignore", "all"), ("update", "checkout")),
+}
+# Global options of git that take the next argument as their value.
+_GIT_GLOBALS_WITH_VALUE = frozenset({"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env"})
+GIT_PROBE_TIMEOUT_S = 10.0
+
+
+def git_hardening(argv: list[str], root: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """``argv`` and ``env`` for a git that runs nothing the workspace names: no pager (``--no-pager``), the
+    environment of :data:`GIT_ENV`, and through ``GIT_CONFIG_COUNT`` the overrides of :data:`GIT_FIXED` plus, for
+    each driver the repository's configuration declares (its includes followed), its command keys neutralized
+    (:data:`GIT_DRIVER_KEYS`), each submodule it or ``.gitmodules`` names ignored, each alias and each key of
+    :data:`GIT_IF_SET` it sets emptied.
+
+    Repository-local configuration cannot be switched off, so it is read first (``git config --list``, which
+    starts nothing) by a git with the tool's own global options (``-C``, ``--git-dir``…), to learn those names.
+    The template's own ``-c`` options still win: the operator wrote them.
+    """
+    hardened = {**env, **GIT_ENV}
+    fixed = _config_env(list(GIT_FIXED))
+    globals_ = _git_globals(argv[1:])
+    probe_env = {**hardened, **fixed}
+    names = _git_names([argv[0], *globals_, "config", "--list", "--name-only", "-z"], root, probe_env)
+    top = _git_output([argv[0], *globals_, "rev-parse", "--show-toplevel"], root, probe_env).strip()
+    if top:
+        gitmodules = os.path.join(top, ".gitmodules")
+        source = ["--file", gitmodules] if os.path.lexists(gitmodules) else ["--blob", ":.gitmodules"]
+        names += _git_names([argv[0], *globals_, "config", *source, "--list", "--name-only", "-z"], root, probe_env)
+    overrides = list(GIT_FIXED)
+    seen: set[tuple[str, str]] = set()
+    for name in names:
+        section, _, rest = name.partition(".")
+        subsection, _, _key = rest.rpartition(".")
+        if name.lower() in GIT_IF_SET:
+            overrides.append((name, GIT_IF_SET[name.lower()]))
+        elif section == "alias" and rest:
+            overrides.append((name, ""))  # an empty alias is refused rather than run
+        elif subsection and section in GIT_DRIVER_KEYS and (section, subsection) not in seen:
+            seen.add((section, subsection))
+            overrides += [(f"{section}.{subsection}.{k}", v) for k, v in GIT_DRIVER_KEYS[section]]
+    return [argv[0], "--no-pager", *argv[1:]], {**hardened, **_config_env(overrides)}
+
+
+def _git_globals(args: list[str]) -> list[str]:
+    """The global options at the head of a git command line (up to its subcommand)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        out.append(args[i])
+        if args[i] in _GIT_GLOBALS_WITH_VALUE and i + 1 < len(args):
+            out.append(args[i + 1])
+            i += 1
+        i += 1
+    return out
+
+
+def _git_output(argv: list[str], root: str, env: dict[str, str]) -> str:
+    try:
+        done = subprocess.run(
+            argv, cwd=root, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+            timeout=GIT_PROBE_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.decode("utf-8", "surrogateescape") if done.returncode == 0 else ""
+
+
+def _git_names(argv: list[str], root: str, env: dict[str, str]) -> list[str]:
+    return [n for n in _git_output(argv, root, env).split("\0") if n]
+
+
+def _config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+    for i, (key, value) in enumerate(pairs):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    return env
+
+
 def _split(tool: str) -> tuple[str, str] | None:
     if not tool.startswith("mcp__"):
         return None
@@ -198,4 +348,4 @@ def _split(tool: str) -> tuple[str, str] | None:
     return (server, name) if sep and server and name else None
 
 
-__all__ = ["LocalTools", "StdioMcpError", "ToolRefused", "build_argv", "run_cli"]
+__all__ = ["LocalTools", "StdioMcpError", "ToolRefused", "build_argv", "git_hardening", "run_cli"]

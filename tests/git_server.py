@@ -3,13 +3,15 @@
 The HTTP layer is Python's ``http.server``; every request that passes the Basic check is handed to
 ``git http-backend`` exactly as a web server's CGI gateway would (``GIT_PROJECT_ROOT``, ``PATH_INFO``,
 ``REMOTE_USER``…), and its CGI response is relayed. Requests without the right credential get 401 with a
-``WWW-Authenticate`` challenge, as a hosted git service answers.
+``WWW-Authenticate`` challenge, as a hosted git service answers (a server made with ``credential=None`` is
+public). With ``redirect_to`` it serves nothing and answers every request ``302`` to that origin instead.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ class GitServer:
     authorized: list[str] = field(default_factory=list)  # request paths served
     refused: list[str] = field(default_factory=list)  # request paths answered 401
     seen_authorization: list[str] = field(default_factory=list)  # every Authorization header received
+    requests: list[str] = field(default_factory=list)  # every request path, whatever the answer
 
 
 def bare_repository(root: Path, name: str, files: dict[str, str]) -> str:
@@ -46,8 +49,10 @@ def bare_repository(root: Path, name: str, files: dict[str, str]) -> str:
     return head.stdout.decode().strip()
 
 
-def _handler(root: Path, expected: str, server: GitServer) -> type[BaseHTTPRequestHandler]:
-    want = "Basic " + base64.b64encode(expected.encode()).decode()
+def _handler(
+    root: Path, expected: str | None, server: GitServer, redirect_to: str | None
+) -> type[BaseHTTPRequestHandler]:
+    want = None if expected is None else "Basic " + base64.b64encode(expected.encode()).decode()
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:
@@ -64,7 +69,14 @@ def _handler(root: Path, expected: str, server: GitServer) -> type[BaseHTTPReque
             if given is not None:
                 server.seen_authorization.append(given)
             path, _, query = self.path.partition("?")
-            if given != want:
+            server.requests.append(path)
+            if redirect_to is not None:
+                self.send_response(302)
+                self.send_header("Location", redirect_to + self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            if want is not None and given != want:
                 server.refused.append(path)
                 self.send_response(401)
                 self.send_header("WWW-Authenticate", 'Basic realm="private"')
@@ -85,7 +97,7 @@ def _handler(root: Path, expected: str, server: GitServer) -> type[BaseHTTPReque
                 "QUERY_STRING": query,
                 "CONTENT_TYPE": self.headers.get("Content-Type", ""),
                 "CONTENT_LENGTH": str(len(body)),
-                "REMOTE_USER": expected.split(":", 1)[0],
+                "REMOTE_USER": (expected or "anonymous").split(":", 1)[0],
                 "REMOTE_ADDR": "127.0.0.1",
                 "GATEWAY_INTERFACE": "CGI/1.1",
                 "SERVER_PROTOCOL": "HTTP/1.1",
@@ -116,14 +128,24 @@ def _handler(root: Path, expected: str, server: GitServer) -> type[BaseHTTPReque
     return Handler
 
 
+class _ThreadingHTTPServer6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 @contextlib.contextmanager
-def git_http_server(root: Path, credential: str) -> Iterator[GitServer]:
-    """Serve the bare repositories under ``root`` over smart HTTP on a free loopback port; only requests
-    carrying Basic ``credential`` (``user:password``) reach ``git http-backend``."""
+def git_http_server(
+    root: Path, credential: str | None, *, host: str = "127.0.0.1", port: int = 0, redirect_to: str | None = None
+) -> Iterator[GitServer]:
+    """Serve the bare repositories under ``root`` over smart HTTP on ``host`` (a free port unless ``port``);
+    only requests carrying Basic ``credential`` (``user:password``) reach ``git http-backend``, every request
+    when ``credential`` is None. With ``redirect_to`` (an origin), every request is answered 302 to it."""
     server = GitServer(url="")
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(root, credential, server))
+    v6 = ":" in host
+    httpd = (_ThreadingHTTPServer6 if v6 else ThreadingHTTPServer)(
+        (host, port), _handler(root, credential, server, redirect_to)
+    )
     httpd.daemon_threads = True
-    server.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    server.url = f"http://{f'[{host}]' if v6 else host}:{httpd.server_address[1]}"
     thread = threading.Thread(target=httpd.serve_forever, name="git-http-server", daemon=True)
     thread.start()
     try:

@@ -362,6 +362,74 @@ def test_an_omitted_budgets_block_takes_the_defaults_and_missing_fields_in_a_giv
     assert partial.budgets.max_wall_clock_secs is None
 
 
+# --- shell rules judge the words the shell runs, not their spelling -------------------------------
+
+
+def _shell_policy(**shell: Any) -> Policy:
+    return parse_policy(_doc(tools=[{"match": ["Bash"], "action": "allow", "shell": shell}]))
+
+
+@pytest.mark.parametrize(
+    "command",
+    ['git diff "--output=x"', "git diff '--output'=x", "git diff --o\\utput=x", "git diff $'\\x2d-output=x'",
+     'git diff $"--output"=x', "git diff \\--output=x"],
+)  # fmt: skip
+def test_a_deny_pattern_sees_the_command_as_the_shell_unquotes_it(command: str) -> None:
+    policy = _shell_policy(allow_prefixes=["git diff"], deny_regex=[r"\s--output\b"], on_no_match="allow")
+    verdict = _ev(policy, "Bash", _bash(command))
+    assert verdict.action == "deny", command
+    assert verdict.reason == r'shell command matches deny pattern "\s--output\b" once the shell unquotes it'
+
+
+def test_a_deny_pattern_that_hits_the_command_as_written_says_so_plainly() -> None:
+    policy = _shell_policy(deny_regex=[r"\bcurl\b"], on_no_match="allow")
+    assert _ev(policy, "Bash", _bash("curl x")).reason == r'shell command matches deny pattern "\bcurl\b"'
+
+
+@pytest.mark.parametrize(
+    ("command", "allowed"),
+    [
+        ("git status", True),
+        ("git   status --short", True),
+        ('"git" status', True),
+        ("g\\it 'status'", True),
+        ('"git status"', False),  # one word: bash would look for a program called "git status"
+        ("git statuses", False),
+        ("git", False),
+        ("gitstatus", False),
+    ],
+)
+def test_an_allow_prefix_is_matched_word_by_word(command: str, allowed: bool) -> None:
+    policy = _shell_policy(allow_prefixes=["git status"], on_no_match="deny")
+    assert (_ev(policy, "Bash", _bash(command)).action == "allow") is allowed
+
+
+def test_a_prefix_is_itself_split_into_words_and_one_that_cannot_be_never_matches() -> None:
+    policy = _shell_policy(allow_prefixes=['python  -m "pytest"', "cat 'x"], on_no_match="deny")
+    assert _ev(policy, "Bash", _bash("python -m pytest -q")).action == "allow"
+    assert _ev(policy, "Bash", _bash("cat 'x")).action == "deny"
+    assert _ev(policy, "Bash", _bash("cat x")).action == "deny"
+
+
+def test_a_prefix_of_no_words_matches_only_the_empty_command() -> None:
+    policy = _shell_policy(allow_prefixes=[""], on_no_match="deny")
+    assert _ev(policy, "Bash", _bash("")).action == "allow"
+    assert _ev(policy, "Bash", _bash("ls")).action == "deny"
+
+
+@pytest.mark.parametrize(
+    ("command", "what"),
+    [("cat 'notes", "single quote"), ('grep "a b', "double quote"), ("ls $'x", "ANSI-C quote")],
+)
+def test_a_command_that_cannot_be_split_into_words_is_denied_saying_why(command: str, what: str) -> None:
+    # Even where an unmatched command would be allowed: nothing can judge what such a line runs.
+    policy = _shell_policy(allow_prefixes=["cat", "grep", "ls"], on_no_match="allow")
+    verdict = _ev(policy, "Bash", _bash(command))
+    assert verdict.action == "deny"
+    assert verdict.reason is not None and verdict.reason.startswith("shell command cannot be split into words")
+    assert what in verdict.reason
+
+
 # --- session-scope keys never widen --------------------------------------------------------------
 
 
@@ -403,6 +471,12 @@ def test_approving_a_bare_command_for_the_session_does_not_widen_to_a_prefix_rul
     bare = _ev(policy, "Bash", _bash("cat")).scope_key
     wider = _ev(policy, "Bash", _bash("cat /etc/shadow")).scope_key
     assert bare != wider
+
+
+def test_the_scope_keys_stay_the_exact_command_and_the_prefix_as_written() -> None:
+    policy = _approving_shell_policy(allow_prefixes=["git  push"], on_no_match="approve")
+    assert _ev(policy, "Bash", _bash('"git" push origin')).scope_key == "Bash:prefix:git  push"
+    assert _ev(policy, "Bash", _bash(' git  fetch "origin" ')).scope_key == 'Bash:command:git  fetch "origin"'
 
 
 def test_a_non_shell_rule_scope_key_is_the_tool_name(default: Policy) -> None:

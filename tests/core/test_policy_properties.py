@@ -6,10 +6,16 @@ The oracles here are written from spec/domain.md section 5, independently of cor
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+from collections.abc import Iterator
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
+import pytest
+import yaml
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from core.policy import Budgets, Policy, evaluate, normalize_path, parse_policy
@@ -39,6 +45,11 @@ WORDS = [
     ";",
     "echo",
     "/etc/passwd",
+    '"git"',  # quoted and escaped spellings: the engine judges the words the shell makes of them
+    "'status'",
+    "st\\atus",
+    '"git push"',
+    '"r"m',
 ]
 PATHS = [
     "/workspace/a.py",
@@ -142,11 +153,17 @@ def _command(tool_input: dict[str, Any]) -> str:
     return str(tool_input.get("command", "")).strip()
 
 
+def _words(text: str) -> list[str]:
+    # shlex's POSIX mode splits and unquotes these generated commands exactly as bash does (they hold no $'...').
+    return shlex.split(text)
+
+
 def _on_boundary(prefix: str, command: str) -> bool:
-    if not command.startswith(prefix):
-        return False
-    rest = command[len(prefix) :]
-    return rest == "" or rest[0] in " \t" or prefix.endswith((" ", "\t"))
+    """The prefix's words lead the command's words (with one more after them if the prefix ends in a blank)."""
+    want, got = _words(prefix), _words(command)
+    if not want:
+        return not got and not prefix.endswith((" ", "\t"))
+    return got[: len(want)] == want and (len(got) > len(want) or not prefix.endswith((" ", "\t")))
 
 
 # --- properties ----------------------------------------------------------------------------------
@@ -192,7 +209,8 @@ def test_a_deny_regex_hit_always_denies_whatever_the_allow_prefixes(
         return
     shell = document["tools"][index]["shell"]
     command = _command(tool_input)
-    if not any(re.search(p, command) for p in shell.get("deny_regex", [])):
+    unquoted = " ".join(_words(command))
+    if not any(re.search(p, command) or re.search(p, unquoted) for p in shell.get("deny_regex", [])):
         return
     verdict = evaluate(parse_policy(document), tool, tool_input, autonomous=autonomous)
     assert verdict.action == "deny"
@@ -285,7 +303,89 @@ def test_a_shell_approval_scope_key_is_the_matched_prefix_or_the_exact_command(
         assert verdict.scope_key == f"{tool}:command:{command}"
     else:
         assert verdict.scope_key == f"{tool}:prefix:{matched}"
-        assert command.startswith(matched.strip())
+        assert _words(command)[: len(_words(matched))] == _words(matched)
+
+
+JOINABLE_OR_NOT = [*DENY_REGEXES, r"(a)\1", r"(?i)CURL", r"(?P<w>x)(?P=w)", r"(=|\s|$)", r"x|y"]
+
+
+@FAST
+@given(patterns=st.lists(st.sampled_from(JOINABLE_OR_NOT), min_size=1, max_size=5), command=commands)
+def test_the_joined_deny_patterns_name_the_same_first_hit_as_trying_each_in_turn(
+    patterns: list[str], command: str
+) -> None:
+    shell = parse_policy({"name": "j", "tools": [{"match": ["Bash"], "action": "allow", "shell": {
+        "deny_regex": patterns}}]}).tools[0].shell  # fmt: skip
+    assert shell is not None
+    expected = next((p for p in patterns if re.search(p, command)), None)
+    assert shell.denied_by(command) == expected
+
+
+# --- governed: whatever it allows, the words bash runs carry no denied flag ----------------------------
+
+GOVERNED = parse_policy(yaml.safe_load((Path(__file__).resolve().parents[2] / "policies/governed.yaml").read_text()))
+# How a command may start (governed's toolbox, also spelled with quotes and escapes), and the pieces that may follow:
+# the two denied flags in parts, every way of quoting and escaping them, and the expansions that could make them.
+LEADS = ["git diff", "git log", "git show", "rg x", "grep x", "ls", "cat", '"git" diff', "g\\it diff", "rg"]
+PIECES = [
+    "--output=f", "--output", "--pre", "--pre=sh", "--", "-", "=", "o", "ut", "put", "pre", "sh", "x", "f",
+    "'", '"', "\\", "$'", '$"', "\\x2d", "\\055", "\\u002d", "{", "}", ",", "..", "*", "?", "[", "]", "!",
+    "$IFS", "${IFS}", "$X", "$", "~", "%", "^", " ", " ", "\t",
+]  # fmt: skip
+governed_commands = st.builds(
+    lambda lead, rest: f"{lead} {rest}",
+    st.sampled_from(LEADS),
+    st.lists(st.sampled_from(PIECES), min_size=1, max_size=10).map("".join),
+)
+TOOLBOX = ("ls", "cat", "head", "tail", "wc", "grep", "rg", "pwd", "git")
+# Each toolbox program replaced by a shell function that prints the words it was given, NUL-separated.
+STANDINS = "".join(f"{name}() {{ printf '%s\\0' \"$@\"; }}; " for name in TOOLBOX)
+
+
+def _flag(word: str) -> bool:
+    # As git and rg read their arguments: the option, alone or with "=value" (neither takes abbreviations).
+    return word.partition("=")[0] in ("--output", "--pre")
+
+
+@pytest.fixture(scope="module")
+def flag_named_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A working directory holding files named like the denied flags, for globs to expand to."""
+    where = tmp_path_factory.mktemp("flags")
+    for name in ("--output=pwned", "--pre=sh", "-x"):
+        (where / name).write_text("")
+    yield where
+
+
+def _bash_words(command: str, cwd: Path) -> list[str]:
+    done = subprocess.run(
+        ["bash", "-c", STANDINS + command],
+        cwd=cwd,
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8", "X": "--output=f"},
+        check=False,
+        timeout=10,
+    )
+    return [w.decode(errors="replace") for w in done.stdout.split(b"\0")[:-1]]
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(command=governed_commands)
+@example(command="grep 'foo$' notes.txt")
+@example(command="git log --format='%h %s' -n 5")
+@example(command='git diff "--output=f"')
+@example(command="git diff $'\\x2d-output=f'")
+@example(command="git diff --{output,x}=f")
+@example(command="git diff x$IFS--output=f")
+@example(command="git diff *")
+@example(command="rg x --pr*")
+def test_governed_never_allows_a_command_whose_words_carry_a_denied_flag(command: str, flag_named_files: Path) -> None:
+    """The oracle is bash itself: it splits, unquotes and expands the allowed command (globs against a directory
+    holding files named ``--output=pwned`` and ``--pre=sh``, ``$X`` set to ``--output=f``), and none of the words
+    the toolbox program would get may be ``--output[=…]`` or ``--pre[=…]``."""
+    if evaluate(GOVERNED, "Bash", {"command": command}, autonomous=False).action != "allow":
+        return
+    words = _bash_words(command, flag_named_files)
+    assert not [w for w in words if _flag(w)], (command, words)
 
 
 # --- budgets only tighten ------------------------------------------------------------------------

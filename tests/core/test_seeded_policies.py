@@ -208,6 +208,25 @@ GOVERNED_TABLE: list[tuple[str, dict[str, Any], str]] = [
     ("Bash", _bash("scp a host:b"), "deny"),
     ("Bash", _bash("git diff --output=/workspace/x.patch"), "deny"),
     ("Bash", _bash("rg --pre ./evil.sh TODO"), "deny"),
+    # The same flags however the shell is asked to spell them (issue 24, finding 11).
+    ("Bash", _bash('git diff "--output=/workspace/x.patch"'), "deny"),
+    ("Bash", _bash("git diff '--output'=/workspace/x.patch"), "deny"),
+    ("Bash", _bash("git diff --o\\utput=/workspace/x.patch"), "deny"),
+    ("Bash", _bash("git diff $'--output=/workspace/x.patch'"), "deny"),
+    ("Bash", _bash("git diff $'\\x2d\\055output=x'"), "deny"),
+    ("Bash", _bash("git diff --{output,x}=/workspace/x.patch"), "deny"),
+    ("Bash", _bash("git diff --output{,}=x"), "deny"),
+    ("Bash", _bash("git diff x$IFS--output=x"), "deny"),
+    ("Bash", _bash("git diff ${IFS}--output=x"), "deny"),
+    ("Bash", _bash('rg "--pre" ./evil.sh TODO'), "deny"),
+    ("Bash", _bash("rg --pr* TODO"), "deny"),
+    ("Bash", _bash("git diff *"), "deny"),
+    ("Bash", _bash('git diff "-"*'), "deny"),
+    ("Bash", _bash('git diff "x'), "deny"),
+    ("Bash", _bash("grep 'foo$' notes.txt"), "allow"),
+    ("Bash", _bash('grep -rn "two words" src'), "allow"),
+    ("Bash", _bash("git log --format='%h %s' -n 5"), "allow"),
+    ("Bash", _bash('"git" status'), "allow"),
     ("Bash", _bash("python x.py"), "deny"),
     ("Bash", _bash("lsof"), "deny"),
     ("Bash", _bash("git push origin main"), "deny"),
@@ -264,6 +283,9 @@ def test_governed_verdict_table(seeded: dict[str, Policy], tool: str, tool_input
         ("ls -la\npython x.py", r"[\n\r]"),
         ("rm -rf x", r"\brm\b"),
         ("git diff --output=/workspace/x.patch", r"\s--output\b"),
+        ("git diff --{output,x}=f", r"\{.*(,|\.\.).*\}"),
+        ("git diff x$IFS--output=f", r"\$[A-Za-z0-9_{(\[@*#?!$-]"),
+        ("git diff *", r"""(^|\s)[\\'"$]*(-[^\s=]*)?[*?[]"""),
     ],
 )
 def test_governed_shell_denials_name_the_pattern_that_hit(
@@ -272,6 +294,17 @@ def test_governed_shell_denials_name_the_pattern_that_hit(
     verdict = _ev(seeded["governed"], "Bash", _bash(command))
     assert verdict.action == "deny"
     assert verdict.reason == f'shell command matches deny pattern "{pattern}"'
+
+
+@pytest.mark.parametrize(
+    "command", ['git diff "--output=f"', "git diff '--output'=f", "git diff --o\\utput=f", "rg '--pre' sh x"]
+)
+def test_governed_denies_a_quoted_flag_naming_the_pattern_it_hit_once_unquoted(
+    seeded: dict[str, Policy], command: str
+) -> None:
+    verdict = _ev(seeded["governed"], "Bash", _bash(command))
+    assert verdict.action == "deny"
+    assert verdict.reason is not None and verdict.reason.endswith("once the shell unquotes it")
 
 
 def test_governed_denies_a_command_outside_the_toolbox_with_the_rule_risk(seeded: dict[str, Policy]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import secrets
 import shutil
@@ -12,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from activities import workspace as ws
 from cli.stack import Stack
+from integrations.urls import UrlPolicy
 from tests.git_server import bare_repository, git_http_server
 from tests.integration.helpers import DEMO_REPO, events, make_agent, make_policy, wait_pending, wait_status
 from tests.integration.test_identity import add_user, as_user, mint
@@ -225,3 +229,72 @@ async def test_private_repository_mistakes_are_refused_before_anything_starts(
         assert r.status_code == 400 and message in r.json()["error"], r.text
     agent_id = next(a["id"] for a in (await api.get("/v1/agents")).json()["agents"] if a["name"] == agent)
     assert not [s for s in (await api.get("/v1/sessions")).json()["sessions"] if s["agent_id"] == agent_id]
+
+
+# ---- where a clone may connect: only the addresses admission vetted, and never a redirect's ---------------------
+
+
+@pytest.mark.parametrize(
+    ("vetted_at", "credential"),
+    [("127.0.0.2", None), ("127.0.0.2", "alice:pin-" + secrets.token_hex(8)), ("::1", None)],
+)
+async def test_a_clone_connects_to_the_address_admission_vetted_never_to_a_fresh_resolution(
+    tmp_path: Path, vetted_at: str, credential: str | None
+) -> None:
+    """Admission resolves ``localhost`` to ``vetted_at`` (its injected resolver plays the DNS answer it vetted;
+    ``::1`` shows an IPv6 address pinned in curl's bracketed form); the system resolver would answer 127.0.0.1 on
+    a second lookup, where a decoy serves another repository on the same port. The clone must get the vetted
+    server's commit and the decoy must see no request at all."""
+    commit = bare_repository(tmp_path / "vetted", "app", {"README.md": "the vetted server\n"})
+    bare_repository(tmp_path / "decoy", "app", {"README.md": "the decoy\n"})
+    with contextlib.ExitStack() as stack:
+        for _ in range(5):  # the vetted address's free port may be taken on 127.0.0.1: try another
+            vetted = stack.enter_context(git_http_server(tmp_path / "vetted", credential, host=vetted_at))
+            port = int(vetted.url.rsplit(":", 1)[1])
+            try:
+                decoy = stack.enter_context(
+                    git_http_server(tmp_path / "decoy", credential, host="127.0.0.1", port=port)
+                )
+                break
+            except OSError:
+                continue
+        else:
+            raise AssertionError(f"no port free on both {vetted_at} and 127.0.0.1")
+        policy = UrlPolicy(allow_loopback=True, resolver=lambda host, _port: [vetted_at])
+        auth = ws.GitAuth("Basic", credential) if credential else None
+        got = await ws.fetch(f"http://localhost:{port}/app.git", "main", tmp_path / "clone", policy, auth)
+        assert got == commit
+        assert (tmp_path / "clone" / "README.md").read_text() == "the vetted server\n"
+        assert vetted.requests and not decoy.requests, decoy.requests
+
+
+@pytest.mark.parametrize("credential", [None, "alice:redirect-" + secrets.token_hex(8)])
+async def test_a_clone_never_follows_a_redirect_with_or_without_a_credential(
+    tmp_path: Path, credential: str | None
+) -> None:
+    """The admitted server answers 302 to a second address that would serve the repository (a stand-in for the
+    metadata address): the clone fails saying the redirect is not followed, and the second address sees nothing."""
+    bare_repository(tmp_path, "app", {"README.md": "elsewhere\n"})
+    with (
+        git_http_server(tmp_path, None, host="127.0.0.3") as elsewhere,
+        git_http_server(tmp_path, credential, redirect_to=elsewhere.url) as redirecting,
+    ):
+        url = f"{redirecting.url}/app.git"
+        auth = ws.GitAuth("Basic", credential) if credential else None
+        with pytest.raises(ws.WorkspaceError) as err:
+            await ws.fetch(url, None, tmp_path / "clone", UrlPolicy(allow_loopback=True), auth)
+        assert redirecting.requests, "the admitted server was asked"
+        assert not elsewhere.requests, "the redirect was followed"
+    assert str(err.value) == (
+        f"cannot clone {url}: the server answered with a redirect (HTTP 302), which is never followed; "
+        "give the repository's final URL"
+    )
+    assert not (tmp_path / "clone").exists()
+
+
+async def test_an_http_repository_is_never_cloned_without_its_admission(tmp_path: Path) -> None:
+    with pytest.raises(ws.WorkspaceError, match="cloned only pinned to its admission"):
+        await ws.clone("http://127.0.0.1:9/app.git", None, tmp_path / "clone")
+    other = await UrlPolicy(allow_loopback=True).admit("http://127.0.0.1:9/other.git")
+    with pytest.raises(ws.WorkspaceError, match="cloned only pinned to its admission"):
+        await ws.clone("http://127.0.0.1:9/app.git", None, tmp_path / "clone", admitted=other)

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from cli.stack import Stack
 from tests.integration.helpers import (
@@ -216,3 +217,125 @@ async def test_bad_sandbox_cli_declarations_are_refused_and_store_nothing(
     assert token.status_code == 400 and "takes no `token`" in token.json()["error"]
     listed = (await api.get("/v1/connections")).json()["connections"]
     assert not [c for c in listed if c["base_url"] == url]
+
+
+# ---- git as a CLI tool runs nothing the workspace names (issue 24, finding 10) ----------------------------------
+
+HOOKS = ("post-index-change", "pre-commit", "commit-msg", "prepare-commit-msg", "post-commit", "pre-auto-gc")
+# What the agent writes (a policy that lets it write files but denies Bash): every way its repository's
+# configuration, what that includes, and its home's ~/.gitconfig can make git start a command on a status, a diff,
+# a log, a show, an add or a commit. Each command would leave /workspace/pwned-<what> (no bare ';' in the
+# values: it starts a comment in git's configuration syntax).
+PLANTED_CONFIG = """[core]
+\trepositoryformatversion = 0
+\tfilemode = true
+\tbare = false
+\tlogallrefupdates = true
+\tfsmonitor = "touch /workspace/pwned-fsmonitor; false"
+\thooksPath = /workspace/.hooks
+\tpager = touch /workspace/pwned-core-pager
+\teditor = touch /workspace/pwned-editor
+[pager]
+\tstatus = touch /workspace/pwned-pager-status
+\tlog = touch /workspace/pwned-pager-log
+[filter "lfs"]
+\tclean = sh -c 'touch /workspace/pwned-clean && cat'
+\tsmudge = sh -c 'touch /workspace/pwned-smudge && cat'
+\trequired = true
+[diff "pretty"]
+\ttextconv = sh -c 'touch /workspace/pwned-textconv && cat $0'
+\tcommand = touch /workspace/pwned-diff-command
+[diff]
+\texternal = touch /workspace/pwned-diff-external
+[log]
+\tshowSignature = true
+[commit]
+\tgpgSign = true
+[gpg]
+\tprogram = /workspace/.hooks/gpg
+[include]
+\tpath = /workspace/extra.gitconfig
+"""
+PLANTED_INCLUDE = "[filter \"included\"]\n\tprocess = sh -c 'touch /workspace/pwned-process && cat'\n"
+PLANTED_HOME = (
+    "[filter \"home\"]\n\tclean = sh -c 'touch /workspace/pwned-home && cat'\n"
+    "[core]\n\tpager = touch /workspace/pwned-home-pager\n"
+)
+PLANTED_ATTRIBUTES = "*.txt filter=lfs diff=pretty\n*.md filter=included\n*.cfg filter=home\n"
+
+
+def catalog_git_tools() -> list[dict[str, Any]]:
+    """The shipped ``git`` entry's six tools, exactly as the catalog declares them."""
+    entries = yaml.safe_load((ROOT / "catalog" / "connectors.yaml").read_text())
+    return list(next(e for e in entries if e.get("slug") == "git")["transport_config"]["tools"])
+
+
+async def test_the_git_cli_tools_run_no_command_the_agents_git_configuration_names(
+    api: httpx.AsyncClient, stack: Stack, tmp_path: Path
+) -> None:
+    repo = git_repo(tmp_path / "repo")
+    (repo / "notes.md").write_text("notes\n")
+    (repo / "settings.cfg").write_text("x = 1\n")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@x", "GIT_CONFIG_GLOBAL": "/dev/null"}  # fmt: skip
+    subprocess.run(["git", "add", "notes.md", "settings.cfg"], cwd=repo, check=True, env=env)
+    subprocess.run(["git", "commit", "-q", "-m", "third: notes and settings"], cwd=repo, check=True, env=env)
+    hooks = repo / ".hooks"  # executable scripts the repository ships: the agent's config points git at them
+    hooks.mkdir()
+    for hook in (*HOOKS, "gpg"):
+        (hooks / hook).write_text(f"#!/bin/sh\ntouch /workspace/pwned-hook-{hook}\n")
+        (hooks / hook).chmod(0o755)
+    name = unique("git")
+    created = await api.post(
+        "/v1/connections",
+        json={
+            "provider": "sandbox_cli",
+            "base_url": f"sandbox-cli://{name}",
+            "tools": catalog_git_tools(),
+            "access": {"read": True},
+        },
+    )
+    assert created.status_code == 200, created.text
+    script: list[dict[str, Any]] = [
+        {"tool": "Bash", "input": {"command": "touch /workspace/pwned-bash"}},
+        {"tool": "Write", "input": {"file_path": "/workspace/.git/config", "content": PLANTED_CONFIG}},
+        {"tool": "Write", "input": {"file_path": "/workspace/extra.gitconfig", "content": PLANTED_INCLUDE}},
+        {"tool": "Write", "input": {"file_path": "/workspace/.gitconfig", "content": PLANTED_HOME}},
+        {"tool": "Write", "input": {"file_path": "/workspace/.gitattributes", "content": PLANTED_ATTRIBUTES}},
+        {"tool": "Write", "input": {"file_path": "/workspace/a.txt", "content": "changed by the agent\n"}},
+        {"tool": "Write", "input": {"file_path": "/workspace/notes.md", "content": "more notes\n"}},
+        {"tool": "Write", "input": {"file_path": "/workspace/settings.cfg", "content": "x = 2\n"}},
+        {"tool": "mcp__git__git_status", "input": {}},
+        {"tool": "mcp__git__git_diff", "input": {}},
+        {"tool": "mcp__git__git_log", "input": {"count": 5}},
+        {"tool": "mcp__git__git_show", "input": {"rev": "HEAD"}},
+        {"tool": "mcp__git__git_add", "input": {"path": "a.txt"}},
+        {"tool": "mcp__git__git_commit", "input": {"message": "agent commit"}},
+        {"tool": "mcp__git__git_log", "input": {"count": 5}},
+    ]
+    tools = [t["name"] for t in catalog_git_tools()]
+    policy = {
+        "defaults": {"tool_action": "deny"},
+        "tools": [{"match": ["mcp__*"], "action": "allow"}, {"match": ["Write"], "action": "allow"}],
+    }
+    agent = await make_agent(
+        api, script, policy=await make_policy(api, policy),
+        connection_requirements=[
+            {"slot": "git", "connector": {"url": f"sandbox-cli://{name}"}, "required_tools": tools}
+        ],
+    )  # fmt: skip
+    run_id = await start_run(api, agent, workspace=repo)
+    row = await wait_status(api, run_id, {"completed", "failed"}, timeout=120)
+    evs = await events(api, run_id)
+    texts = said(evs)
+    workspace = stack.home / "runs" / run_id / "workspace"
+    assert (workspace / ".git" / "config").read_text() == PLANTED_CONFIG, "the agent's configuration was in place"
+    ran = sorted(p.name for p in workspace.iterdir() if p.name.startswith("pwned-"))
+    assert ran == [], f"git ran commands the workspace named: {ran}"
+    # And git still did its work: every call answered, the commit landed.
+    assert row["result_summary"] == "Replay complete: 14 executed, 1 denied.", texts
+    outputs = {t.split(" → ", 1)[0]: t for t in texts if t.startswith("mcp__git__")}
+    assert "M a.txt" in outputs["mcp__git__git_status"], outputs
+    assert "+changed by the agent" in outputs["mcp__git__git_diff"], outputs
+    assert "agent commit" in outputs["mcp__git__git_log"] and "third: notes" in outputs["mcp__git__git_log"], outputs
+    await api.post(f"/v1/sessions/{run_id}/cancel")

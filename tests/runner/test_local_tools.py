@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,3 +65,43 @@ def test_a_server_that_cannot_start_fails_the_call_with_the_reason(tmp_path: Pat
     local = LocalTools.from_capabilities(json.dumps(caps))
     with pytest.raises(StdioMcpError, match="cannot start MCP server 'gone'"):
         local.call("mcp__gone__t", {}, str(tmp_path))
+
+
+def _git(cwd: Path, *args: str) -> None:
+    who = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {"PATH": "/usr/bin:/bin", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", **who}
+    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+def test_git_never_looks_into_a_submodule_whose_own_configuration_names_commands(tmp_path: Path) -> None:
+    """A submodule's configuration is read by a child git that the superproject's overrides cannot enumerate;
+    the CLI's git ignores submodules, even where ``.gitmodules`` and the repository ask it to look."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    upstream, ws = tmp_path / "upstream", tmp_path / "ws"
+    for repo in (upstream, ws):
+        repo.mkdir()
+        _git(repo, "init", "-q", "-b", "main")
+        (repo / "a.txt").write_text("a\n")
+        _git(repo, "add", "a.txt")
+    _git(upstream, "commit", "-qm", "upstream")
+    _git(ws, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(upstream), "sub")
+    _git(ws, "commit", "-qm", "with a submodule")
+    _git(ws, "config", "--remove-section", "submodule.sub")  # only .gitmodules names it now
+    module_config = ws / ".git" / "modules" / "sub" / "config"
+    module_config.write_text(
+        module_config.read_text()
+        + f'[filter "evil"]\n\tclean = touch {marks}/clean && cat\n'
+        + f"[diff \"evil\"]\n\ttextconv = sh -c 'touch {marks}/textconv && cat $0'\n"
+    )
+    (ws / "sub" / ".gitattributes").write_text("*.txt filter=evil diff=evil\n")
+    (ws / "sub" / "a.txt").write_text("changed in the submodule\n")
+    (ws / ".gitmodules").write_text((ws / ".gitmodules").read_text() + "\tignore = none\n")
+    with (ws / ".git" / "config").open("a") as config:
+        config.write("[diff]\n\tsubmodule = diff\n[status]\n\tsubmoduleSummary = true\n")
+    status = {"command": "git", "args": ["-c", "safe.directory=*", "status", "--short"]}
+    diff = {"command": "git", "args": ["-c", "safe.directory=*", "diff", "--no-ext-diff"]}
+    status_out, (code, diff_out) = run_cli(status, {}, str(ws)), run_cli(diff, {}, str(ws))
+    assert sorted(p.name for p in marks.iterdir()) == [], "a command the submodule's configuration names ran"
+    assert status_out == (0, " M .gitmodules\n")
+    assert code == 0 and "+\tignore = none" in diff_out and "changed in the submodule" not in diff_out
