@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from pathlib import Path
+
+from sandbox import hostfs
 
 FINISHED_MARK = ".finished"
 
@@ -52,5 +53,7 @@ def sweep(runs_dir: Path, retention_secs: float, *, now: float | None = None) ->
 
 
 def _remove(path: Path) -> None:
-    # rmtree never follows a symlink the agent left; a directory already gone is fine.
-    shutil.rmtree(path, ignore_errors=True)
+    # Never follows a symlink the agent left, and walks by descriptor without recursing: shutil.rmtree
+    # raises RecursionError on a workspace 1,500 directories deep, whatever ignore_errors says.
+    with contextlib.suppress(OSError):
+        hostfs.remove_tree(str(path))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import compileall
+import contextlib
 import secrets
 import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,15 @@ WORKFLOW_TERMINATED = "its workflow was terminated outside fluidbox (from the Te
 _SWEEP_CONCURRENCY = 16
 # From this many started runs up, all of them missing from Temporal at once ends none (see the sweep).
 LOST_ALL_MINIMUM = 3
+# Finalization heartbeats this often (the workflow gives it a heartbeat timeout: a lost worker is seen in
+# a minute, not at the end of the activity's five).
+PULSE_SECS = 10.0
+# In the run's directory: how many finalize attempts started collecting the workspace and never finished
+# (timed out, cancelled, their worker died). At COLLECT_ATTEMPTS the run ends without a diff, saying why,
+# instead of retrying a collection that keeps failing.
+COLLECT_MARK = ".collect-attempts"
+COLLECT_ATTEMPTS = 2
+LISTING_SECS = 60.0  # the git-free listing's own time budget, after a diff that could not be produced
 
 
 class RunActivities:
@@ -577,7 +587,16 @@ class RunActivities:
 
     @activity.defn(name=c.FINALIZE)
     async def finalize(self, ref: c.RunRef) -> c.StatusOut:
-        run_id = ref.run_id
+        """Tear the run down and record its end; heartbeats every ``PULSE_SECS`` with what it is doing.
+
+        Whatever the agent left, this ends: the sandbox is destroyed (a workspace that cannot be taken back is
+        removed), the collection is bounded (``workspace.Budget``), and after ``COLLECT_ATTEMPTS`` attempts
+        that never came back from collecting, the run ends without a diff and the reason says so."""
+        pulse = _Pulse()
+        async with pulse.running():
+            return await self._finalize(ref.run_id, pulse)
+
+    async def _finalize(self, run_id: str, pulse: _Pulse) -> c.StatusOut:
         row = await self.store.runs.get_run(None, run_id)
         if row is None:
             raise ApplicationError("run vanished", non_retryable=True)
@@ -593,19 +612,26 @@ class RunActivities:
             await end_all(conn, run_id)  # a run parked for a connection waits no more
         handle = self._handle(row)
         if handle is not None:
+            pulse.phase("destroy")
             await self.provider.destroy(handle)
         artifacts: list[dict[str, str]] = []
         new: list[ev.NewEvent] = []
         diff_failure: str | None = None
+        run_dir = self._run_dir(run_id)
         try:
             if row.run_spec.get("pending_requirements"):
                 # Parked up front and never bound: nothing was provisioned, so there is no workspace to diff.
                 raise _NothingRan()
+            pulse.phase("collect")
+            tried = await asyncio.to_thread(_collect_attempt, run_dir)
+            if tried > COLLECT_ATTEMPTS:
+                raise _Unfinished(f"collecting the workspace did not finish in {tried - 1} attempts")
             if self.provider.workspace_transfer == "archive":
                 refused = await self._collect_workspace(run_id)
                 if refused:
                     new.append(ev.system_message(f"workspace entries not collected: {'; '.join(refused[:20])}"))
-            patch, truncated = await workspace.diff(self._run_dir(run_id))
+            patch, truncated = await workspace.diff(run_dir, beat=pulse.progress)
+            await asyncio.to_thread(_collect_done, run_dir)
             content = patch or "(no changes)"
             if patch and not await self.store.runs.has_gate_calls(run_id):
                 # The server cannot prove this diff was produced under the gate: say so.
@@ -627,16 +653,28 @@ class RunActivities:
             )
         except _NothingRan:
             pass
+        except _Unfinished as err:
+            # Earlier attempts never came back from the walk: a listing would walk the same tree again.
+            diff_failure = f"diff unavailable: {err}"
+            content = f"({diff_failure})\n"
+            artifacts.append(
+                {"kind": "diff", "name": "changes.patch", "content": content, "content_type": "text/plain"}
+            )
+            missing = {"kind": "diff", "reason": str(err), "fallback": "none", "sha256": sha256_hex(content)}
+            new.append(ev.NewEvent(type=ev.ARTIFACT_MISSING, data=missing))
         except workspace.WorkspaceError as err:
             # No diff is never a quiet "completed": the reason says so and review gets a git-free listing.
             diff_failure = f"diff unavailable: {err}"
-            listing = await workspace.listing(self._run_dir(run_id))
+            pulse.phase("listing")
+            listing = await workspace.listing(run_dir, workspace.Budget.collection(LISTING_SECS), pulse.progress)
+            await asyncio.to_thread(_collect_done, run_dir)
             content = f"({diff_failure})\n\n{listing}"
             artifacts.append(
                 {"kind": "diff", "name": "changes.patch", "content": content, "content_type": "text/plain"}
             )
             missing = {"kind": "diff", "reason": str(err), "fallback": "file listing", "sha256": sha256_hex(content)}
             new.append(ev.NewEvent(type=ev.ARTIFACT_MISSING, data=missing))
+        pulse.phase("record")
         summary = intent.summary if intent else None
         if summary:
             artifacts.append(
@@ -708,6 +746,59 @@ class RunActivities:
 
 class _NothingRan(Exception):
     """The run ended before anything was provisioned."""
+
+
+class _Unfinished(Exception):
+    """Earlier finalize attempts started collecting the workspace and never finished."""
+
+
+def _collect_attempt(run_dir: Path) -> int:
+    """Count one more attempt at collecting ``run_dir``'s workspace; how many there have been, this one included.
+
+    Written before the walk and removed once it came back (whatever it found), so only attempts that never
+    came back (timed out, cancelled, their worker died) are counted. No run directory: 1, nothing written.
+    """
+    mark = run_dir / COLLECT_MARK
+    try:
+        tried = int(mark.read_text() or "0")
+    except (OSError, ValueError):
+        tried = 0
+    with contextlib.suppress(OSError):
+        if run_dir.is_dir():
+            mark.write_text(str(tried + 1))
+    return tried + 1
+
+
+def _collect_done(run_dir: Path) -> None:
+    (run_dir / COLLECT_MARK).unlink(missing_ok=True)
+
+
+class _Pulse:
+    """The finalize activity's heartbeat, with what it is doing (and the collector's progress)."""
+
+    def __init__(self) -> None:
+        self.details: dict[str, object] = {"phase": "start"}
+
+    def phase(self, name: str) -> None:
+        self.details = {"phase": name}
+
+    def progress(self, seen: dict[str, object]) -> None:
+        self.details = {"phase": self.details.get("phase"), **seen}
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        task = asyncio.create_task(self._beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _beat(self) -> None:
+        while True:
+            activity.heartbeat(self.details)
+            await asyncio.sleep(PULSE_SECS)
 
 
 def _approval(row: ApprovalRecord) -> c.ApprovalRow:

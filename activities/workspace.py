@@ -10,7 +10,13 @@ trees. So nothing the agent can write changes what the diff shows or makes git r
 - ``.gitignore`` and ``.gitattributes`` are ordinary files: there is no work tree or index for git to
   apply them to, and attributes are pinned to the empty tree and ``/dev/null`` besides;
 - symlinks are recorded as links (their target is the content), FIFOs, sockets and devices as a one-line
-  placeholder, files over ``MAX_BLOB_BYTES`` as their size and sha256.
+  placeholder, files over ``MAX_BLOB_BYTES`` as their size and sha256, files over ``MAX_HASH_BYTES`` as
+  their size and allocated size, never read.
+
+Nothing the agent leaves can make a collection unbounded: a :class:`Budget` caps what one file and one
+collection read and how long a collection runs (what is left after that is noted, and the diff says it was
+cut); collections run on a small executor of their own (never the default one the rest of the worker's
+threads share), report progress for heartbeats and stop between files and chunks once cancelled.
 
 The same walk records the baseline in ``prepare``, so a source tree with ignored files or nested
 repositories is baselined whole. It also writes a manifest (mode, size, sha256 per path) that lets
@@ -30,14 +36,18 @@ import re
 import shutil
 import stat
 import tarfile
+import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused, same_origin_path
+
+T = TypeVar("T")
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "fluidbox",
@@ -62,8 +72,24 @@ GIT_OPTS = (
     "-c", "core.quotePath=true",
     "-c", "commit.gpgsign=false",
 )  # fmt: skip
+MIB = 1024 * 1024
 MAX_DIFF_BYTES = 1024 * 1024
-MAX_BLOB_BYTES = 16 * 1024 * 1024
+MAX_BLOB_BYTES = 16 * MIB
+# A file larger than this is noted by its size and allocated size and never read (``truncate -s 15T``
+# costs the agent nothing and would cost a full read here); baseline and diff apply the same cap.
+MAX_HASH_BYTES = 1024 * MIB
+# What one collection (a diff, a listing) reads in all, and how long it may take from when it is asked
+# for (waiting for a collector thread included); past either, the rest is noted and the diff says so.
+# Stored blobs cost about 20-45 ms per MB (zlib), hashed-only files about 1 (bench/collector.py): the
+# byte budget alone keeps a collection of real data well inside the time budget.
+MAX_READ_BYTES = 2 * 1024 * MIB
+COLLECT_SECS = 120.0
+# Collections run here, never on the event loop's default executor, which every asyncio.to_thread of the
+# worker shares: a burst of pathological runs queues behind these threads and starves nothing else.
+COLLECTOR_THREADS = 4
+BEAT_SECS = 5.0  # how often a waiting collection reports its progress (for the activity's heartbeat)
+GIT_MIN_SECS = 30.0  # what git diff-tree gets at least, whatever the walk left of the time budget
+CHUNK = MIB
 MANIFEST = "baseline.manifest.json"
 TREE_MODE = b"40000"
 MAX_DEPTH = 200
@@ -74,6 +100,60 @@ SPECIAL = {stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket", stat.S_IFCHR: "char de
 
 class WorkspaceError(Exception):
     pass
+
+
+class _Cancelled(Exception):
+    """The collection was cancelled: the thread walking it ends at the next file or chunk."""
+
+
+@dataclass
+class Budget:
+    """What one walk may read (per file, in all) and until when, and what it has done so far.
+
+    Shared with the thread that walks: the event loop reads the counters for heartbeats and sets ``stop``
+    when the collection is cancelled; the walk looks at both between files and between chunks.
+    """
+
+    file_bytes: int = MAX_HASH_BYTES
+    total_bytes: int | None = None
+    secs: float | None = None
+    started: float = field(default_factory=time.monotonic)
+    stop: threading.Event = field(default_factory=threading.Event)
+    entries: int = 0
+    read: int = 0
+    cut: str | None = None  # why the walk stopped reading (None: it read everything it could)
+
+    @classmethod
+    def collection(cls, secs: float = COLLECT_SECS, total_bytes: int = MAX_READ_BYTES) -> Budget:
+        """A diff's or a listing's budget, counted from now."""
+        return cls(total_bytes=total_bytes, secs=secs)
+
+    def remaining(self) -> float | None:
+        return None if self.secs is None else self.secs - (time.monotonic() - self.started)
+
+    def spent(self) -> str | None:
+        """Why the walk must read nothing more (None: go on).
+
+        Raises:
+            _Cancelled: the collection was cancelled.
+        """
+        if self.stop.is_set():
+            raise _Cancelled()
+        left = self.remaining()
+        if self.cut is None and left is not None and left <= 0:
+            self.cut = f"its {self.secs:g}s time budget was spent"
+        return self.cut
+
+    def take(self, size: int) -> bool:
+        """Reserve ``size`` bytes of the total; False (and the walk is cut) when they are not there."""
+        if self.total_bytes is not None and self.read + size > self.total_bytes:
+            self.cut = f"its {self.total_bytes}-byte read budget was spent"
+            return False
+        self.read += size
+        return True
+
+    def progress(self) -> dict[str, object]:
+        return {"entries": self.entries, "bytes_read": self.read, "cut": self.cut}
 
 
 @dataclass(frozen=True)
@@ -87,8 +167,11 @@ class Leaf:
     sha256: str  # of the real content (or link target)
 
 
-async def _git(baseline: Path, *args: str, limit: int | None = None) -> tuple[bytes, bool]:
-    """Run git on the bare baseline only; with ``limit``, stop reading (and kill git) past that many bytes."""
+async def _git(
+    baseline: Path, *args: str, limit: int | None = None, timeout: float | None = None
+) -> tuple[bytes, bool]:
+    """Run git on the bare baseline only; with ``limit``, stop reading (and kill git) past that many bytes,
+    with ``timeout``, after that many seconds (what was read by then is returned, as cut)."""
     proc = await asyncio.create_subprocess_exec(
         "git",
         f"--git-dir={baseline}",
@@ -104,13 +187,22 @@ async def _git(baseline: Path, *args: str, limit: int | None = None) -> tuple[by
     err_task = asyncio.ensure_future(proc.stderr.read())
     chunks: list[bytes] = []
     got, cut = 0, False
-    while chunk := await proc.stdout.read(1024 * 1024):
-        chunks.append(chunk)
-        got += len(chunk)
-        if limit is not None and got > limit:  # bounded memory whatever the agent wrote
-            cut = True
-            proc.kill()
-            break
+    try:
+        async with asyncio.timeout(timeout):
+            while chunk := await proc.stdout.read(1024 * 1024):
+                chunks.append(chunk)
+                got += len(chunk)
+                if limit is not None and got > limit:  # bounded memory whatever the agent wrote
+                    cut = True
+                    proc.kill()
+                    break
+    except TimeoutError:
+        cut = True
+        proc.kill()
+    except asyncio.CancelledError:
+        proc.kill()
+        err_task.cancel()
+        raise
     err = await err_task
     out = b"".join(chunks)
     code = await proc.wait()
@@ -142,29 +234,52 @@ def _note(path: bytes, text: str) -> Leaf:
     return Leaf(path, b"100644", data, 0, hashlib.sha256(data).hexdigest())
 
 
-def _leaf(dfd: int, name: bytes, path: bytes, st: os.stat_result) -> Leaf:
+def _unread(path: bytes, text: str, mode: bytes = b"100644", size: int = 0) -> Leaf:
+    """An entry recorded without reading it: no digest (``listing`` never calls it unchanged)."""
+    return Leaf(path, mode, f"(fluidbox: {text})\n".encode(), size, "")
+
+
+def _cut(path: bytes, budget: Budget) -> Leaf:
+    return _unread(path, f"not collected: the collection stopped early ({budget.cut}); not compared")
+
+
+def _leaf(dfd: int, name: bytes, path: bytes, st: os.stat_result, budget: Budget) -> Leaf:
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(name, dir_fd=dfd)
         return Leaf(path, b"120000", target, len(target), hashlib.sha256(target).hexdigest())
     if not stat.S_ISREG(st.st_mode):
         return _note(path, f"not a regular file: {SPECIAL.get(stat.S_IFMT(st.st_mode), 'unknown type')}")
     mode = b"100755" if st.st_mode & stat.S_IXUSR else b"100644"
+    if st.st_size > budget.file_bytes:
+        # Reading costs st_size whatever is allocated (holes read as zeros); the allocated size tells a
+        # sparse file from a real one. Both are in the note, so changing either shows in the diff.
+        text = (
+            f"file not read: {st.st_size} bytes ({st.st_blocks * 512} allocated),"
+            f" over the {budget.file_bytes}-byte limit per file; not hashed"
+        )
+        return _unread(path, text, mode, st.st_size)
+    if not budget.take(st.st_size):
+        return _cut(path, budget)
     with _open(dfd, name, st) as fh:
         if st.st_size <= MAX_BLOB_BYTES:
             data = fh.read(MAX_BLOB_BYTES + 1)
             return Leaf(path, mode, data, len(data), hashlib.sha256(data).hexdigest())
         h = hashlib.sha256()
-        while chunk := fh.read(1024 * 1024):
+        while chunk := fh.read(CHUNK):
+            if budget.spent():
+                return _cut(path, budget)
             h.update(chunk)
     big = f"(fluidbox: file not diffed, too large: {st.st_size} bytes, sha256 {h.hexdigest()})\n"
     return Leaf(path, mode, big.encode(), st.st_size, h.hexdigest())
 
 
-def _children(dfd: int, rel: bytes, depth: int) -> Iterator[Leaf]:
+def _children(dfd: int, rel: bytes, depth: int, budget: Budget) -> Iterator[Leaf]:
     """Every non-directory entry below the open directory ``dfd``; what cannot be read becomes a note.
 
     Every call is relative to a directory descriptor, so no path is ever resolved through a link and
     no path length limit applies; depth is bounded so a pathological tree cannot exhaust descriptors.
+    Once ``budget`` is spent, every entry left in the directories already listed is noted without even
+    an ``lstat`` (a directory among them as one entry): what is left costs no more than its names.
     """
     try:
         names = sorted(os.fsencode(n) for n in os.listdir(dfd))
@@ -175,10 +290,14 @@ def _children(dfd: int, rel: bytes, depth: int) -> Iterator[Leaf]:
         return
     for name in names:
         path = rel + b"/" + name if rel else name
+        if budget.spent():
+            yield _cut(path, budget)
+            continue
+        budget.entries += 1
         try:
             st = os.lstat(name, dir_fd=dfd)
             if not stat.S_ISDIR(st.st_mode):
-                yield _leaf(dfd, name, path, st)
+                yield _leaf(dfd, name, path, st, budget)
                 continue
             if depth >= MAX_DEPTH:
                 yield _note(path, f"directory not walked: deeper than {MAX_DEPTH} levels")
@@ -188,19 +307,19 @@ def _children(dfd: int, rel: bytes, depth: int) -> Iterator[Leaf]:
             yield _note(path, f"not readable: {err.strerror or err}")
             continue
         try:
-            yield from _children(sub, path, depth + 1)
+            yield from _children(sub, path, depth + 1, budget)
         finally:
             os.close(sub)
 
 
-def _walk(root: Path) -> Iterator[Leaf]:
+def _walk(root: Path, budget: Budget) -> Iterator[Leaf]:
     """Every non-directory entry under ``root``, depth first, links never followed."""
     try:
         fd = os.open(root, DIR_FLAGS)  # O_NOFOLLOW: a root swapped for a link is refused
     except OSError as err:
         raise WorkspaceError(f"the workspace is not a readable directory: {err.strerror or err}") from err
     try:
-        yield from _children(fd, b"", 1)
+        yield from _children(fd, b"", 1, budget)
     finally:
         os.close(fd)
 
@@ -234,12 +353,12 @@ def _store_tree(objects: Path, node: Node) -> bytes:
     return _store(objects, b"tree", b"".join(mode + b" " + name + b"\0" + oid for mode, name, oid in entries))
 
 
-def _snapshot(worktree: Path, baseline: Path) -> tuple[str, dict[str, list[object]]]:
+def _snapshot(worktree: Path, baseline: Path, budget: Budget) -> tuple[str, dict[str, list[object]]]:
     """Store the tree under ``worktree`` as git objects; its tree id and a manifest of every entry."""
     objects = baseline / "objects"
     root: Node = {}
     manifest: dict[str, list[object]] = {}
-    for leaf in _walk(worktree):
+    for leaf in _walk(worktree, budget):
         *dirs, name = leaf.path.split(b"/")
         node = root
         for part in dirs:
@@ -293,7 +412,8 @@ def _commit(baseline: Path, tree: str) -> str:
 def _baseline(worktree: Path, baseline: Path, run_dir: Path) -> tuple[str, int]:
     _init_bare(baseline)
     try:
-        tree, manifest = _snapshot(worktree, baseline)
+        # The control plane's own copy: only the per-file cap applies (the diff applies the same one).
+        tree, manifest = _snapshot(worktree, baseline, Budget())
     except (OSError, RecursionError) as err:
         raise WorkspaceError(f"cannot read the workspace copy: {err}") from err
     (run_dir / MANIFEST).write_text(json.dumps(manifest))
@@ -313,25 +433,76 @@ async def prepare(run_dir: Path, source: str | None) -> tuple[str, int]:
     return await asyncio.to_thread(work)
 
 
-async def diff(run_dir: Path) -> tuple[str, bool]:
-    """The workspace's changes against the baseline as a binary-safe patch, and whether it was cut."""
-    worktree, baseline = run_dir / "workspace", run_dir / "baseline.git"
-    if not await asyncio.to_thread(lambda: (baseline / "objects").is_dir() and worktree.is_dir()):
-        raise WorkspaceError("workspace is gone")
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _collector() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(COLLECTOR_THREADS, thread_name_prefix="fluidbox-collector")
+        return _pool
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # a cancelled collection's _Cancelled is expected: not "never retrieved"
+
+
+Beat = Callable[[dict[str, object]], None]
+
+
+async def _collect(job: Callable[[], T], budget: Budget, beat: Beat | None) -> T:
+    """Run ``job`` on the collector's executor, reporting ``budget.progress()`` to ``beat`` every ``BEAT_SECS``.
+
+    A thread cannot be interrupted: cancelling this sets ``budget.stop``, and the walk ends at its next
+    file or chunk instead of going on for as long as the agent's tree would make it."""
+    future = asyncio.get_running_loop().run_in_executor(_collector(), job)
+    future.add_done_callback(_retrieve)
     try:
-        tree, _ = await asyncio.to_thread(_snapshot, worktree, baseline)
+        while True:
+            if beat is not None:
+                beat(budget.progress())
+            done, _ = await asyncio.wait({future}, timeout=BEAT_SECS)
+            if done:
+                return future.result()
+    except asyncio.CancelledError:
+        budget.stop.set()
+        raise
+
+
+async def diff(run_dir: Path, budget: Budget | None = None, beat: Beat | None = None) -> tuple[str, bool]:
+    """The workspace's changes against the baseline as a binary-safe patch, and whether it was cut.
+
+    Bounded by ``budget`` (default :meth:`Budget.collection`); a walk it cut says so on the patch's first
+    line, and every entry it did not reach is in the patch as a note."""
+    worktree, baseline = run_dir / "workspace", run_dir / "baseline.git"
+    budget = budget if budget is not None else Budget.collection()
+
+    def snapshot() -> str:
+        if not ((baseline / "objects").is_dir() and worktree.is_dir()):
+            raise WorkspaceError("workspace is gone")
+        return _snapshot(worktree, baseline, budget)[0]
+
+    try:
+        tree = await _collect(snapshot, budget, beat)
+        left = budget.remaining()
         out, cut = await _git(
             baseline,
             "diff-tree", "-r", "-p", "--binary", "--no-renames", "--no-textconv", "--no-ext-diff", "--no-color",
             "HEAD", tree,
             limit=MAX_DIFF_BYTES,
+            timeout=None if left is None else max(left, GIT_MIN_SECS),
         )  # fmt: skip
     except (OSError, RecursionError) as err:
         raise WorkspaceError(f"cannot read the workspace: {err}") from err
     patch = out[:MAX_DIFF_BYTES].decode(errors="replace" if not cut else "ignore")
+    if budget.cut:
+        patch = f"# fluidbox: the collection stopped early ({budget.cut}); what it did not reach is noted\n" + patch
     if cut:
         return patch + "\n(diff truncated)\n", True
-    return patch, False
+    return patch, budget.cut is not None
 
 
 def _show(path: str) -> str:
@@ -339,7 +510,7 @@ def _show(path: str) -> str:
     return text if text.isprintable() and not text.startswith('"') else json.dumps(text)
 
 
-def _listing(run_dir: Path) -> str:
+def _listing(run_dir: Path, budget: Budget) -> str:
     try:
         before: dict[str, list[object]] = json.loads((run_dir / MANIFEST).read_text())
         header = "# files against the baseline manifest (state, mode, size, sha256, path)"
@@ -348,25 +519,35 @@ def _listing(run_dir: Path) -> str:
     lines = [header]
     seen: set[str] = set()
     try:
-        for leaf in _walk(run_dir / "workspace"):
+        for leaf in _walk(run_dir / "workspace", budget):
             path = os.fsdecode(leaf.path)
             seen.add(path)
             now = [leaf.mode.decode(), leaf.size, leaf.sha256]
             old = before.get(path)
             state = "present" if not before else "added" if old is None else "unchanged" if old == now else "modified"
+            if not leaf.sha256:
+                state = "unread"  # never "unchanged": nothing was compared
             if state != "unchanged":
-                lines.append(f"{state:<9} {now[0]} {leaf.size:>12} {leaf.sha256} {_show(path)}")
+                lines.append(f"{state:<9} {now[0]} {leaf.size:>12} {leaf.sha256 or '-':<64} {_show(path)}")
     except (OSError, WorkspaceError) as err:
         lines.append(f"(walk stopped: {err})")
+    if budget.cut:
+        lines.insert(
+            1, f"# the walk stopped early ({budget.cut}): what it did not reach is unread, what was below that unseen"
+        )
+    gone = "deleted" if budget.cut is None else "unseen"  # below a directory the walk did not reach, maybe
     for path in sorted(set(before) - seen):
         mode, size, digest = before[path]
-        lines.append(f"{'deleted':<9} {mode} {size:>12} {digest} {_show(path)}")
+        lines.append(f"{gone:<9} {mode} {size:>12} {digest or '-':<64} {_show(path)}")
     return "\n".join(lines) + "\n"
 
 
-async def listing(run_dir: Path) -> str:
-    """What changed in the workspace, found without git: for review when no diff could be produced."""
-    return await asyncio.to_thread(_listing, run_dir)
+async def listing(run_dir: Path, budget: Budget | None = None, beat: Beat | None = None) -> str:
+    """What changed in the workspace, found without git: for review when no diff could be produced.
+
+    Bounded like :func:`diff` (a budget of its own by default)."""
+    budget = budget if budget is not None else Budget.collection()
+    return await _collect(lambda: _listing(run_dir, budget), budget, beat)
 
 
 # ---- archives: the workspace over the runner plane (sandboxes that do not share this disk) ----------

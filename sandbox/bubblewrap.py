@@ -133,24 +133,30 @@ def unreadable_paths(root: str, *, now: Callable[[], float] = time.monotonic) ->
 
 
 def scan_unreadable(root: str) -> list[HiddenPath]:
-    """Files and directories under ``root`` that other users may not read (walk stops at each one)."""
+    """Files and directories under ``root`` that other users may not read (walk stops at each one).
+
+    An explicit stack, not ``os.walk`` (which recurses: a deep enough tree would raise ``RecursionError``
+    and fail every sandbox start); a path too long to stat cannot be bound by bwrap either and is skipped.
+    """
     found: list[HiddenPath] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        kept: list[str] = []
-        for name in dirnames:
-            path = os.path.join(dirpath, name)
+    stack = [root]
+    while stack:
+        top = stack.pop()
+        try:
+            names = os.listdir(top)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(top, name)
             mode = _lmode(path)
             if mode is None or stat.S_ISLNK(mode):
                 continue
-            if mode & 0o005 != 0o005:
-                found.append(HiddenPath(path, is_dir=True))
-            else:
-                kept.append(name)
-        dirnames[:] = kept
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            mode = _lmode(path)
-            if mode is not None and stat.S_ISREG(mode) and not mode & 0o004:
+            if stat.S_ISDIR(mode):
+                if mode & 0o005 != 0o005:
+                    found.append(HiddenPath(path, is_dir=True))
+                else:
+                    stack.append(path)
+            elif stat.S_ISREG(mode) and not mode & 0o004:
                 found.append(HiddenPath(path, is_dir=False))
     return sorted(found)
 
@@ -774,12 +780,22 @@ def _remove_cgroups(handle: SandboxHandle, gone: bool) -> None:
 
 
 def _take_back_workspace(handle: SandboxHandle) -> None:
+    """Take the workspace back; one that cannot be (the walk itself fails) is removed, never left to the
+    sandbox account, and never an error: destroy must end, or the run's finalization never would."""
     workspace = handle.extra.get("workspace_dir")
     if not workspace:
         return
-    changed = hostfs.take_back(workspace)
+    try:
+        changed = hostfs.take_back(workspace)
+    except OSError as err:
+        log.warning("run %s: the workspace cannot be taken back (%s): removing it", handle.run_id, err)
+        try:
+            hostfs.remove_tree(workspace)
+        except OSError as again:
+            log.error("run %s: the workspace cannot be removed either: %s", handle.run_id, again)
+        return
     if changed:
-        log.warning("run %s: cleared setuid/setgid bits or removed special files: %s", handle.run_id, changed[:20])
+        log.warning("run %s: cleared setuid/setgid bits or removed entries: %s", handle.run_id, changed[:20])
 
 
 def _under(path: str, roots: Iterable[str]) -> bool:

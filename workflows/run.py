@@ -26,6 +26,7 @@ M = TypeVar("M")
 SHORT = timedelta(seconds=60)
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20))
 PROVISION_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+FINALIZE_HEARTBEAT = timedelta(seconds=60)
 # workflow.patched id: liveness is one sweep over every run (LivenessSweepWorkflow), not an activity per run.
 LIVENESS_BY_SWEEP = "liveness-by-sweep"
 # workflow.patched id: a run takes a place under FLUIDBOX_MAX_SANDBOXES before provisioning, waiting if none is free.
@@ -509,7 +510,11 @@ class RunWorkflow:
                 heartbeat=timedelta(seconds=20),
                 sandbox=True,
             )
-        done = await self._act(c.FINALIZE, ref, c.StatusOut, timeout=timedelta(minutes=5), sandbox=True)
+        # It heartbeats: a worker lost mid-way is seen in a minute. A retry after attempts that never came back
+        # from collecting the workspace ends the run without a diff (activities/runs.py), so this ends.
+        done = await self._act(
+            c.FINALIZE, ref, c.StatusOut, timeout=timedelta(minutes=5), heartbeat=FINALIZE_HEARTBEAT, sandbox=True
+        )
         self._set_status(done.status)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return str(done.status)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 from typing import Any
 
 import httpx
@@ -24,6 +25,7 @@ from db.capabilities import Capabilities
 from db.connections import Connections
 from db.engine import create_pool
 from db.store import Store
+from sandbox import hostfs
 from services.runs import RunFactory, RunRequest
 from tests.helpers import eventually
 from tests.integration.conftest import FAST
@@ -32,6 +34,7 @@ from tests.integration.helpers import (
     events,
     issue_token,
     make_agent,
+    make_policy,
     own_stack,
     run_row,
     start_run,
@@ -488,3 +491,69 @@ async def test_every_workflow_missing_at_once_looks_like_the_wrong_temporal_and_
         for run in runs[1:]:
             await api.post(f"/v1/sessions/{run}/cancel")
             await wait_status(api, run, TERMINAL)
+
+
+# Issue 24: the workspace an agent leaves cannot keep its run from ending.
+NEST_DEEP = (
+    "python3 -c 'import os\n"
+    "def nest(top, depth, name):\n"
+    "    fd = os.open(top, os.O_RDONLY)\n"
+    "    for _ in range(depth):\n"
+    "        os.mkdir(name, dir_fd=fd); inner = os.open(name, os.O_RDONLY, dir_fd=fd); os.close(fd); fd = inner\n"
+    '    os.close(os.open("bottom.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)); os.close(fd)\n'
+    'nest(".", 1500, "d")\n'
+    'os.mkdir("long"); nest("long", 30, "l" * 200)\n'
+    "'"
+)
+
+
+async def test_runs_leaving_a_15_terabyte_sparse_file_or_a_1500_deep_tree_end_with_their_diff(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    # Finding 4: the diff read 15 TiB; finding 5: the hand-back recursed. Either left the run finalizing for ever.
+    policy = await make_policy(api, {"defaults": {"tool_action": "allow"}})
+    sparse = await start_run(
+        api, await make_agent(api, [{"tool": "Bash", "input": {"command": "truncate -s 15T huge.bin"}}], policy=policy)
+    )
+    deep = await start_run(
+        api, await make_agent(api, [{"tool": "Bash", "input": {"command": NEST_DEEP}}], policy=policy)
+    )
+
+    try:
+        for run_id in (sparse, deep):
+            row = await wait_status(api, run_id, {"completed", "failed", "cancelled"}, timeout=120)
+            assert (row["status"], row["status_reason"]) == ("completed", None), row
+        out = (await api.get(f"/v1/sessions/{sparse}/outputs")).json()
+        assert "diff --git a/huge.bin b/huge.bin\nnew file mode 100644" in out["diff"]
+        assert f"+(fluidbox: file not read: {15 << 40} bytes (" in out["diff"] and "not hashed)" in out["diff"]
+        out = (await api.get(f"/v1/sessions/{deep}/outputs")).json()
+        assert "+(fluidbox: directory not walked: deeper than 200 levels)" in out["diff"]
+        assert "l" * 200 + "/bottom.txt" in out["diff"]
+        # The tree the sandbox left is the control plane's again, however deep (GNU find walks any depth).
+        ws = stack.home.resolve() / "runs" / deep / "workspace"
+        found = subprocess.run(["find", str(ws), "!", "-uid", str(os.geteuid())], capture_output=True, check=True)
+        assert found.stdout == b""
+    finally:
+        # Not left to the stack's teardown: shutil.rmtree recurses, and a 1,500-deep tree is past its reach.
+        await asyncio.to_thread(hostfs.remove_tree, str(stack.home.resolve() / "runs" / deep))
+
+
+async def test_a_run_whose_collection_never_came_back_twice_ends_without_a_diff_saying_why(
+    api: httpx.AsyncClient, stack: Stack
+) -> None:
+    # Finding 4: a finalize attempt that never returns from collecting (timed out, its worker killed) was retried
+    # for ever. The run is parked on an approval; its directory then records two such attempts, as two killed
+    # workers would have left it.
+    run_id = await start_run(api, await make_agent(api, DEPLOY))
+    pending = await wait_pending(api, run_id)
+    (stack.home.resolve() / "runs" / run_id / ".collect-attempts").write_text("2")
+    r = await api.post(f"/v1/approvals/{pending['id']}/decision", json={"decision": "deny"})
+    assert r.status_code == 200, r.text
+
+    row = await wait_status(api, run_id, {"completed", "failed", "cancelled"})
+    why = "diff unavailable: collecting the workspace did not finish in 2 attempts"
+    assert (row["status"], row["status_reason"]) == ("completed", why)
+    out = (await api.get(f"/v1/sessions/{run_id}/outputs")).json()
+    assert out["diff"] == f"({why})\n"
+    missing = [e["payload"]["data"] for e in await events(api, run_id) if e["type"] == "artifact.missing"]
+    assert [(m["kind"], m["fallback"]) for m in missing] == [("diff", "none")]

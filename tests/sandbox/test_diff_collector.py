@@ -8,6 +8,7 @@ it at a marker file; no marker may ever appear.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from activities import workspace
+from tests.helpers import eventually
 
 BACKDOOR = 'if user == "mallory": return True  # BACKDOOR'
 APP = 'def allowed(user):\n    return user == "admin"\n'
@@ -322,3 +324,104 @@ async def test_a_workspace_replaced_by_a_symlink_is_refused_not_followed(tmp_pat
     (run_dir / "workspace").symlink_to(source)
     with pytest.raises(workspace.WorkspaceError, match="not a readable directory"):
         await workspace.diff(run_dir)
+
+
+# ---- issue 24, finding 4: nothing the agent leaves makes a collection unbounded ------------------------
+
+SPARSE_15T = 15 << 40  # what `truncate -s 15T` makes: 15 TiB long, nothing allocated
+
+
+def sparse(path: Path, size: int) -> None:
+    with path.open("wb") as fh:
+        fh.truncate(size)
+
+
+async def test_a_15_terabyte_sparse_file_is_noted_by_size_and_never_read(tmp_path: Path, source: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    await workspace.prepare(run_dir, str(source))
+    sparse(run_dir / "workspace" / "huge.bin", SPARSE_15T)
+    allocated = os.lstat(run_dir / "workspace" / "huge.bin").st_blocks * 512
+
+    # Bounded wait: main read all 15 TiB to hash them (hours); the cap makes it a note at once.
+    patch, truncated = await asyncio.wait_for(workspace.diff(run_dir), 60)
+    assert not truncated
+    assert "diff --git a/huge.bin b/huge.bin\nnew file mode 100644" in patch
+    assert (
+        f"+(fluidbox: file not read: {SPARSE_15T} bytes ({allocated} allocated), over the"
+        f" {workspace.MAX_HASH_BYTES}-byte limit per file; not hashed)"
+    ) in patch
+    listing = await asyncio.wait_for(workspace.listing(run_dir), 60)
+    assert f"unread    100644 {SPARSE_15T} {'-':<64} huge.bin" in listing.splitlines()
+
+
+async def test_a_collection_past_its_time_budget_notes_the_rest_and_says_it_was_cut(
+    tmp_path: Path, source: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    await workspace.prepare(run_dir, str(source))
+    plant_backdoor(run_dir / "workspace")
+
+    patch, truncated = await workspace.diff(run_dir, workspace.Budget.collection(secs=0))
+    assert truncated
+    assert patch.startswith(
+        "# fluidbox: the collection stopped early (its 0s time budget was spent); what it did not reach is noted\n"
+    )
+    # Nothing was compared, and nothing passes for unchanged: every entry is there, as a note.
+    note = "+(fluidbox: not collected: the collection stopped early (its 0s time budget was spent); not compared)"
+    assert patch.count(note) == 2 and "b/app.py" in patch and "b/README.md" in patch
+    listing = await workspace.listing(run_dir, workspace.Budget.collection(secs=0))
+    assert "# the walk stopped early (its 0s time budget was spent)" in listing
+    assert {line.split()[0] for line in listing.splitlines() if not line.startswith("#")} == {"unread"}
+
+
+async def test_a_collection_past_its_byte_budget_reads_no_further(tmp_path: Path, source: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    await workspace.prepare(run_dir, str(source))
+    ws = run_dir / "workspace"
+    (ws / "a_first.txt").write_text("read\n")  # names are walked in byte order
+    sparse(ws / "b_big.bin", 1024 * 1024)
+
+    patch, truncated = await workspace.diff(run_dir, workspace.Budget.collection(total_bytes=1024))
+    assert truncated
+    assert "(its 1024-byte read budget was spent)" in patch.splitlines()[0]
+    assert "+read\n" in patch
+    assert "diff --git a/b_big.bin b/b_big.bin" in patch and "not collected: the collection stopped early" in patch
+
+
+async def test_cancelled_collections_stop_and_never_hold_the_default_thread_pool(tmp_path: Path) -> None:
+    # Collections that would hash 15 TiB each (a per-file cap far above the default): as many as the collector
+    # has threads, and more than the event loop's default executor has (min(32, cpus + 4)).
+    count = max(workspace.COLLECTOR_THREADS, (os.cpu_count() or 1) + 5)
+    budgets = [workspace.Budget(file_bytes=1 << 60) for _ in range(count)]
+    runs = []
+    for i in range(count):
+        run_dir = tmp_path / f"run{i}"
+        run_dir.mkdir()
+        await workspace.prepare(run_dir, None)
+        sparse(run_dir / "workspace" / "huge.bin", SPARSE_15T)
+        runs.append(run_dir)
+    tasks = [asyncio.create_task(workspace.diff(run, budget)) for run, budget in zip(runs, budgets, strict=True)]
+    try:
+
+        async def reading() -> bool:
+            return sum(b.read > 0 for b in budgets) == workspace.COLLECTOR_THREADS
+
+        await eventually(reading, timeout=30, interval=0.01)
+        # Every collector thread is busy hashing, and the worker's other threads are not touched.
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 30) == "free"
+        assert not any(task.done() for task in tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(b.stop.is_set() for b in budgets)
+    # The cancelled walks stopped between chunks: the collector's threads serve a new collection at once.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    await workspace.prepare(fresh, None)
+    (fresh / "workspace" / "new.txt").write_text("NEW\n")
+    patch, _ = await asyncio.wait_for(workspace.diff(fresh), 60)
+    assert "+NEW" in patch

@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import stat
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -21,6 +22,9 @@ from typing import Any
 
 import pytest
 
+from activities import rundirs, workspace
+from core.ports import SandboxSpec
+from sandbox import hostfs
 from sandbox.account import DEFAULT_SANDBOX_USER, lookup
 from sandbox.bubblewrap import CODE_ROOT, STAGE_ROOT, BubblewrapProvider
 from tests.helpers import eventually
@@ -309,3 +313,109 @@ async def test_a_sandbox_opens_no_socket_family_beyond_its_own_namespace(tmp_pat
     assert "127.0.0.1" in report["localhost"], report
     if report["node"] is not None:
         assert report["node"] == {"names": ["lo"], "reply": "pong"}, report
+
+
+# ---- issue 24: what an agent leaves behind cannot wedge a run's finalization ----------------------------
+
+NEST = r"""
+import os, sys
+
+def nest(top, depth, name):
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir(name, dir_fd=fd)
+        inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.mkfifo("fifo", dir_fd=fd)
+    bottom = os.open("bottom.sh", os.O_WRONLY | os.O_CREAT, 0o755, dir_fd=fd)
+    os.write(bottom, b"#!/bin/sh\nid\n")
+    os.fchmod(bottom, 0o6755)
+    os.close(bottom)
+    os.close(fd)
+
+nest("/workspace", 1500, "d")  # os.walk: RecursionError
+os.mkdir("/workspace/long")
+nest("/workspace/long", 30, "l" * 200)  # 6,000 bytes of path: ENAMETOOLONG by path
+open("/workspace/done", "w").write("done\n")
+"""
+
+
+async def sandboxed(run_dir: Path, argv: list[str], code: Path | None = None) -> None:
+    """Prepare ``run_dir`` as a run's (workspace and baseline), run ``argv`` there in a real sandbox, destroy it."""
+    provider = BubblewrapProvider()
+    await workspace.prepare(run_dir, None)
+    for name in ("sock", "run"):
+        (run_dir / name).mkdir()
+    spec = SandboxSpec(
+        run_id=f"run-{uuid.uuid4().hex[:8]}",
+        workspace_dir=str(run_dir / "workspace"),
+        socket_dir=str(run_dir / "sock"),
+        code_dirs=[str(code)] if code else [],
+        argv=argv,
+        log_path=str(run_dir / "run" / "sandbox.log"),
+    )
+    handle = await provider.create(spec)
+    try:
+        await wait_exited(provider, handle, within=60)
+    finally:
+        await asyncio.wait_for(provider.destroy(handle), 120)
+
+
+def find(top: Path, *test: str) -> list[str]:
+    """GNU find's answer (it walks any depth and any path length), for checks independent of our walks."""
+    done = subprocess.run(["find", str(top), *test, "-print"], capture_output=True, check=True, timeout=120)
+    return done.stdout.decode(errors="replace").splitlines()
+
+
+async def test_several_runs_leaving_15_terabyte_sparse_files_all_finish_with_a_diff_noting_them(
+    tmp_path: Path,
+) -> None:
+    # Finding 4: each diff read 15 TiB to hash them; six such runs filled the worker's default thread pool.
+    count = (os.cpu_count() or 1) + 5  # more than asyncio's default executor has threads
+    runs = [tmp_path / f"run{i}" for i in range(count)]
+    for run_dir in runs:
+        run_dir.mkdir()
+    await asyncio.gather(*(sandboxed(run, ["/bin/sh", "-c", "truncate -s 15T huge.bin"]) for run in runs))
+
+    diffs = await asyncio.wait_for(asyncio.gather(*(workspace.diff(run) for run in runs)), 120)
+    for run_dir, (patch, truncated) in zip(runs, diffs, strict=True):
+        info = os.lstat(run_dir / "workspace" / "huge.bin")
+        assert info.st_size == 15 << 40 and info.st_uid == os.geteuid()
+        assert not truncated
+        assert f"+(fluidbox: file not read: {15 << 40} bytes ({info.st_blocks * 512} allocated)," in patch
+        assert "not hashed)" in patch
+
+
+async def test_a_tree_1500_deep_with_paths_past_path_max_is_taken_back_and_its_run_dir_removed(
+    tmp_path: Path,
+) -> None:
+    # Finding 5: os.walk raised RecursionError (and ENAMETOOLONG) in the hand-back, so destroy, and the run's
+    # finalization with it, failed for ever, and the tree stayed the sandbox account's.
+    code = tmp_path / "code" / "probe"
+    code.mkdir(parents=True)
+    (code / "nest.py").write_text(NEST)
+    runs_dir = tmp_path / "runs"
+    run_dir = runs_dir / "run"
+    run_dir.mkdir(parents=True)
+    try:
+        await sandboxed(run_dir, [sys.executable, f"{CODE_ROOT}/probe/nest.py"], code)
+        await taken_back_and_removed(runs_dir, run_dir)
+    finally:
+        # Not left to pytest's cleanup of tmp_path: shutil.rmtree recurses.
+        await asyncio.to_thread(hostfs.remove_tree, str(run_dir))
+
+
+async def taken_back_and_removed(runs_dir: Path, run_dir: Path) -> None:
+    ws = run_dir / "workspace"
+    assert (ws / "done").read_text() == "done\n", (run_dir / "run" / "sandbox.log").read_text()
+
+    assert len(find(ws, "-name", "bottom.sh")) == 2
+    assert find(ws, "!", "-uid", str(os.geteuid())) == []  # every entry the control plane's again
+    assert find(ws, "-perm", "/6000") == []
+    assert find(ws, "-type", "p") == []
+    patch, _ = await asyncio.wait_for(workspace.diff(run_dir), 120)
+    assert f"+(fluidbox: directory not walked: deeper than {workspace.MAX_DEPTH} levels)" in patch
+    assert "l" * 200 + "/bottom.sh" in patch
+    await asyncio.to_thread(rundirs.retire, runs_dir, run_dir, 0)
+    assert not run_dir.exists()
