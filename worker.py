@@ -40,32 +40,19 @@ from activities.schedules import ScheduleActivities
 from config.settings import Settings, get_settings
 from config.temporal import check_temporal_settings, connect_client
 from contracts import temporal as c
-from core.redaction import Redactor
-from db.capabilities import Capabilities
-from db.connections import Connections
-from db.deliveries import Deliveries
+from core.ports import ExecutionProvider
 from db.engine import create_pool
-from db.store import Store
 from integrations.mcp_pool import SessionPool
-from integrations.oauth import OAuthClient
-from integrations.sealing import sealer_from_settings
 from integrations.transports import TransportDeps, Transports
-from integrations.urls import UrlPolicy
 from sandbox.manifests import PodPolicy
 from sandbox.registry import make_provider
-from services.oauth_tokens import AccessTokens
-from services.triggers import TriggerService
+from services.context import AppContext, build_context
 from workflows.delivery import DeliveryWorkflow
 from workflows.liveness import LivenessSweepWorkflow
 from workflows.run import WORKFLOWS
 from workflows.schedule import ScheduleFireWorkflow
 
 log = logging.getLogger("fluidbox.worker")
-
-
-def redactor_for(settings: Settings) -> Redactor:
-    secrets = [settings.admin_token.get_secret_value()] if settings.admin_token else []
-    return Redactor((*secrets, *settings.llm_secrets()))
 
 
 # Every workflow this worker hosts (tests/test_registration.py checks them against the contract).
@@ -125,10 +112,20 @@ def pod_policy(settings: Settings) -> PodPolicy:
     )
 
 
+def run_activities(ctx: AppContext, provider: ExecutionProvider) -> RunActivities:
+    """A run's steps (provision, finalize, the liveness sweep…) over ``provider``."""
+    return RunActivities(
+        runs=ctx.runs, ledger=ctx.ledger, tokens=ctx.tokens, approvals=ctx.approvals, connections=ctx.connections,
+        archives=ctx.archives, deliveries=ctx.deliveries, provider=provider, settings=ctx.settings,
+        sealer=ctx.sealer, url_policy=ctx.url_policy,
+    )  # fmt: skip
+
+
 def build_activities(
-    settings: Settings, store: Store, client: Client, sessions: SessionPool, transports: Transports | None = None
+    ctx: AppContext, sessions: SessionPool, transports: Transports | None = None
 ) -> list[Callable[..., Any]]:
-    """Every activity this worker hosts, with its dependencies injected (no I/O happens here)."""
+    """Every activity this worker hosts, with its dependencies injected from the context (no I/O happens here)."""
+    settings = ctx.settings
     provider = make_provider(
         settings.sandbox_provider,
         bwrap_path=settings.bwrap_path,
@@ -137,42 +134,18 @@ def build_activities(
         pids=settings.sandbox_pids,
         syscall_filter=settings.sandbox_syscall_filter,
         sandbox_user=settings.sandbox_user,
+        state_dir=str(settings.runs_dir),
         pod_policy=pod_policy(settings),
         kube_config=str(settings.kube_config) if settings.kube_config else None,
-        state_dir=str(settings.runs_dir),
     )
-    acts = RunActivities(store, provider, settings)
-    broker_sealer = sealer_from_settings(*settings.credential_keys())
-    connector_policy = UrlPolicy(allow_loopback=settings.allow_loopback_connectors)
+    runs = run_activities(ctx, provider)
     broker = BrokerActivities(
-        Connections(store),
-        broker_sealer,
-        connector_policy,
-        sessions,
-        AccessTokens(store, broker_sealer, OAuthClient(connector_policy)) if broker_sealer is not None else None,
-        transports,
+        ctx.connections, ctx.parks, ctx.runs, ctx.sealer, ctx.url_policy, sessions, ctx.access_tokens, transports
     )
-    delivery = DeliveryActivities(
-        Deliveries(store),
-        sealer_from_settings(*settings.credential_keys()),
-        UrlPolicy(allow_loopback=settings.allow_loopback_callbacks),
-    )
-
-    async def temporal() -> Client:
-        return client
-
-    schedules = ScheduleActivities(
-        TriggerService(
-            store,
-            Connections(store),
-            Capabilities(store),
-            settings,
-            temporal,
-            sealer_from_settings(*settings.credential_keys()),
-        )
-    )
-    parks = ParkActivities(store)
-    return [*acts.all(), *broker.all(), *parks.all(), *delivery.all(), *schedules.all()]
+    delivery = DeliveryActivities(ctx.deliveries, ctx.sealer, ctx.callback_policy)
+    schedules = ScheduleActivities(ctx.triggers)
+    parks = ParkActivities(ctx.parks, ctx.runs, ctx.ledger, ctx.connections)
+    return [*runs.all(), *broker.all(), *parks.all(), *delivery.all(), *schedules.all()]
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event, roles: list[str] | None = None) -> None:
@@ -181,12 +154,16 @@ async def run_worker(settings: Settings, stop: asyncio.Event, roles: list[str] |
     roles = roles or parse_roles(settings.worker_queues)
     pool = await create_pool(settings.database_url, min_size=1, max_size=10)
     client = await connect_client(settings)
-    store = Store(pool, redactor_for(settings))
+
+    async def temporal() -> Client:
+        return client
+
+    ctx = build_context(settings, pool, temporal=temporal)
     sessions = SessionPool()
     # Every transport's provider (stdio MCP processes live here, one per connection); closed at shutdown.
-    transports = Transports(TransportDeps(UrlPolicy(allow_loopback=settings.allow_loopback_connectors), sessions))
+    transports = Transports(TransportDeps(ctx.url_policy, sessions))
     await asyncio.to_thread(precompile_code)
-    plan = worker_plan(settings, roles, build_activities(settings, store, client, sessions, transports))
+    plan = worker_plan(settings, roles, build_activities(ctx, sessions, transports))
     workers = [
         Worker(
             client,

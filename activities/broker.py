@@ -32,6 +32,7 @@ from core.states import accepts_work
 from core.tools import split_mcp
 from db.connections import Connections, DispatchView, credential_context
 from db.parks import Parks
+from db.runs import Runs
 from integrations import mcp_client
 from integrations.mcp_pool import SessionPool
 from integrations.oauth import OAuthClientError
@@ -54,6 +55,8 @@ class BrokerActivities:
     def __init__(
         self,
         connections: Connections,
+        parks: Parks,
+        runs: Runs,
         sealer: Sealer | None,
         url_policy: UrlPolicy,
         pool: SessionPool | None = None,
@@ -61,8 +64,8 @@ class BrokerActivities:
         transports: Transports | None = None,
     ) -> None:
         self.connections = connections
-        self.store = connections.store
-        self.parks = Parks(connections.store)
+        self.runs = runs
+        self.parks = parks
         self.sealer = sealer
         self.url_policy = url_policy
         # Kept-open MCP sessions (one HTTP exchange per call instead of four); None: a fresh session per call.
@@ -86,7 +89,7 @@ class BrokerActivities:
                 "verdict": "deny",
                 "source": "binding",
                 "reason": reason,
-                "access": access_of(await self.store.runs.run_spec(inp.run_id), claim.tool),
+                "access": access_of(await self.runs.run_spec(inp.run_id), claim.tool),
             },
         )
         row = await self.connections.settle(
@@ -98,7 +101,7 @@ class BrokerActivities:
         """The bound connection is not usable (missing, revoked, in error, reauthorized, a credential gone): the
         call parks when its requirement says ``when_unavailable: park`` (nothing is taken, nothing is sent; the
         workflow waits and calls again), else it is refused as before."""
-        spec = await self.store.runs.run_spec(inp.run_id)
+        spec = await self.runs.run_spec(inp.run_id)
         surface = next((b for b in spec.brokered if str(b["binding_id"]) == str(claim.binding_id)), None)
         if surface is not None and surface.get("when_unavailable") == "park" and accepts_work(claim.run_status):
             return c.BrokerOut(state="parked", reason=reason)
@@ -150,7 +153,7 @@ class BrokerActivities:
             return await self._refuse(inp, claim, "credential storage is disabled on this worker")
         if not accepts_work(claim.run_status):
             return await self._refuse(inp, claim, "session is not active")
-        spec = await self.store.runs.run_spec(inp.run_id)
+        spec = await self.runs.run_spec(inp.run_id)
         oauth = binding.auth_kind == "oauth"
         try:
             # Read in the same statement as the checks, and only while the binding still holds.

@@ -37,7 +37,7 @@ from core.redaction import MARK, scrub_text
 from core.signing import sign
 from db.deliveries import Deliveries, callback_secret_context, webhook_destinations
 from db.models.deliveries import Delivery
-from db.store import Store
+from db.runs import Runs
 from integrations.sealing import Sealer, SealingError
 from integrations.urls import AdmittedUrl, IPAddress, UrlPolicy, UrlRefused
 
@@ -85,17 +85,17 @@ async def post_pinned(http: httpx.AsyncClient, admitted: AdmittedUrl, body: byte
     raise last
 
 
-async def start_deliveries(store: Store, client: Client, task_queue: str, run_id: str) -> int:
+async def start_deliveries(runs: Runs, deliveries: Deliveries, client: Client, task_queue: str, run_id: str) -> int:
     """Enqueue the run's webhook deliveries and start one workflow each; a repeat call starts nothing new.
 
     Called by the finalizer once the run is terminal (also on a retried finalize that finds it
     terminal already). Returns how many delivery workflows are running or were just started.
     """
-    spec = await store.runs.run_spec(run_id)
+    spec = await runs.run_spec(run_id)
     if not webhook_destinations(spec):
         return 0
     started = 0
-    for row in await Deliveries(store).enqueue(spec):
+    for row in await deliveries.enqueue(spec):
         if row.status != "pending":
             continue
         index = row.destination_index

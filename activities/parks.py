@@ -17,8 +17,9 @@ from temporalio import activity
 from contracts import temporal as c
 from core import events as ev
 from db.connections import Connections
+from db.ledger import Ledger
 from db.parks import UP_FRONT, Parks
-from db.store import Store
+from db.runs import Runs
 
 
 def missing_env(var: str | None) -> str | None:
@@ -29,16 +30,17 @@ def missing_env(var: str | None) -> str | None:
 
 
 class ParkActivities:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.parks = Parks(store)
-        self.connections = Connections(store)
+    def __init__(self, parks: Parks, runs: Runs, ledger: Ledger, connections: Connections) -> None:
+        self.parks = parks
+        self.runs = runs
+        self.ledger = ledger
+        self.connections = connections
 
     async def _out(
         self, run_id: str, tool_call_id: str, state: str | None = None, reason: str | None = None
     ) -> c.ParkOut:
         row = await self.parks.wait_state(run_id, tool_call_id)
-        run = await self.store.runs.get_run(None, run_id)
+        run = await self.runs.get_run(None, run_id)
         assert run is not None
         return c.ParkOut(
             state=state or (row.state if row else "ended"),
@@ -90,11 +92,9 @@ class ParkActivities:
         if inp.tool_call_id:
             await self._refuse(inp, reason)
         if inp.outcome == "expired":
-            created, _status = await self.store.runs.request_finalization(inp.run_id, "failed", reason=reason)
+            created, _status = await self.runs.request_finalization(inp.run_id, "failed", reason=reason)
             if created:
-                await self.store.ledger.append_events(
-                    inp.run_id, [ev.NewEvent(type=ev.RUN_ERROR, data={"message": reason})]
-                )
+                await self.ledger.append_events(inp.run_id, [ev.NewEvent(type=ev.RUN_ERROR, data={"message": reason})])
         return await self._out(inp.run_id, inp.tool_call_id, inp.outcome, reason)
 
     async def _refuse(self, inp: c.EndParkIn, reason: str) -> None:

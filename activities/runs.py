@@ -36,14 +36,16 @@ from core.runner_env import runner_env, runner_secrets
 from core.runspec import RunSpec
 from core.states import RunStatus, is_terminal, outcome_status
 from core.tokens import BOOTSTRAP_AUDIENCE, RUN_AUDIENCES
-from db.approvals import ApprovalRecord
+from db.approvals import ApprovalRecord, Approvals
 from db.connections import Connections, credential_context
+from db.deliveries import Deliveries
+from db.ledger import Ledger
 from db.models.runs import Run
 from db.parks import end_all
-from db.runs import LiveRun, UnfinishedRun
-from db.store import Store
+from db.runs import LiveRun, Runs, UnfinishedRun
+from db.tokens import RunTokens
 from db.workspaces import WorkspaceArchives
-from integrations.sealing import SealingError, sealer_from_settings
+from integrations.sealing import Sealer, SealingError
 from integrations.urls import UrlPolicy
 from sandbox.limits import MIB
 from sandbox.manifests import BOOTSTRAP_FILE
@@ -84,22 +86,42 @@ LISTING_SECS = 60.0  # the git-free listing's own time budget, after a diff that
 
 
 class RunActivities:
-    def __init__(self, store: Store, provider: ExecutionProvider, settings: Settings) -> None:
-        self.store = store
+    def __init__(
+        self,
+        *,
+        runs: Runs,
+        ledger: Ledger,
+        tokens: RunTokens,
+        approvals: Approvals,
+        connections: Connections,
+        archives: WorkspaceArchives,
+        deliveries: Deliveries,
+        provider: ExecutionProvider,
+        settings: Settings,
+        sealer: Sealer | None,
+        url_policy: UrlPolicy,
+    ) -> None:
+        self.runs = runs
+        self.ledger = ledger
+        self.tokens = tokens
+        self.approvals = approvals
+        self.connections = connections
+        self.archives = archives
+        self.deliveries = deliveries
+        self.pool = runs.pool
         self.provider = provider
         self.settings = settings
         self.started = time.monotonic()
-        self.archives = WorkspaceArchives(store.pool)
         # Opens a git_repository workspace's sealed credential for the clone (None: credential storage is off).
-        self._sealer = sealer_from_settings(*settings.credential_keys())
-        self.connections = Connections(store)
+        self._sealer = sealer
+        self.url_policy = url_policy
         self._orphans_swept = float("-inf")
 
     def _run_dir(self, run_id: str) -> Path:
         return self.settings.runs_dir / run_id
 
     async def _status(self, run_id: str) -> str:
-        row = await self.store.runs.get_run(None, run_id)
+        row = await self.runs.get_run(None, run_id)
         if row is None:
             raise ApplicationError(f"run {run_id} does not exist", non_retryable=True)
         return row.status
@@ -109,7 +131,7 @@ class RunActivities:
         current = RunStatus(await self._status(run_id))
         if current not in LAUNCH_ORDER or LAUNCH_ORDER.index(current) >= LAUNCH_ORDER.index(to):
             return False
-        await self.store.runs.transition(run_id, to, extra=extra)
+        await self.runs.transition(run_id, to, extra=extra)
         return True
 
     def _handle(self, row: Run | LiveRun | None) -> SandboxHandle | None:
@@ -121,13 +143,13 @@ class RunActivities:
         """A place under FLUIDBOX_MAX_SANDBOXES for this run, or "wait" (the workflow looks again later)."""
         if self.settings.max_sandboxes <= 0:
             return c.ClaimOut(claimed=True, live=0)
-        claimed, live = await self.store.runs.claim_sandbox(ref.run_id, self.settings.max_sandboxes)
+        claimed, live = await self.runs.claim_sandbox(ref.run_id, self.settings.max_sandboxes)
         return c.ClaimOut(claimed=claimed, live=live)
 
     @activity.defn(name=c.PROVISION)
     async def provision(self, ref: c.RunRef) -> c.StatusOut:
         run_id = ref.run_id
-        row = await self.store.runs.get_run(None, run_id)
+        row = await self.runs.get_run(None, run_id)
         if row is None:
             raise ApplicationError(f"run {run_id} does not exist", non_retryable=True)
         if row.status not in LAUNCH_ORDER:
@@ -136,19 +158,19 @@ class RunActivities:
         if handle is not None and await self.provider.status(handle) == "running":
             await self._advance(run_id, RunStatus.RUNNING)
             return c.StatusOut(status=await self._status(run_id))
-        spec = await self.store.runs.run_spec(run_id)
+        spec = await self.runs.run_spec(run_id)
         run_dir = self._run_dir(run_id)
         orphan = await self.provider.find(run_id, str(run_dir / "sandbox.log"))
         if orphan is not None:
             # An earlier attempt started this sandbox but died before recording it. Its tokens are
             # about to be replaced and its workspace rebuilt, so it cannot be adopted: end it first.
             await self.provider.destroy(orphan)
-            await self.store.ledger.append_events(
+            await self.ledger.append_events(
                 run_id, [ev.system_message("replaced a sandbox left by an interrupted provisioning attempt")]
             )
         await self._advance(run_id, RunStatus.PROVISIONING)
         randoms = {aud.value: secrets.token_hex(16) for aud in RUN_AUDIENCES}
-        tokens = await self.store.tokens.mint_tokens(spec.tenant_id, run_id, self.settings.token_ttl_secs, randoms)
+        tokens = await self.tokens.mint_tokens(spec.tenant_id, run_id, self.settings.token_ttl_secs, randoms)
         await self._advance(run_id, RunStatus.INITIALIZING)
         await asyncio.to_thread(rundirs.make_private, self.settings.runs_dir, run_dir)
         source = spec.workspace.path if spec.workspace.kind == "local_copy" else None
@@ -168,11 +190,11 @@ class RunActivities:
         finally:
             if spec.workspace.kind == "git_repository":
                 await asyncio.to_thread(shutil.rmtree, run_dir / "repo", True)
-        await self.store.runs.set_fields(run_id, base_commit=base)
+        await self.runs.set_fields(run_id, base_commit=base)
         data.update({"base_commit": base, "files": files})
         if source and spec.workspace.kind == "local_copy":
             data["path"] = source
-        await self.store.ledger.append_events(run_id, [ev.NewEvent(type=ev.WORKSPACE_INITIALIZED, data=data)])
+        await self.ledger.append_events(run_id, [ev.NewEvent(type=ev.WORKSPACE_INITIALIZED, data=data)])
         if self.provider.workspace_transfer == "archive":
             sandbox = await self._remote_spec(spec, run_dir)
         else:
@@ -191,7 +213,7 @@ class RunActivities:
             handle = await self.provider.create(sandbox)
         except (OSError, RuntimeError, ValueError) as err:
             raise ApplicationError(f"sandbox did not start: {err}", type="SandboxError") from err
-        await self.store.runs.set_fields(run_id, sandbox_handle=handle.model_dump())
+        await self.runs.set_fields(run_id, sandbox_handle=handle.model_dump())
         await self._advance(
             run_id,
             RunStatus.RUNNING,
@@ -224,7 +246,7 @@ class RunActivities:
         sandbox); an https URL must resolve to public addresses (FLUIDBOX_ALLOW_LOOPBACK_CONNECTORS
         admits loopback, for tests, and then plain http to a loopback server), and git connects to those
         addresses only, following no redirect."""
-        policy = UrlPolicy(allow_loopback=self.settings.allow_loopback_connectors)
+        policy = self.url_policy
         commit = await workspace.fetch(url, ref, dest, policy, auth)
         return {"repository": url, "ref": ref, "commit": commit}
 
@@ -238,7 +260,7 @@ class RunActivities:
         except workspace.WorkspaceError as err:
             raise ApplicationError(str(err), type="WorkspaceError", non_retryable=True) from err
         stored = await self.archives.put(run_id, "initial", data)
-        bootstrap = await self.store.tokens.issue_token(
+        bootstrap = await self.tokens.issue_token(
             spec.tenant_id, run_id, BOOTSTRAP_AUDIENCE, self.settings.token_ttl_secs, secrets.token_hex(16)
         )
         ref = f"/internal/sessions/{run_id}/workspace"
@@ -302,10 +324,10 @@ class RunActivities:
         exited_checks = 0
         while True:
             activity.heartbeat()
-            live = await self.store.runs.liveness(inp.run_id)
+            live = await self.runs.liveness(inp.run_id)
             if live.has_intent or is_terminal(live.status):
                 return c.SuperviseOut(reason="intent")
-            row = await self.store.runs.get_run(None, inp.run_id)
+            row = await self.runs.get_run(None, inp.run_id)
             handle = self._handle(row)
             state = await self.provider.status(handle) if handle else "missing"
             if state != "running":
@@ -332,7 +354,7 @@ class RunActivities:
         signalled; a run whose intent exists but whose workflow still waits is signalled again. A run whose
         workflow is gone (terminated from the Temporal UI, Temporal's data lost) is wound down here instead.
         """
-        runs = await self.store.runs.live_runs()
+        runs = await self.runs.live_runs()
         ended = await self._sweep_orphans()
         suspects: list[str] = []
         out = c.SweepOut(next_secs=self.settings.liveness_check_secs)
@@ -391,7 +413,7 @@ class RunActivities:
         held = await self.provider.sandboxes()
         if not held:
             return ended
-        unfinished = await self.store.runs.unfinished_run_ids(held)
+        unfinished = await self.runs.unfinished_run_ids(held)
         for run_id in held:
             if run_id not in unfinished:
                 activity.logger.warning("destroying the orphaned sandbox of run %s", run_id)
@@ -401,7 +423,7 @@ class RunActivities:
     async def _end_runs_without_workflows(self) -> set[str]:
         """Every unfinished run whose workflow is gone, ended here (a run with an intent is found sooner, by
         ``_wake``; this finds the ones nobody signals: a runner still working, a run waiting on a human)."""
-        runs = await self.store.runs.unfinished_runs()
+        runs = await self.runs.unfinished_runs()
         limit = asyncio.Semaphore(_SWEEP_CONCURRENCY)
 
         async def gone(run: UnfinishedRun) -> str | None:
@@ -473,18 +495,18 @@ class RunActivities:
         """Wind the run down in its workflow's place: record ``why`` as its failure unless an intent (a cancel,
         the runner's result) is recorded already, then finalize it as the workflow would have (sandbox
         destroyed, diff, deliveries), with no quiesce: nobody is left to wait for it. True if it ended here."""
-        row = await self.store.runs.get_run(None, run_id)
+        row = await self.runs.get_run(None, run_id)
         # Looked up after the workflow was found closed: a run its workflow ended normally is terminal by now.
         if row is None or is_terminal(row.status):
             return False
         activity.logger.warning("run %s: %s; ending it", run_id, why)
-        created, _ = await self.store.runs.request_finalization(run_id, "failed", reason=why, quiesce=False)
+        created, _ = await self.runs.request_finalization(run_id, "failed", reason=why, quiesce=False)
         message = ev.NewEvent(type=ev.RUN_ERROR, data={"message": why}) if created else ev.system_message(why)
-        await self.store.ledger.append_events(run_id, [message])
+        await self.ledger.append_events(run_id, [message])
         status = await self._status(run_id)
         if status != RunStatus.FINALIZING and not is_terminal(status):
-            intent = await self.store.runs.finalization(run_id)
-            await self.store.runs.transition(run_id, RunStatus.FINALIZING, intent.reason if intent else why)
+            intent = await self.runs.finalization(run_id)
+            await self.runs.transition(run_id, RunStatus.FINALIZING, intent.reason if intent else why)
         return is_terminal((await self.finalize(c.RunRef(run_id=run_id))).status)
 
     async def _wake(self, run_id: str) -> bool:
@@ -527,7 +549,7 @@ class RunActivities:
 
     @activity.defn(name=c.REQUEST_FINALIZATION)
     async def request_finalization(self, inp: c.FinalizationIn) -> c.StatusOut:
-        created, status = await self.store.runs.request_finalization(
+        created, status = await self.runs.request_finalization(
             inp.run_id, inp.outcome, reason=inp.reason, quiesce=inp.quiesce
         )
         if created:
@@ -540,37 +562,37 @@ class RunActivities:
                 )
             if inp.error:
                 new.append(ev.NewEvent(type=ev.RUN_ERROR, data={"message": inp.error}))
-            await self.store.ledger.append_events(inp.run_id, new)
+            await self.ledger.append_events(inp.run_id, new)
         return c.StatusOut(status=status)
 
     @activity.defn(name=c.BEGIN_FINALIZE)
     async def begin_finalize(self, ref: c.RunRef) -> c.BeginFinalizeOut:
         status = await self._status(ref.run_id)
         if is_terminal(status) or status in (RunStatus.FINALIZING, RunStatus.CANCELLING):
-            intent = await self.store.runs.finalization(ref.run_id)
+            intent = await self.runs.finalization(ref.run_id)
             return c.BeginFinalizeOut(
                 status=status, needs_quiesce=status == RunStatus.CANCELLING and bool(intent and intent.needs_quiesce)
             )
-        intent = await self.store.runs.finalization(ref.run_id)
+        intent = await self.runs.finalization(ref.run_id)
         if intent is None:  # defensive: the workflow only finalizes with an intent recorded
-            await self.store.runs.request_finalization(ref.run_id, "failed", reason="finalized without an intent")
-            intent = await self.store.runs.finalization(ref.run_id)
+            await self.runs.request_finalization(ref.run_id, "failed", reason="finalized without an intent")
+            intent = await self.runs.finalization(ref.run_id)
         assert intent is not None
         if intent.needs_quiesce:
-            await self.store.runs.transition(
+            await self.runs.transition(
                 ref.run_id,
                 RunStatus.CANCELLING,
                 intent.reason,
                 [ev.NewEvent(type=ev.QUIESCE_REQUESTED, data={"deadline_secs": int(self.settings.quiesce_secs)})],
             )
             return c.BeginFinalizeOut(status=RunStatus.CANCELLING, needs_quiesce=True)
-        await self.store.runs.transition(ref.run_id, RunStatus.FINALIZING, intent.reason)
+        await self.runs.transition(ref.run_id, RunStatus.FINALIZING, intent.reason)
         return c.BeginFinalizeOut(status=RunStatus.FINALIZING, needs_quiesce=False)
 
     @activity.defn(name=c.AWAIT_SANDBOX_EXIT)
     async def await_sandbox_exit(self, inp: c.SandboxExitIn) -> c.StatusOut:
         """Give a quiescing runner until the deadline to stop on its own."""
-        handle = self._handle(await self.store.runs.get_run(None, inp.run_id))
+        handle = self._handle(await self.runs.get_run(None, inp.run_id))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + inp.timeout_secs
         exited = handle is None
@@ -580,7 +602,7 @@ class RunActivities:
             if not exited:
                 await asyncio.sleep(0.25)
         try:
-            await self.store.runs.transition(inp.run_id, RunStatus.FINALIZING)
+            await self.runs.transition(inp.run_id, RunStatus.FINALIZING)
         except InvalidTransition:
             pass
         return c.StatusOut(status="exited" if exited else "timeout")
@@ -597,18 +619,18 @@ class RunActivities:
             return await self._finalize(ref.run_id, pulse)
 
     async def _finalize(self, run_id: str, pulse: _Pulse) -> c.StatusOut:
-        row = await self.store.runs.get_run(None, run_id)
+        row = await self.runs.get_run(None, run_id)
         if row is None:
             raise ApplicationError("run vanished", non_retryable=True)
         if is_terminal(row.status):
             await self._deliver(run_id)  # a retry after the terminal commit still starts the deliveries
             await self._retire_run_dir(run_id)
             return c.StatusOut(status=row.status)
-        intent = await self.store.runs.finalization(run_id)
+        intent = await self.runs.finalization(run_id)
         outcome = intent.outcome if intent else "failed"
-        await self.store.approvals.deny_open_approvals(run_id, "session is not active")
-        await self.store.approvals.settle_inflight_claims(run_id)
-        async with self.store.pool.acquire() as conn:
+        await self.approvals.deny_open_approvals(run_id, "session is not active")
+        await self.approvals.settle_inflight_claims(run_id)
+        async with self.pool.acquire() as conn:
             await end_all(conn, run_id)  # a run parked for a connection waits no more
         handle = self._handle(row)
         if handle is not None:
@@ -633,7 +655,7 @@ class RunActivities:
             patch, truncated = await workspace.diff(run_dir, beat=pulse.progress)
             await asyncio.to_thread(_collect_done, run_dir)
             content = patch or "(no changes)"
-            if patch and not await self.store.runs.has_gate_calls(run_id):
+            if patch and not await self.runs.has_gate_calls(run_id):
                 # The server cannot prove this diff was produced under the gate: say so.
                 content = "# warning: this run changed files without ever asking /permission\n" + content
             artifacts.append(
@@ -686,7 +708,7 @@ class RunActivities:
             reason = "cancelled by user"
         if diff_failure:  # the reported outcome stands; its reason leads with the missing diff
             reason = f"{diff_failure}; {reason}" if reason else diff_failure
-        _, final = await self.store.runs.finish(run_id, terminal, reason, summary, outcome, artifacts, new)
+        _, final = await self.runs.finish(run_id, terminal, reason, summary, outcome, artifacts, new)
         if self.provider.workspace_transfer == "archive":
             await self.archives.drop(run_id)  # the diff is recorded: the trees go
         await self._deliver(run_id)
@@ -701,30 +723,28 @@ class RunActivities:
 
     async def _deliver(self, run_id: str) -> None:
         """One DeliveryWorkflow per webhook destination; they never touch the run (idempotent)."""
-        await start_deliveries(self.store, activity.client(), self.settings.task_queue, run_id)
+        await start_deliveries(self.runs, self.deliveries, activity.client(), self.settings.task_queue, run_id)
 
     @activity.defn(name=c.OPEN_APPROVAL)
     async def open_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
-        row = await self.store.approvals.open_approval(inp.run_id, inp.tool_call_id)
+        row = await self.approvals.open_approval(inp.run_id, inp.tool_call_id)
         return _approval(row)
 
     @activity.defn(name=c.READ_APPROVAL)
     async def read_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
-        rows = await self.store.approvals.list_approvals(
-            (await self.store.runs.run_spec(inp.run_id)).tenant_id, run_id=inp.run_id
-        )
+        rows = await self.approvals.list_approvals((await self.runs.run_spec(inp.run_id)).tenant_id, run_id=inp.run_id)
         row = next(r for r in rows if r.tool_call_id == inp.tool_call_id)
         return _approval(row)
 
     @activity.defn(name=c.EXPIRE_APPROVAL)
     async def expire_approval(self, inp: c.ApprovalIn) -> c.ApprovalRow:
         current = await self.read_approval(inp)
-        row = await self.store.approvals.expire_approval(current.approval_id)
+        row = await self.approvals.expire_approval(current.approval_id)
         return _approval(row)
 
     @activity.defn(name=c.RESUME_AFTER_APPROVAL)
     async def resume_after_approval(self, ref: c.RunRef) -> c.StatusOut:
-        await self.store.approvals.resume_after_approval(ref.run_id)
+        await self.approvals.resume_after_approval(ref.run_id)
         return c.StatusOut(status=await self._status(ref.run_id))
 
     def all(self) -> list[Callable[..., Any]]:

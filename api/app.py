@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,7 +13,6 @@ import yaml
 from fastapi import FastAPI
 
 from api import errors
-from api.deps import Services
 from api.guard import RequestGuard
 from api.hub import EventHub
 from api.routes import admin as admin_routes
@@ -36,22 +36,10 @@ from api.routes import (
 from api.routes import managed_apps as managed_app_routes
 from api.routes import oauth as oauth_routes
 from config.settings import Settings
-from core.digests import sha256_hex
 from core.policy import parse_policy
-from core.redaction import Redactor
-from db.capabilities import Capabilities
-from db.catalog import Catalog
-from db.connections import Connections
 from db.engine import create_pool
-from db.store import Store
-from db.usage import Metering, load_prices
 from integrations.catalog import check_entries
-from integrations.oauth import OAuthClient, client_metadata_document_url
-from integrations.sealing import Sealer, sealer_from_settings
-from integrations.urls import UrlPolicy
-from services.managed_apps import ManagedApps
-from services.oauth_connect import OAuthConnect
-from services.oauth_tokens import AccessTokens
+from services.context import AppContext, build_context
 
 log = logging.getLogger("fluidbox.api")
 POLICY_DIR = Path(__file__).resolve().parent.parent / "policies"
@@ -75,104 +63,56 @@ TAGS = [
 ]
 
 
-async def seed_policies(store: Store, tenant_id: str) -> None:
+async def seed_policies(ctx: AppContext, tenant_id: str) -> None:
     """Boot seed: every ``policies/*.yaml`` becomes v1 of its policy if absent."""
     for path in sorted(POLICY_DIR.glob("*.yaml")):
         text = path.read_text()
         doc = yaml.safe_load(text)
         parse_policy(doc)  # a seeded policy must pass the same strict parse as an authored one
-        await store.policies.seed_policy(tenant_id, doc, text)
+        await ctx.policies.seed_policy(tenant_id, doc, text)
 
 
-async def start_stranded_runs(svc: Services) -> None:
+async def start_stranded_runs(ctx: AppContext) -> None:
     """Every API process: runs left 'created' without a workflow (their starter died) get one."""
-    settings = svc.settings
+    settings = ctx.settings
     while True:
         await asyncio.sleep(settings.stranded_check_secs)
         try:
-            await svc.runs.start_stranded(settings.stranded_after_secs)
+            await ctx.run_factory.start_stranded(settings.stranded_after_secs)
         except Exception:
             log.warning("the stranded-run check failed; retrying", exc_info=True)
 
 
-def managed_apps(svc: Services, sealer: Sealer, client: OAuthClient, policy: UrlPolicy) -> ManagedApps:
-    """The managed app surface: the connector OAuth legs with the managed callback as their redirect URI."""
-    legs = OAuthConnect(
-        svc.store,
-        sealer,
-        client,
-        policy,
-        redirect_uri=f"{svc.public_base}/v1/mcp-oauth/catalog/callback",
-        metadata_document_url=client_metadata_document_url(svc.public_base),
-    )
-    return ManagedApps(
-        svc.store,
-        sealer,
-        svc.catalog,
-        legs,
-        policy,
-        app_ids=svc.settings.managed_apps,
-        redirect_urls=svc.settings.managed_app_redirect_urls,
-        access_tokens=svc.access_tokens,
-    )
-
-
-def create_app(settings: Settings) -> FastAPI:
-    admin = settings.require_admin_token()
+def create_app(settings: Settings, *, context: AppContext | None = None) -> FastAPI:
+    """The API. Its lifespan opens a pool and builds the process's context over it, or uses ``context`` (a
+    test's, built over a pool the test owns and closes); either way it boots the default organization, seeds
+    policies and the catalog, and starts the ledger's LISTEN hub."""
+    settings.require_admin_token()
     if not settings.database_url:
         raise RuntimeError("FLUIDBOX_DATABASE_URL is not set")
 
-    sealer = sealer_from_settings(*settings.credential_keys())
-
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await create_pool(settings.database_url or "", max_size=40)
-        store = Store(pool, Redactor((admin, *settings.llm_secrets())))
-        tenant_id = await store.boot_tenant()
-        await seed_policies(store, tenant_id)
-        catalog = Catalog(store)
-        await catalog.seed(check_entries(yaml.safe_load(CATALOG_FILE.read_text())))
-        hub = EventHub(settings.database_url or "")
-        await hub.start()
-        ceiling, ttl = settings.llm_max_concurrent_reservations, settings.llm_reservation_ttl_secs
-        metering = Metering(store, load_prices(), ceiling=ceiling, ttl_secs=ttl)
-        connector_policy = UrlPolicy(allow_loopback=settings.allow_loopback_connectors)
-        svc = Services(
-            settings=settings,
-            store=store,
-            tenant_id=tenant_id,
-            hub=hub,
-            admin_digest=sha256_hex(admin),
-            connections=Connections(store),
-            capabilities=Capabilities(store),
-            catalog=catalog,
-            url_policy=connector_policy,
-            sealer=sealer,
-            metering=metering,
-        )
-        if sealer is not None:
-            oauth_client = OAuthClient(connector_policy)
-            svc.access_tokens = AccessTokens(store, sealer, oauth_client)
-            svc.oauth = OAuthConnect(
-                store,
-                sealer,
-                oauth_client,
-                connector_policy,
-                redirect_uri=f"{svc.public_base}/v1/oauth/callback",
-                metadata_document_url=client_metadata_document_url(svc.public_base),
-            )
-            app.state.managed_apps = managed_apps(svc, sealer, oauth_client, connector_policy)
-        app.state.services = svc
-        sweeper = asyncio.create_task(llm.sweep_reservations(metering, settings.llm_sweep_secs))
-        reviver = asyncio.create_task(start_stranded_runs(svc))
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            ctx = context
+            if ctx is None:
+                pool = await create_pool(settings.database_url or "", max_size=40)
+                stack.push_async_callback(pool.close)
+                ctx = build_context(settings, pool)
+            tenant_id = await ctx.identity.boot_tenant()
+            await seed_policies(ctx, tenant_id)
+            await ctx.catalog.seed(check_entries(yaml.safe_load(CATALOG_FILE.read_text())))
+            hub = EventHub(settings.database_url or "")
+            await hub.start()
+            stack.push_async_callback(hub.stop)
+            app.state.context, app.state.boot_tenant, app.state.hub = ctx, tenant_id, hub
+            stack.push_async_callback(llm.close_facade, app)
+            for task in (
+                asyncio.create_task(llm.sweep_reservations(ctx.metering, settings.llm_sweep_secs)),
+                asyncio.create_task(start_stranded_runs(ctx)),
+            ):
+                stack.callback(task.cancel)
             yield
-        finally:
-            sweeper.cancel()
-            reviver.cancel()
-            await llm.close_facade(app)
-            await hub.stop()
-            await pool.close()
 
     app = FastAPI(
         title="fluidbox",

@@ -1,109 +1,48 @@
-"""Request dependencies: services from app state, and the two kinds of principal."""
+"""Request dependencies: the process's context from app state, and the kinds of principal."""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
-from temporalio.client import Client
 
 from api.hub import EventHub
-from config.settings import Settings
-from config.temporal import connect_client
 from core.contract import WRONG_AUDIENCE
 from core.digests import sha256_hex
 from core.errors import DomainError, Forbidden, NotFound, Unauthorized
 from core.tokens import Audience
-from db.capabilities import Capabilities
-from db.catalog import Catalog
-from db.connections import Connections
-from db.identity import Identity
-from db.store import Store
-from db.triggers import Triggers
-from db.usage import Metering
-from integrations.sealing import Sealer
-from integrations.urls import UrlPolicy
-from services.connections import ConnectionService
-from services.oauth_connect import OAuthConnect
-from services.oauth_tokens import AccessTokens
-from services.run_control import RunControl
-from services.runs import RunFactory
-from services.subscriptions import SubscriptionService
-from services.triggers import TriggerService
+from services.context import AppContext
 
 
-@dataclass
-class Services:
-    settings: Settings
-    store: Store
-    tenant_id: str
-    hub: EventHub
-    admin_digest: str
-    connections: Connections
-    capabilities: Capabilities
-    catalog: Catalog
-    url_policy: UrlPolicy
-    sealer: Sealer | None = None
-    metering: Metering | None = None
-    access_tokens: AccessTokens | None = None
-    oauth: OAuthConnect | None = None
-    """OAuth connect and access tokens exist only when credential storage does (a sealer)."""
-    _temporal: Client | None = None
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    @property
-    def runs(self) -> RunFactory:
-        """Run creation for every entry point (see ``services.runs``)."""
-        return RunFactory(self.store, self.connections, self.capabilities, self.settings, self.temporal)
-
-    @property
-    def connection_service(self) -> ConnectionService:
-        """Connecting MCP servers: static and OAuth connections, sign-in links, re-photographs."""
-        return ConnectionService(
-            self.connections, self.url_policy, self.sealer, self.oauth, self.access_tokens, self.public_base
-        )
-
-    @property
-    def run_control(self) -> RunControl:
-        """The one owner of runs' workflow handles (see ``services.run_control``)."""
-        return RunControl(self.store, self.temporal, self.settings)
-
-    @property
-    def triggers(self) -> TriggerService:
-        """The one firing path of trigger subscriptions (see ``services.triggers``)."""
-        return TriggerService(
-            self.store, self.connections, self.capabilities, self.settings, self.temporal, self.sealer
-        )
-
-    @property
-    def subscriptions(self) -> SubscriptionService:
-        """Managing trigger subscriptions (see ``services.subscriptions``)."""
-        return SubscriptionService(self.store, self.connections, self.settings, self.temporal, self.sealer)
-
-    @property
-    def public_base(self) -> str:
-        """The browser-facing base URL of this deployment (no trailing slash)."""
-        return (self.settings.public_url or self.settings.api_url).rstrip("/")
-
-    async def temporal(self) -> Client:
-        if self._temporal is None:
-            async with self._lock:
-                if self._temporal is None:
-                    self._temporal = await connect_client(self.settings)
-        return self._temporal
+async def context(request: Request) -> AppContext:
+    """The process's object graph (``services.context``), built once by ``create_app``'s lifespan."""
+    ctx: AppContext = request.app.state.context
+    return ctx
 
 
-async def services(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
+ContextDep = Annotated[AppContext, Depends(context)]
 
 
-ServicesDep = Annotated[Services, Depends(services)]
+async def boot_tenant(request: Request) -> str:
+    """The boot organization's id: the operator's tenant."""
+    tenant: str = request.app.state.boot_tenant
+    return tenant
+
+
+BootTenantDep = Annotated[str, Depends(boot_tenant)]
+
+
+async def event_hub(request: Request) -> EventHub:
+    """The process's one LISTEN connection, fanning ledger notifications out to live streams."""
+    hub: EventHub = request.app.state.hub
+    return hub
+
+
+HubDep = Annotated[EventHub, Depends(event_hub)]
 
 
 def bearer(request: Request) -> str | None:
@@ -120,13 +59,18 @@ class Operator:
     name: str = "operator"
 
 
-async def operator(request: Request, svc: ServicesDep) -> Operator:
+async def operator(request: Request, ctx: ContextDep, tenant: BootTenantDep) -> Operator:
     token = bearer(request)
-    if token is None or not hmac.compare_digest(sha256_hex(token), svc.admin_digest):
-        if token is not None and await Identity(svc.store).resolve_pat(token) is not None:
+    if token is None or not is_admin(ctx, token):
+        if token is not None and await ctx.identity.resolve_pat(token) is not None:
             raise Forbidden(OPERATOR_ONLY)
         raise Unauthorized()
-    return Operator(tenant_id=svc.tenant_id)
+    return Operator(tenant_id=tenant)
+
+
+def is_admin(ctx: AppContext, token: str) -> bool:
+    """The operator token, compared by digest in constant time (no token configured: nothing matches)."""
+    return bool(ctx.admin_digest) and hmac.compare_digest(sha256_hex(token), ctx.admin_digest)
 
 
 OperatorDep = Annotated[Operator, Depends(operator)]
@@ -156,12 +100,12 @@ class RunPrincipal:
 
 
 async def run_token(
-    request: Request, svc: Services, session_id: str, audience: Audience, *, allow_revoked: bool = False
+    request: Request, ctx: AppContext, session_id: str, audience: Audience, *, allow_revoked: bool = False
 ) -> RunPrincipal:
     token = bearer(request)
     if token is None:
         raise Unauthorized()
-    row = await svc.store.tokens.resolve_token(token)
+    row = await ctx.tokens.resolve_token(token)
     if row is None or row.expired or (row.revoked and not allow_revoked):
         raise Unauthorized()
     if row.audience != audience.value:
@@ -177,13 +121,13 @@ class TriggerPrincipal:
     tenant_id: str
 
 
-async def trigger_principal(subscription_id: str, request: Request, svc: ServicesDep) -> TriggerPrincipal:
+async def trigger_principal(subscription_id: str, request: Request, ctx: ContextDep) -> TriggerPrincipal:
     """A live ``fbx_trig_`` token of exactly this subscription; anything else (the admin token, a
     revoked token, another subscription's token) is 401."""
     token = bearer(request)
     if token is None or not token.startswith("fbx_trig_"):
         raise Unauthorized()
-    row = await Triggers(svc.store).resolve_token(token)
+    row = await ctx.trigger_records.resolve_token(token)
     if row is None or str(row.subscription_id) != subscription_id.lower():
         raise Unauthorized()
     return TriggerPrincipal(str(row.subscription_id), str(row.tenant_id))
@@ -234,14 +178,14 @@ class Principal:
         return self.reads_all_runs or (invoker is not None and str(invoker) == self.user_id)
 
 
-async def principal(request: Request, svc: ServicesDep) -> Principal:
+async def principal(request: Request, ctx: ContextDep, tenant: BootTenantDep) -> Principal:
     """The admin token, or a ``fbx_pat_`` token whose user, membership and org are live right now."""
     token = bearer(request)
     if token is None:
         raise Unauthorized()
-    if hmac.compare_digest(sha256_hex(token), svc.admin_digest):
-        return Principal(tenant_id=svc.tenant_id, kind="operator")
-    found = await user_principal(svc, token)
+    if is_admin(ctx, token):
+        return Principal(tenant_id=tenant, kind="operator")
+    found = await user_principal(ctx, token)
     if found is None:
         raise Unauthorized()
     if found.read_only and request.method not in ("GET", "HEAD", "OPTIONS"):
@@ -249,9 +193,9 @@ async def principal(request: Request, svc: ServicesDep) -> Principal:
     return found
 
 
-async def user_principal(svc: Services, token: str) -> Principal | None:
+async def user_principal(ctx: AppContext, token: str) -> Principal | None:
     """The PAT's member as of right now (user, membership and org live), or None."""
-    row = await Identity(svc.store).resolve_pat(token)
+    row = await ctx.identity.resolve_pat(token)
     if row is None:
         return None
     return Principal(

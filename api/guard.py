@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.deps import Services, bearer, run_token, wrong_audience_response
+from api.deps import bearer, run_token, wrong_audience_response
 from api.errors import domain_response, error_body
 from core.digests import sha256_hex
 from core.errors import DomainError
@@ -36,6 +36,7 @@ from core.llm_body import error_body as llm_error_body
 from core.tokens import SESSION_TOKEN_PREFIX, Audience
 from core.triggers import TRIGGER_TOKEN_PREFIX
 from db.identity import PAT_PREFIX
+from services.context import AppContext
 
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 LLM_PREFIX = "/internal/llm"
@@ -185,7 +186,7 @@ class RequestGuard:
         if path == LLM_USAGE_PATH:
             return None
         request = Request(scope)
-        svc: Services = scope["app"].state.services
+        ctx: AppContext = scope["app"].state.context
         facade = _is_facade(path)
         token = (request.headers.get("x-api-key") if facade else None) or bearer(request)
         if token is None:
@@ -193,20 +194,20 @@ class RequestGuard:
         if path.startswith("/internal/"):
             plausible = token.startswith(SESSION_TOKEN_PREFIX)
         else:
-            admin = hmac.compare_digest(sha256_hex(token), svc.admin_digest)
+            admin = hmac.compare_digest(sha256_hex(token), ctx.admin_digest)
             plausible = admin or token.startswith(USER_TOKEN_PREFIXES)
         if not plausible:
             return self.unauthorized(path)
         if not self.large(scope):
             return None
         if facade:
-            row = await svc.store.tokens.resolve_token(token)
+            row = await ctx.tokens.resolve_token(token)
             if row is None or row.expired or row.revoked:
                 return self.unauthorized(path)
             return None if row.audience == Audience.LLM.value else wrong_audience_response()
         if _is_workspace(path):
             try:
-                await run_token(request, svc, path[len(WORKSPACE_PREFIX) : -len(WORKSPACE_SUFFIX)], Audience.WORKSPACE)
+                await run_token(request, ctx, path[len(WORKSPACE_PREFIX) : -len(WORKSPACE_SUFFIX)], Audience.WORKSPACE)
             except DomainError as exc:
                 return domain_response(exc)
             return None

@@ -254,15 +254,14 @@ async def setup_run(api: httpx.AsyncClient, within: float) -> str:
 
 
 async def llm_token(database_url: str, run_id: str) -> str:
-    from core.redaction import Redactor
     from db.engine import create_pool
-    from db.store import Store
+    from tests.helpers import context_over
 
     pool = await create_pool(database_url, min_size=1, max_size=1)
     try:
-        store = Store(pool, Redactor())
-        spec = await store.runs.run_spec(run_id)
-        return await store.tokens.issue_token(spec.tenant_id, run_id, "llm", 3600, secrets.token_hex(16))
+        ctx = context_over(pool)
+        spec = await ctx.runs.run_spec(run_id)
+        return await ctx.tokens.issue_token(spec.tenant_id, run_id, "llm", 3600, secrets.token_hex(16))
     finally:
         await pool.close()
 

@@ -40,9 +40,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cli.stack import Stack  # noqa: E402
-from core.redaction import Redactor  # noqa: E402
 from db.engine import create_pool  # noqa: E402
-from db.store import Store  # noqa: E402
+from tests.helpers import context_over  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 
@@ -109,11 +108,11 @@ async def collect_tokens(database_url: str, run_ids: list[str]) -> dict[str, str
     """Run id -> a TOOL token issued by the store (the runner's own never leave its sandbox)."""
     pool = await create_pool(database_url, min_size=1, max_size=2)
     try:
-        store = Store(pool, Redactor())
+        ctx = context_over(pool)
         out = {}
         for run_id in run_ids:
-            spec = await store.runs.run_spec(run_id)
-            out[run_id] = await store.tokens.issue_token(spec.tenant_id, run_id, "tool", 3600, secrets.token_hex(16))
+            spec = await ctx.runs.run_spec(run_id)
+            out[run_id] = await ctx.tokens.issue_token(spec.tenant_id, run_id, "tool", 3600, secrets.token_hex(16))
         return out
     finally:
         await pool.close()

@@ -44,11 +44,9 @@ def database_url() -> str:
 
 
 async def _with_identity(org: str, work: Any) -> Any:
-    from core.redaction import Redactor
     from db.engine import create_pool
     from db.errors import DatabaseError, SchemaNotReady
     from db.identity import Identity
-    from db.store import Store
 
     url = database_url()
     try:
@@ -56,7 +54,7 @@ async def _with_identity(org: str, work: Any) -> Any:
     except (OSError, DatabaseError) as exc:
         raise CliError(f"cannot connect to the fluidbox database: {exc}") from None
     try:
-        identity = Identity(Store(pool, Redactor()))
+        identity = Identity(pool)
         try:
             tenant = await identity.org(org)
         except SchemaNotReady:

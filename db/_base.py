@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import asyncpg
 from pydantic import BaseModel, ConfigDict
@@ -19,6 +19,12 @@ from pydantic import BaseModel, ConfigDict
 from core.errors import NotFound
 
 Conn = Any  # asyncpg.Connection or a pool proxy (asyncpg types are not generic at runtime)
+# What every repository is built over, named here for the layers above (only db imports the driver). The
+# stubs make asyncpg.Pool generic; at runtime it is not, so the subscripted form exists for type checkers only.
+if TYPE_CHECKING:
+    Pool: TypeAlias = asyncpg.Pool[Any]
+else:
+    Pool = asyncpg.Pool
 Row = dict[str, Any]
 M = TypeVar("M", bound=BaseModel)
 
@@ -104,6 +110,7 @@ class Repository:
 
 __all__ = [
     "Conn",
+    "Pool",
     "ReadModel",
     "Repository",
     "Row",

@@ -8,13 +8,9 @@ from typing import Any
 from db._base import Repository, as_model, as_models, uuid_or_none
 from db.ids import new_id
 from db.models.capabilities import CapabilityBundle
-from db.store import Store
 
 
 class Capabilities(Repository):
-    def __init__(self, store: Store) -> None:
-        super().__init__(store.pool)
-
     async def publish(
         self, tenant_id: str, name: str, description: str | None, definition: Any, digest: str
     ) -> CapabilityBundle:

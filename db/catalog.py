@@ -12,7 +12,6 @@ from core.errors import Conflict
 from db._base import Conn, Repository, as_model
 from db.ids import new_id
 from db.models.catalog import ConnectorCatalogEntry
-from db.store import Store
 
 COLUMNS = (
     "slug", "name", "icon", "description", "categories", "url", "transport", "auth_mode", "auth_hints", "scopes",
@@ -26,9 +25,6 @@ def duplicate_slug(slug: str) -> str:
 
 
 class Catalog(Repository):
-    def __init__(self, store: Store) -> None:
-        super().__init__(store.pool)
-
     def _values(self, entry: dict[str, Any]) -> list[Any]:
         values = {c: entry.get(c) if entry.get(c) is not None else DEFAULTS.get(c) for c in COLUMNS}
         values["access"] = parse_access(values["access"], f"catalog entry '{entry.get('slug')}'.access")

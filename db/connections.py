@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import asyncpg
 from pydantic import Field
 
 from core import events as ev
@@ -21,13 +22,13 @@ from core.access import NONE, classify, definition
 from core.errors import Conflict, NotFound
 from db._base import Conn, ReadModel, Repository, as_model, fetch_model, fetch_models, uuid_or_none
 from db.ids import new_id
+from db.ledger import Ledger
 from db.models.connections import (
     ConnectionApprovedTool,
     ConnectionToolChange,
     ConnectionToolSnapshot,
     ToolExecutionClaim,
 )
-from db.store import Store
 
 CONNECTION_FIELDS = (
     "id, tenant_id, provider, display_name, base_url, auth_kind, header_name, scheme, status, owner_type, "
@@ -202,9 +203,9 @@ async def insert_connection(
 
 
 class Connections(Repository):
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        super().__init__(store.pool)
+    def __init__(self, pool: asyncpg.Pool[Any], ledger: Ledger) -> None:
+        super().__init__(pool)
+        self.ledger = ledger
 
     # ---- connections ---------------------------------------------------------------------------
 
@@ -243,7 +244,7 @@ class Connections(Repository):
                 event = ev.NewEvent(
                     type="connection.proposed", actor="agent", data={"tool_call_id": tool_call_id, **data}
                 )
-                await self.store.append(conn, run_id, [event])
+                await self.ledger.append(conn, run_id, [event])
 
     async def save_proposal(
         self, tenant_id: str, run_id: str, tool_call_id: str, proposal: dict[str, str], agent: str
@@ -284,7 +285,7 @@ class Connections(Repository):
                     "status": "pending",
                 },
             )
-            await self.store.append(conn, run_id, [event])
+            await self.ledger.append(conn, run_id, [event])
             return row, True
 
     async def discard_pending_oauth(self, tenant_id: str, connection_id: str) -> None:
@@ -783,7 +784,7 @@ class Connections(Repository):
                 float(ttl_secs),
             )
             if rows:
-                await self.store.append(conn, run_id, [event_for(r) for r in rows])
+                await self.ledger.append(conn, run_id, [event_for(r) for r in rows])
             return rows
 
     async def take(self, run_id: str, tool_call_id: str, digest: str) -> ToolExecutionClaim | None:
@@ -814,7 +815,7 @@ class Connections(Repository):
         and ``event`` (its single ``tool.brokered``, or the refusal's decision) appended, redacted, at the run's
         next seq, in one statement (atomic, NOTIFY at commit). Only a claim still ``claimed`` moves, and only
         then is the event written; the row is returned as it now stands. :class:`NotFound`: no such claim."""
-        row = await self.store.ledger._settle_claim(run_id, tool_call_id, digest, state, result, error, event)
+        row = await self.ledger._settle_claim(run_id, tool_call_id, digest, state, result, error, event)
         if row is None:
             raise NotFound()
         return row

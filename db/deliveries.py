@@ -10,12 +10,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import asyncpg
+
 from core import events as ev
+from core.redaction import Redactor
 from core.runspec import RunSpec
 from db._base import ReadModel, Repository, fetch_model, fetch_models
 from db.ids import new_id
+from db.ledger import Ledger
 from db.models.deliveries import Delivery
-from db.store import Store
+from db.runs import Runs
 
 TERMINAL = frozenset({"delivered", "failed", "skipped"})
 WEBHOOK = "webhook"
@@ -47,9 +51,11 @@ class PublishAuthority(ReadModel):
 
 
 class Deliveries(Repository):
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        super().__init__(store.pool)
+    def __init__(self, pool: asyncpg.Pool[Any], ledger: Ledger, runs: Runs, redactor: Redactor) -> None:
+        super().__init__(pool)
+        self.ledger = ledger
+        self.runs = runs
+        self.redactor = redactor
 
     async def enqueue(self, spec: RunSpec) -> list[Delivery]:
         """Insert a pending row per webhook destination (a retry inserts nothing); return them all."""
@@ -118,7 +124,7 @@ class Deliveries(Repository):
             uuid.UUID(delivery_id),
             attempt,
             status_code,
-            self.store.redactor.redact(error).value if error else None,
+            self.redactor.redact(error).value if error else None,
             payload_digest,
             retry_in_secs,
         )
@@ -139,11 +145,11 @@ class Deliveries(Repository):
                 " WHERE id = $1 AND status = 'pending' RETURNING *",
                 uuid.UUID(delivery_id),
                 status,
-                self.store.redactor.redact(error).value if error else None,
+                self.redactor.redact(error).value if error else None,
                 attempts,
             )
             if row is not None:
-                await self.store.ledger.append(conn, str(row.session_id), [event])
+                await self.ledger.append(conn, str(row.session_id), [event])
             return row
 
     async def result_body(
@@ -161,7 +167,7 @@ class Deliveries(Repository):
                 "ORDER BY created_at, kind, name",
                 rid,
             )
-        usage = await self.store.runs.usage_totals(run_id)
+        usage = await self.runs.usage_totals(run_id)
         spec = run["run_spec"] or {}
         return {
             "event": "run.finished",

@@ -21,7 +21,6 @@ from core.tokens import token_digest
 from db._base import Conn, ReadModel, Repository, fetch_model, known_id
 from db.ids import new_id
 from db.models.runs import Run
-from db.store import Store
 
 PAT_PREFIX = "fbx_pat_"
 ROLES: tuple[str, ...] = ("member", "approver", "admin", "owner")
@@ -116,9 +115,14 @@ class PatPrincipal(ReadModel):
 
 
 class Identity(Repository):
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        super().__init__(store.pool)
+    async def boot_tenant(self) -> str:
+        """The boot organization (slug ``default``), created on first use: the operator's and the embedded stack's."""
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO tenants (id, name, slug) VALUES ($1, 'default', 'default') ON CONFLICT DO NOTHING",
+                uuid.UUID(new_id()),
+            )
+            return str(await conn.fetchval("SELECT id FROM tenants WHERE slug = 'default'"))
 
     # ---- orgs ----------------------------------------------------------------------------------
 

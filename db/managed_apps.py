@@ -20,7 +20,6 @@ from core.errors import Conflict, Forbidden, NotFound
 from db._base import ReadModel, Repository, Row, fetch_model
 from db.connections import CONNECTION_FIELDS, ConnectionRow, NewConnection, insert_connection
 from db.ids import new_id
-from db.store import Store
 
 __all__ = ["PROOF_TTL", "HeldGrant", "ManagedAppRecords", "ManagedFlow", "SpentProof"]
 
@@ -85,9 +84,6 @@ class AppConnection(ReadModel):
 
 
 class ManagedAppRecords(Repository):
-    def __init__(self, store: Store) -> None:
-        super().__init__(store.pool)
-
     async def accounts_connections(self, tenant_id: str, user_id: str) -> list[AppConnection]:
         """Every app this account has a connection row for: the connection (``c.*`` public fields), ``app_id``,
         and ``provisioning`` (a signed-in grant is waiting to be completed). Reads only."""

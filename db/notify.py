@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from db.engine import asyncpg_dsn
-from db.store import NOTIFY_CHANNEL
+from db.ledger import NOTIFY_CHANNEL
 
 log = logging.getLogger("fluidbox.hub")
 

@@ -19,13 +19,14 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
+
 from core.errors import Conflict, Forbidden, NotFound
 from db._base import ReadModel, Repository, fetch_model, known_id
 from db.connections import CONNECTION_FIELDS, ConnectionRow, Connections
 from db.ids import new_id
 from db.models.connections import ConnectionToolSnapshot
 from db.models.oauth import OAuthClientRegistration
-from db.store import Store
 
 __all__ = [
     "FLOW_TTL",
@@ -127,9 +128,9 @@ class LockedGrant(ReadModel):
 
 
 class OAuthRecords(Repository):
-    def __init__(self, store: Store) -> None:
-        super().__init__(store.pool)
-        self._connections = Connections(store)
+    def __init__(self, pool: asyncpg.Pool[Any], connections: Connections) -> None:
+        super().__init__(pool)
+        self._connections = connections
 
     # ---- registrations -------------------------------------------------------------------------
 

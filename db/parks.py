@@ -13,6 +13,8 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+import asyncpg
+
 from core import events as ev
 from core.bindings import covering, freeze_binding, park_secs, pending_action, url_key
 from core.runspec import RunSpec
@@ -20,8 +22,9 @@ from core.states import RunStatus
 from db._base import Conn, ReadModel, Repository, as_model, as_models, as_row
 from db.connections import ConnectionRow, Connections
 from db.ids import new_id
+from db.ledger import Ledger
 from db.models.parks import RunPark
-from db.store import Store
+from db.runs import Runs
 
 UP_FRONT = ""  # tool_call_id of a park before provisioning
 
@@ -43,10 +46,11 @@ class CallConnection(ReadModel):
 
 
 class Parks(Repository):
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.connections = Connections(store)
-        super().__init__(store.pool)
+    def __init__(self, pool: asyncpg.Pool[Any], ledger: Ledger, runs: Runs, connections: Connections) -> None:
+        super().__init__(pool)
+        self.ledger = ledger
+        self.runs = runs
+        self.connections = connections
 
     # ---- parking -------------------------------------------------------------------------------
 
@@ -81,15 +85,13 @@ class Parks(Repository):
             )
             actions.append(action)
             new.append(ev.NewEvent(type=ev.CONNECTION_REQUIRED, data=action))
-        await self.store.runs.transition(
-            spec.run_id, RunStatus.WAITING_FOR_CONNECTION, actions[0]["reason"], new, conn=conn
-        )
+        await self.runs.transition(spec.run_id, RunStatus.WAITING_FOR_CONNECTION, actions[0]["reason"], new, conn=conn)
         await conn.execute("UPDATE sessions SET pending_action = $2 WHERE id = $1", uuid.UUID(spec.run_id), actions[0])
         return actions[0]
 
     async def park_call(self, run_id: str, tool_call_id: str, digest: str, reason: str) -> ParkedCall:
         """Park one brokered call (idempotent): its wait, ``authorization.required``, the run waiting."""
-        spec = await self.store.runs.run_spec(run_id)
+        spec = await self.runs.run_spec(run_id)
         ttl = park_secs(spec.budgets.max_park_secs)
         async with self.pool.acquire() as conn, conn.transaction():
             status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
@@ -145,12 +147,10 @@ class Parks(Repository):
                 data={**action, "tool": claim["tool"], "challenge": action["authorization_url"]},
             )
             if status in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
-                await self.store.runs.transition(
-                    run_id, RunStatus.WAITING_FOR_CONNECTION, reason, [required], conn=conn
-                )
+                await self.runs.transition(run_id, RunStatus.WAITING_FOR_CONNECTION, reason, [required], conn=conn)
                 status = RunStatus.WAITING_FOR_CONNECTION.value
             else:
-                await self.store.append(conn, run_id, [required])
+                await self.ledger.append(conn, run_id, [required])
             if status == RunStatus.WAITING_FOR_CONNECTION:
                 await conn.execute("UPDATE sessions SET pending_action = $2 WHERE id = $1", uuid.UUID(run_id), action)
             return ParkedCall(park=row, status=status)
@@ -229,7 +229,7 @@ class Parks(Repository):
                 type=ev.CONNECTION_RESUMED,
                 data={"slots": {b["slot"]: b["connection_id"] for b in bound}},
             )
-            await self.store.runs.transition(
+            await self.runs.transition(
                 run_id, RunStatus.CREATED, "every connection requirement is bound", [resumed], conn=conn
             )
         return "resumed", None
@@ -292,12 +292,10 @@ class Parks(Repository):
             )
             if status == RunStatus.WAITING_FOR_CONNECTION and not others:
                 await conn.execute("UPDATE sessions SET pending_action = NULL WHERE id = $1", uuid.UUID(run_id))
-                await self.store.runs.transition(
-                    run_id, RunStatus.RUNNING, "the connection is usable again", new, conn=conn
-                )
+                await self.runs.transition(run_id, RunStatus.RUNNING, "the connection is usable again", new, conn=conn)
                 status = RunStatus.RUNNING.value
             else:
-                await self.store.append(conn, run_id, new)
+                await self.ledger.append(conn, run_id, new)
             return "resumed", status
 
     async def end(self, run_id: str, tool_call_id: str, outcome: str) -> RunPark | None:
@@ -316,7 +314,7 @@ class Parks(Repository):
             )
             if rows:
                 await conn.execute("UPDATE sessions SET pending_action = NULL WHERE id = $1", uuid.UUID(run_id))
-                await self.store.append(
+                await self.ledger.append(
                     conn,
                     run_id,
                     [

@@ -26,7 +26,7 @@ from db._base import Conn, ReadModel, Repository, fetch_model, uuid_or_none
 from db.ids import new_id
 from db.models.runs import Run
 from db.models.triggers import TriggerInvocation, TriggerSubscription
-from db.store import Store
+from db.runs import Runs
 
 log = logging.getLogger("fluidbox.db.triggers")
 
@@ -134,9 +134,9 @@ def _name_conflict(name: str) -> Conflict:
 
 
 class Triggers(Repository):
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        super().__init__(store.pool)
+    def __init__(self, pool: asyncpg.Pool[Any], runs: Runs) -> None:
+        super().__init__(pool)
+        self.run_records = runs
 
     # ---- subscriptions -------------------------------------------------------------------------
 
@@ -340,7 +340,7 @@ class Triggers(Repository):
             for other in active:
                 status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(other))
                 if status not in TERMINAL_STATUSES:
-                    await self.store.runs.record_finalization(conn, other, "cancelled", None, REPLACED_REASON, True)
+                    await self.run_records.record_finalization(conn, other, "cancelled", None, REPLACED_REASON, True)
         return active
 
     async def record_skip(

@@ -16,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import yaml
 from pydantic import Field
 
@@ -26,8 +27,8 @@ from core.states import ACCEPTS_WORK, accepts_work
 from core.usage import Spend, Usage, admit, exhausted
 from db._base import Conn, ReadModel
 from db.ids import new_id
-from db.runs import UsageTotals
-from db.store import Store
+from db.ledger import Ledger
+from db.runs import Runs, UsageTotals
 
 log = logging.getLogger("fluidbox.usage")
 PRICING_FILE = Path(__file__).resolve().parent.parent / "core" / "pricing.yaml"
@@ -115,8 +116,19 @@ class Verdict:
 
 
 class Metering:
-    def __init__(self, store: Store, prices: PriceTable, *, ceiling: int = 32, ttl_secs: int = 1800) -> None:
-        self.store = store
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        ledger: Ledger,
+        runs: Runs,
+        prices: PriceTable,
+        *,
+        ceiling: int = 32,
+        ttl_secs: int = 1800,
+    ) -> None:
+        self.pool = pool
+        self.ledger = ledger
+        self.runs = runs
         self.prices = prices
         self.ceiling = ceiling
         self.ttl_secs = ttl_secs
@@ -134,7 +146,7 @@ class Metering:
         reserve = ask is not None and ask.reserve
         reservation = new_id()
         cost = self.prices.estimate(ask.model, ask.input_tokens, ask.output_tokens) if ask is not None else None
-        async with self.store.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
                 "SELECT * FROM llm_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
                 uuid.UUID(spec.run_id),
@@ -185,7 +197,7 @@ class Metering:
         return Verdict("refused", code=decision.code or "llm_budget_reservation_exceeded", message=decision.message)
 
     async def _record_stop(self, run_id: str, budget: str, spend: Spend) -> bool:
-        async with self.store.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn, conn.transaction():
             status = await conn.fetchval("SELECT status FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(run_id))
             if status is None or not accepts_work(status):
                 return False
@@ -193,15 +205,15 @@ class Metering:
 
     async def _stop(self, conn: Conn, run_id: str, budget: str, spend: Spend) -> bool:
         """Record the budget stop once: the wind-down intent and ``budget.exceeded`` (single emission)."""
-        spec = await self.store.runs.run_spec(run_id)
+        spec = await self.runs.run_spec(run_id)
         limit = spec.budgets.max_cost_usd if budget == "max_cost_usd" else spec.budgets.max_tokens
         spent = f"{spend.used_cost:.6f}" if budget == "max_cost_usd" and spend.used_cost is not None else None
-        created = await self.store.runs.record_finalization(
+        created = await self.runs.record_finalization(
             conn, run_id, "budget_exceeded", None, f"{budget} budget exceeded", True
         )
         if created:
             data = {"budget": budget, "limit": str(limit), "spent": spent or str(spend.used_tokens)}
-            await self.store.ledger.append(conn, run_id, [ev.NewEvent(type=ev.BUDGET_EXCEEDED, data=data)])
+            await self.ledger.append(conn, run_id, [ev.NewEvent(type=ev.BUDGET_EXCEEDED, data=data)])
         return created
 
     async def charge(
@@ -211,7 +223,7 @@ class Metering:
         and a ``model.response`` event. False when the reservation was already settled (e.g. expired)."""
         cost = self.prices.cost(model, usage)
         rid = uuid.UUID(run_id)
-        async with self.store.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn, conn.transaction():
             settled = await conn.fetchval(
                 "UPDATE llm_reservations SET state = 'charged', settled_at = now(), settle_reason = 'metered'"
                 " WHERE id = $1 AND state = 'reserved' RETURNING id",
@@ -230,7 +242,7 @@ class Metering:
             }
             if ttfb_ms is not None:
                 data["ttfb_ms"] = ttfb_ms
-            await self.store.ledger.append(conn, run_id, [ev.NewEvent(type=MODEL_RESPONSE, data=data)])
+            await self.ledger.append(conn, run_id, [ev.NewEvent(type=MODEL_RESPONSE, data=data)])
             return True
 
     async def _entry(
@@ -254,7 +266,7 @@ class Metering:
 
     async def release(self, run_id: str, reservation_id: str, reason: str) -> None:
         """reserved → released: only on proof the request was never served (nothing was spent)."""
-        async with self.store.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             await conn.execute(
                 "UPDATE llm_reservations SET state = 'released', settled_at = now(), settle_reason = $2"
                 " WHERE id = $1 AND state = 'reserved'",
@@ -269,17 +281,17 @@ class Metering:
             f"model request without a usage report ({why}); reservation {reservation_id} stays held and is "
             f"charged conservatively when it expires"
         )
-        await self.store.ledger.append_events(run_id, [ev.system_message(note)])
+        await self.ledger.append_events(run_id, [ev.system_message(note)])
 
     async def unparsed(self, run_id: str) -> None:
         """The answer came back whole but carried no usage we could parse: the reservation stays held (never
         zero) until expiry charges it, and the run's ledger says so in the reference's words."""
-        await self.store.ledger.append_events(run_id, [ev.system_message(USAGE_UNPARSED)])
+        await self.ledger.append_events(run_id, [ev.system_message(USAGE_UNPARSED)])
 
     async def expire_due(self, limit: int = 100) -> int:
         """Charge every expired reservation as its whole reservation (``source='reservation_timeout'``)
         with an ``agent.message`` notice. Safe on many replicas: each conversion is a CAS."""
-        async with self.store.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             due = await conn.fetch(
                 "SELECT id, session_id FROM llm_reservations WHERE state = 'reserved' AND expires_at < now()"
                 " ORDER BY expires_at LIMIT $1",
@@ -287,7 +299,7 @@ class Metering:
             )
         converted = 0
         for row in due:
-            async with self.store.pool.acquire() as conn, conn.transaction():
+            async with self.pool.acquire() as conn, conn.transaction():
                 res = await conn.fetchrow(
                     "UPDATE llm_reservations SET state = 'charged', settled_at = now(), settle_reason = 'expired'"
                     " WHERE id = $1 AND state = 'reserved' AND expires_at < now() RETURNING *",
@@ -305,12 +317,12 @@ class Metering:
                     f"a model request never reported its usage (reservation {res['id']}); charged conservatively "
                     f"as its whole reservation: {usage.total} tokens, {price}"
                 )
-                await self.store.ledger.append(conn, str(res["session_id"]), [ev.system_message(note)])
+                await self.ledger.append(conn, str(res["session_id"]), [ev.system_message(note)])
                 converted += 1
         return converted
 
     async def reservations(self, run_id: str) -> list[Reservation]:
-        async with self.store.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 "SELECT id, model, state, reserved_input_tokens, reserved_output_tokens, reserved_cost_usd,"
                 " created_at, expires_at, settled_at, settle_reason FROM llm_reservations WHERE session_id = $1"
@@ -326,7 +338,7 @@ class Metering:
         rid = uuid.UUID(run_id)
         # One snapshot for every figure: a reservation converted between two reads would otherwise show
         # in neither the breakdown nor the live reservations, or in both.
-        async with self.store.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             by = await conn.fetch(
                 "SELECT model, source, sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,"
                 " sum(cache_read_tokens) AS cache_read_tokens, sum(cache_write_tokens) AS cache_write_tokens,"

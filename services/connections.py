@@ -115,6 +115,8 @@ class Ownership:
 @dataclass
 class ConnectionService:
     connections: Connections
+    parks: Parks
+    challenges: Challenges
     url_policy: UrlPolicy
     sealer: Sealer | None
     oauth: OAuthConnect | None
@@ -328,7 +330,7 @@ class ConnectionService:
             json.dumps({"f": started.flow_id, "u": started.authorization_url}), context=GO_CONTEXT
         )
         go_url = f"{self.public_base}/v1/oauth/go?f={base64.urlsafe_b64encode(sealed).decode().rstrip('=')}"
-        await Challenges(self.connections.pool).save(str(started.flow_id), go_url)
+        await self.challenges.save(str(started.flow_id), go_url)
         return go_url
 
     async def connect_env(
@@ -387,7 +389,7 @@ class ConnectionService:
         (a pending flow's link is reused, so asking again mints nothing); or :class:`Conflict` with
         ``status: unavailable`` and the reason (a missing environment credential named exactly). Without
         ``signs_in`` (a read-only caller), :class:`Forbidden` instead of any sign-in link."""
-        env = await Parks(self.connections.store).connection_env(str(row.id))
+        env = await self.parks.connection_env(str(row.id))
         missing = f"Missing {env}" if env and not os.environ.get(env) else None
         if row.status == "active":
             if missing:
@@ -404,7 +406,7 @@ class ConnectionService:
             raise unavailable("the connection is revoked: create a new one")
         if not signs_in:
             raise Forbidden(READ_ONLY_SIGN_IN)
-        url = await Challenges(self.connections.pool).pending(str(row.id), int(row.authorization_generation))
+        url = await self.challenges.pending(str(row.id), int(row.authorization_generation))
         if url is None:
             url = await self.start_sign_in(tenant_id, row, actor_user_id)
         return {"status": "authorize", "url": url, "connection_id": str(row.id)}
@@ -449,7 +451,7 @@ class ConnectionService:
         admitted = await self.admit(row.base_url)  # it may resolve elsewhere by now
         if row.auth_kind == "oauth":
             photo = await self.oauth_photograph(tenant_id, row, admitted)
-        elif env := await Parks(self.connections.store).connection_env(str(row.id)):
+        elif env := await self.parks.connection_env(str(row.id)):
             token = env_credential(env)
             headers = auth_headers(token, header_name=row.header_name, scheme=row.scheme)
             photo = await take_photograph(admitted.url, headers, rolled_back=False, pin=admitted)

@@ -36,7 +36,6 @@ from db.catalog import Catalog
 from db.connections import ConnectionRow, Connections, credential_context
 from db.managed_apps import AppConnection, HeldGrant, ManagedAppRecords, ManagedFlow
 from db.oauth import FlowTarget, OAuthRecords
-from db.store import Store
 from integrations import mcp_client
 from integrations.oauth import AuthorizationServer, InvalidGrant, OAuthClientError
 from integrations.sealing import Sealer
@@ -108,7 +107,9 @@ def _now() -> datetime:
 class ManagedApps:
     def __init__(
         self,
-        store: Store,
+        records: ManagedAppRecords,
+        oauth_records: OAuthRecords,
+        connections: Connections,
         sealer: Sealer,
         catalog: Catalog,
         connect: OAuthConnect,
@@ -128,9 +129,9 @@ class ManagedApps:
             redirect_urls: the allowed callback locations for a client's ``redirect_url``.
             access_tokens: the process's token cache, evicted when a connection gets a new grant.
         """
-        self.records = ManagedAppRecords(store)
-        self.oauth_records = OAuthRecords(store)
-        self.connections = Connections(store)
+        self.records = records
+        self.oauth_records = oauth_records
+        self.connections = connections
         self.sealer = sealer
         self.catalog = catalog
         self.connect_legs = connect

@@ -31,7 +31,6 @@ from db.connections import ConnectionRow, Connections, credential_context
 from db.models.connections import ConnectionToolSnapshot
 from db.models.oauth import OAuthClientRegistration
 from db.oauth import ClaimedFlow, OAuthFlow, OAuthRecords, flow_verifier_context, registration_secret_context
-from db.store import Store
 from integrations import mcp_client
 from integrations.oauth import (
     AuthorizationServer,
@@ -84,7 +83,8 @@ class Activated:
 class OAuthConnect:
     def __init__(
         self,
-        store: Store,
+        records: OAuthRecords,
+        connections: Connections,
         sealer: Sealer,
         client: OAuthClient,
         policy: UrlPolicy,
@@ -101,8 +101,8 @@ class OAuthConnect:
                 (``integrations.oauth.client_metadata_document_url``).
             photographer: ``integrations.mcp_client.photograph`` (the tools are photographed under the new grant).
         """
-        self.records = OAuthRecords(store)
-        self.store = store
+        self.records = records
+        self.connections = connections
         self.sealer = sealer
         self.client = client
         self.policy = policy
@@ -369,7 +369,7 @@ class OAuthConnect:
         return Activated(row, snapshot, tokens)
 
     async def _connection(self, tenant_id: str, connection_id: str) -> ConnectionRow:
-        row = await Connections(self.store).get(tenant_id, connection_id)
+        row = await self.connections.get(tenant_id, connection_id)
         if row is None:
             raise NotFound()
         return row

@@ -30,7 +30,6 @@ from pydantic import SecretStr
 from core.errors import GrantLost
 from db.connections import credential_context
 from db.oauth import GrantLock, OAuthRecords, registration_secret_context
-from db.store import Store
 from integrations.oauth import REFRESH_MARGIN, AuthorizationServer, ClientIdentity, InvalidGrant, OAuthClient
 from integrations.sealing import Sealer
 
@@ -57,14 +56,14 @@ def _utcnow() -> datetime:
 class AccessTokens:
     def __init__(
         self,
-        store: Store,
+        records: OAuthRecords,
         sealer: Sealer,
         client: OAuthClient,
         *,
         margin: timedelta = REFRESH_MARGIN,
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
-        self.records = OAuthRecords(store)
+        self.records = records
         self.sealer = sealer
         self.client = client
         self.margin = margin

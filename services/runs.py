@@ -13,9 +13,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from temporalio.client import Client
-from temporalio.exceptions import WorkflowAlreadyStartedError
-
 from config.settings import Settings
 from core.bindings import covering, freeze_binding, quarantined, same_url
 from core.capabilities import frozen_entry, narrow_pins
@@ -32,13 +29,16 @@ from core.runspec import (
     repository_in_scope,
 )
 from core.states import RunStatus
+from db._base import Conn
+from db.agents import Agents
 from db.capabilities import Capabilities
 from db.connections import Connections
 from db.ids import new_id
 from db.models.runs import Run
 from db.parks import Parks
-from db.store import Conn, Store
-from services.run_control import RunControl
+from db.policies import Policies
+from db.runs import Runs
+from services.run_control import RunControl, WorkflowExists
 
 log = logging.getLogger("fluidbox.services.runs")
 
@@ -65,11 +65,14 @@ class RunRequest:
 
 @dataclass
 class RunFactory:
-    store: Store
+    agents: Agents
+    policies: Policies
+    runs: Runs
+    parks: Parks
     connections: Connections
     capabilities: Capabilities
     settings: Settings
-    temporal: Callable[[], Awaitable[Client]]
+    control: RunControl
 
     async def freeze_capabilities(self, pins: list[dict[str, Any]], keep: list[str] | None) -> list[dict[str, Any]]:
         """The revision's pinned bundles, narrowed (remove-only) by the run's keep-list; ``[]`` strips all."""
@@ -183,14 +186,13 @@ class RunFactory:
         ``invoker_user_id``: the signed-in user starting the run (None for the operator and triggers).
         ``host_paths``: whether the workspace may name a control-plane host path (default: only without a user;
         a trigger passes whether the operator set it up)."""
-        store = self.store
-        agent = await store.agents.find_agent(tenant_id, req.agent)
+        agent = await self.agents.find_agent(tenant_id, req.agent)
         if agent is None:
             raise BadRequest(f"unknown agent '{req.agent}'")
-        revision = await store.agents.latest_revision_of(str(agent.id))
+        revision = await self.agents.latest_revision_of(str(agent.id))
         if revision is None:
             raise BadRequest("agent has no revisions")
-        policy_row = await store.policies.policy_head_of(str(revision.policy_id))
+        policy_row = await self.policies.policy_head_of(str(revision.policy_id))
         capabilities = await self.freeze_capabilities(revision.capability_bundles or [], req.capabilities)
         brokered, pending = await self.resolve_bindings(
             tenant_id, revision.connection_requirements or [], req.bindings, invoker_user_id, req.when_unavailable
@@ -275,55 +277,47 @@ class RunFactory:
     ) -> Run:
         """Record the run (with its bindings and whatever ``also`` writes, in one transaction) and start
         its workflow. If the workflow cannot start, the run is finalized ``failed`` and 503 is raised."""
-        store = self.store
         brokered = spec.brokered
 
         async def _also(conn: Conn) -> None:
             if invoked_by_user_id is not None:
-                await store.runs.set_invoker(conn, spec.run_id, invoked_by_user_id)
+                await self.runs.set_invoker(conn, spec.run_id, invoked_by_user_id)
             await self.connections.insert_bindings(conn, spec.tenant_id, spec.run_id, brokered)
             if spec.pending_requirements:
                 # Parked before anything provisions or spends: the workflow starts waiting.
-                parked["action"] = await Parks(store).park_up_front(conn, spec)
+                parked["action"] = await self.parks.park_up_front(conn, spec)
             if also is not None:
                 await also(conn)
 
         parked: dict[str, Any] = {}
-        row = await store.runs.create_run(spec, invoked_by_kind=invoked_by_kind, also=_also)
+        row = await self.runs.create_run(spec, invoked_by_kind=invoked_by_kind, also=_also)
         if parked:  # the row as committed: waiting_for_connection with its pending action
-            row = await store.runs.get_run(None, spec.run_id) or row
+            row = await self.runs.get_run(None, spec.run_id) or row
         if invoked_by_user_id is not None:
             row.invoked_by_user_id = uuid.UUID(invoked_by_user_id)  # ``_also`` set it after the RETURNING
         try:
-            await self._start_workflow(spec)
-        except WorkflowAlreadyStartedError:
+            await self.control.start(spec)
+        except WorkflowExists:
             pass  # the stranded-run check got there first (this process was slow): the run has its workflow
         except Exception as exc:
             log.exception("could not start the workflow of run %s", spec.run_id)
             reason = f"could not start the run workflow: {type(exc).__name__}"
             with contextlib.suppress(Exception):
-                await store.runs.request_finalization(spec.run_id, "failed", reason=reason)
-                await store.runs.transition(spec.run_id, RunStatus.FINALIZING, reason)
-                await store.runs.finish(spec.run_id, RunStatus.FAILED, reason, None, "failed", [], [])
+                await self.runs.request_finalization(spec.run_id, "failed", reason=reason)
+                await self.runs.transition(spec.run_id, RunStatus.FINALIZING, reason)
+                await self.runs.finish(spec.run_id, RunStatus.FAILED, reason, None, "failed", [], [])
             raise Unavailable("the workflow engine is unavailable; the run was not started") from exc
         return row
-
-    @property
-    def control(self) -> RunControl:
-        return RunControl(self.store, self.temporal, self.settings)
-
-    async def _start_workflow(self, spec: RunSpec) -> None:
-        await self.control.start(spec)
 
     async def start_stranded(self, older_than_secs: float = STRANDED_AFTER_SECS) -> int:
         """Start the workflow of every run still ``created`` a while after its insert, with no wind-down
         intent: the process that inserted it died before (or while) starting the workflow. Starting
         twice is harmless (the workflow id is the run's), so every API replica may run this."""
         started = 0
-        for run_id in await self.store.runs.stranded(older_than_secs):
+        for run_id in await self.runs.stranded(older_than_secs):
             try:
-                await self._start_workflow(await self.store.runs.run_spec(run_id))
-            except WorkflowAlreadyStartedError:
+                await self.control.start(await self.runs.run_spec(run_id))
+            except WorkflowExists:
                 continue  # it has one (its worker may just be slow to move it on)
             log.warning("run %s was stranded in 'created' without a workflow; started it now", run_id)
             started += 1

@@ -20,9 +20,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from temporalio.client import Client
-
-from config.settings import Settings
 from core.capabilities import narrow_pins
 from core.errors import BadRequest, DomainError, Forbidden, NotFound, Unavailable
 from core.runspec import WorkspaceInput, host_path_refusal, workspace_doc
@@ -37,10 +34,10 @@ from core.triggers import (
     subscription_kind,
     trigger_token,
 )
+from db.agents import Agents
 from db.connections import Connections
 from db.ids import new_id
 from db.models.triggers import TriggerSubscription
-from db.store import Store
 from db.triggers import Triggers
 from integrations.sealing import Sealer
 from integrations.urls import UrlPolicy, UrlRefused
@@ -101,15 +98,12 @@ class Patched:
 
 @dataclass
 class SubscriptionService:
-    store: Store
+    db: Triggers
+    agents: Agents
     connections: Connections
-    settings: Settings
-    temporal: Callable[[], Awaitable[Client]]
+    schedules: Schedules
+    callback_policy: UrlPolicy
     sealer: Sealer | None
-
-    @property
-    def db(self) -> Triggers:
-        return Triggers(self.store)
 
     async def get(self, tenant_id: str, subscription_id: str) -> TriggerSubscription:
         row = await self.db.get(tenant_id, subscription_id)
@@ -122,7 +116,7 @@ class SubscriptionService:
         if row.kind != "schedule":
             return None
         try:
-            return await Schedules(self.temporal, self.settings).fire_times(str(row.id))
+            return await self.schedules.fire_times(str(row.id))
         except DomainError:
             # Reading a subscription must not fail because the engine is down; the times are unknown.
             log.warning("could not read the Temporal Schedule of subscription %s", row.id, exc_info=True)
@@ -132,7 +126,7 @@ class SubscriptionService:
         """A member may not set up a subscription whose fires would read a control-plane host path."""
         refusal = host_path_refusal(workspace)
         if refusal is None and workspace is None:
-            revision = await self.store.agents.latest_revision_of(agent_id)
+            revision = await self.agents.latest_revision_of(agent_id)
             default = revision.default_workspace if revision is not None else None
             if host_path_refusal(default) is not None:
                 refusal = (
@@ -152,7 +146,7 @@ class SubscriptionService:
         check_name(draft.name)
         check_policy(draft.concurrency_policy)
         check_template(kind, draft.task_template, draft.allow_task_override)
-        agent = await self.store.agents.find_agent(tenant_id, draft.agent)
+        agent = await self.agents.find_agent(tenant_id, draft.agent)
         if agent is None:
             raise BadRequest(f"unknown agent '{draft.agent}'")
         agent_id = str(agent.id)
@@ -278,7 +272,7 @@ class SubscriptionService:
 
     async def _admit_callback(self, url: str) -> str:
         try:
-            admitted = await UrlPolicy(allow_loopback=self.settings.allow_loopback_callbacks).admit(url)
+            admitted = await self.callback_policy.admit(url)
         except UrlRefused as err:
             raise BadRequest(f"callback_url: {err}") from None
         return admitted.url
@@ -296,7 +290,7 @@ class SubscriptionService:
 
         async def sync(new_row: TriggerSubscription) -> None:
             try:
-                await Schedules(self.temporal, self.settings).upsert(new_row)
+                await self.schedules.upsert(new_row)
             except DomainError:
                 raise
             except Exception as exc:
@@ -308,7 +302,7 @@ class SubscriptionService:
     async def _check_capabilities(self, agent_id: str, keep: list[str] | None) -> None:
         if keep is None:
             return
-        revision = await self.store.agents.latest_revision_of(agent_id)
+        revision = await self.agents.latest_revision_of(agent_id)
         narrow_pins(revision.capability_bundles if revision is not None else [], keep)
 
     async def _event_connection(self, tenant_id: str, connection_id: str) -> str:

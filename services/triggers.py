@@ -19,9 +19,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from temporalio.client import Client
-
-from config.settings import Settings
 from core.errors import BadRequest, DomainError, NotFound, Unprocessable
 from core.policy import Budgets
 from core.runspec import InvocationContext, RunSpec
@@ -36,13 +33,12 @@ from core.schedule import (
 )
 from core.templates import render
 from core.triggers import FireOutcome, check_task_override, is_within, narrow_workspace
-from db.capabilities import Capabilities
-from db.connections import Connections
+from db._base import Conn
+from db.agents import Agents
 from db.errors import UniqueViolation
 from db.models.triggers import TriggerInvocation, TriggerSubscription
-from db.store import Conn, Store
+from db.runs import Runs
 from db.triggers import Existing, Refused, Triggers
-from integrations.sealing import Sealer
 from services.runs import RunFactory, RunRequest
 
 log = logging.getLogger("fluidbox.services.triggers")
@@ -62,20 +58,10 @@ class Overrides:
 
 @dataclass
 class TriggerService:
-    store: Store
-    connections: Connections
-    capabilities: Capabilities
-    settings: Settings
-    temporal: Callable[[], Awaitable[Client]]
-    sealer: Sealer | None = None
-
-    @property
-    def db(self) -> Triggers:
-        return Triggers(self.store)
-
-    @property
-    def runs(self) -> RunFactory:
-        return RunFactory(self.store, self.connections, self.capabilities, self.settings, self.temporal)
+    db: Triggers
+    agents: Agents
+    run_records: Runs
+    runs: RunFactory
 
     async def fire(
         self,
@@ -269,7 +255,7 @@ class TriggerService:
     async def _narrow(self, sub: TriggerSubscription, override: dict[str, Any]) -> dict[str, Any]:
         base = sub.workspace
         if base is None:
-            revision = await self.store.agents.latest_revision_of(str(sub.agent_id))
+            revision = await self.agents.latest_revision_of(str(sub.agent_id))
             base = revision.default_workspace if revision else None
         narrowed = narrow_workspace(base, override)
         assert base is not None
@@ -283,7 +269,7 @@ class TriggerService:
         if claim.request_digest != digest:
             raise Unprocessable(BODY_DRIFT)
         if claim.session_id:
-            run = await self.store.runs.get_run(None, str(claim.session_id))
+            run = await self.run_records.get_run(None, str(claim.session_id))
             return FireOutcome("replay", run=run, earlier=True)
         if claim.skip_reason:
             return FireOutcome("skipped", reason=claim.skip_reason, earlier=True)

@@ -16,10 +16,10 @@ import asyncpg
 import pytest
 
 from cli.stack import Postgres, ensure_database
-from core.redaction import Redactor
 from db.engine import create_pool, migrate
 from db.ids import new_id
-from db.store import Store
+from services.context import AppContext
+from tests.helpers import context_over
 from tests.mcp_servers import RunningServer, serve
 from tests.oauth_servers import AuthorizationServer, authorization_server, protected
 
@@ -50,8 +50,9 @@ async def db_pool(postgres_url: str) -> AsyncIterator[asyncpg.Pool[Any]]:
 
 
 @pytest.fixture
-def store(db_pool: asyncpg.Pool[Any]) -> Store:
-    return Store(db_pool, Redactor())
+def ctx(db_pool: asyncpg.Pool[Any]) -> AppContext:
+    """The object graph over the session's database, with no Temporal server (runs' workflows in memory)."""
+    return context_over(db_pool)
 
 
 @pytest.fixture

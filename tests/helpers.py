@@ -8,6 +8,11 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from config.settings import Settings
+from core.redaction import Redactor
+from services.context import AppContext, build_context
+from services.run_control import InMemoryRunWorkflows
+
 if TYPE_CHECKING:
     import socket
 
@@ -57,3 +62,27 @@ def server_thread(server: uvicorn.Server, sockets: list[socket.socket] | None = 
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def context_over(
+    pool: Any,
+    settings: Settings | None = None,
+    *,
+    temporal: Callable[[], Awaitable[Any]] | None = None,
+    redactor: Redactor | None = None,
+    sealer: Any = None,
+) -> AppContext:
+    """The process's object graph over a test's pool (``services.context.build_context``). Without ``temporal``,
+    runs' workflows are :class:`InMemoryRunWorkflows` and any other use of Temporal fails at once."""
+
+    async def no_temporal() -> Any:
+        raise ConnectionError("this test runs no Temporal server")
+
+    return build_context(
+        settings or Settings(),
+        pool,
+        temporal=temporal or no_temporal,
+        workflows=None if temporal else InMemoryRunWorkflows(),
+        redactor=redactor or Redactor(),
+        sealer=sealer,
+    )

@@ -17,8 +17,8 @@ from temporalio.worker import Worker
 
 from config.settings import Settings
 from contracts import temporal as c
-from db.store import Store
 from integrations.mcp_pool import SessionPool
+from services.context import AppContext
 from worker import WORKER_WORKFLOWS, activity_name, build_activities, parse_roles, worker_plan
 
 TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
@@ -29,13 +29,13 @@ def test_every_workflow_the_contract_names_is_registered_exactly_once() -> None:
     assert names == Counter(c.ALL_WORKFLOWS)
 
 
-async def test_every_activity_the_contract_names_is_registered_exactly_once(store: Store) -> None:
+async def test_every_activity_the_contract_names_is_registered_exactly_once(ctx: AppContext) -> None:
     async with await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
     ) as env:
         sessions = SessionPool()
         try:
-            activities = build_activities(Settings(), store, env.client, sessions)
+            activities = build_activities(ctx, sessions)
             names = Counter(activity._Definition.must_from_callable(fn).name for fn in activities)
             assert names == Counter(c.ALL_ACTIVITIES)
             # Temporal accepts the set as one worker's registrations (it refuses duplicate names itself).
@@ -47,11 +47,11 @@ async def test_every_activity_the_contract_names_is_registered_exactly_once(stor
             await sessions.aclose()
 
 
-async def test_a_worker_polls_the_queues_of_the_roles_it_is_given(store: Store) -> None:
+async def test_a_worker_polls_the_queues_of_the_roles_it_is_given(ctx: AppContext) -> None:
     sessions = SessionPool()
     try:
         split = Settings(task_queue="q-runs", sandbox_task_queue="q-sandbox", broker_task_queue="q-broker")
-        activities = build_activities(split, store, None, sessions)  # type: ignore[arg-type]
+        activities = build_activities(ctx, sessions)
 
         def names(plan: dict[str, tuple[bool, list[object]]]) -> dict[str, tuple[bool, set[str]]]:
             return {q: (wf, {activity_name(fn) for fn in fns}) for q, (wf, fns) in plan.items()}  # type: ignore[arg-type]

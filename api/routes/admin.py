@@ -13,10 +13,10 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict
 
 from api import responses as out
-from api.deps import OperatorDep, ServicesDep
+from api.deps import ContextDep, OperatorDep
 from api.errors import errors
 from core.errors import NotFound
-from db.identity import Identity, Member
+from db.identity import Member
 
 router = APIRouter(prefix="/v1/admin/orgs", tags=["admin"])
 
@@ -35,8 +35,8 @@ def member_public(row: Member) -> dict[str, Any]:
     return row.model_dump(include=set(MEMBER_PUBLIC))
 
 
-async def _org_id(svc: ServicesDep, slug: str) -> str:
-    org = await Identity(svc.store).org(slug)
+async def _org_id(ctx: ContextDep, slug: str) -> str:
+    org = await ctx.identity.org(slug)
     if org is None:
         raise NotFound()
     return str(org.id)
@@ -45,10 +45,10 @@ async def _org_id(svc: ServicesDep, slug: str) -> str:
 @router.get(
     "/{slug}/members", summary="Members of an org", response_model=out.MemberList, responses=errors(401, 403, 404)
 )
-async def members(slug: str, _: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def members(slug: str, _: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Every membership with its user's email, name, roles and status."""
-    tenant_id = await _org_id(svc, slug)
-    return {"members": [member_public(r) for r in await Identity(svc.store).members(tenant_id)]}
+    tenant_id = await _org_id(ctx, slug)
+    return {"members": [member_public(r) for r in await ctx.identity.members(tenant_id)]}
 
 
 @router.post(
@@ -57,10 +57,10 @@ async def members(slug: str, _: OperatorDep, svc: ServicesDep) -> dict[str, Any]
     response_model=out.MemberOut,
     responses=errors(401, 403, 404, 409),
 )
-async def deactivate(slug: str, membership_id: str, _: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def deactivate(slug: str, membership_id: str, _: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """409 when already deactivated."""
-    tenant_id = await _org_id(svc, slug)
-    row = await Identity(svc.store).deactivate(tenant_id, membership_id, actor=("operator", None))
+    tenant_id = await _org_id(ctx, slug)
+    row = await ctx.identity.deactivate(tenant_id, membership_id, actor=("operator", None))
     return {"member": member_public(row)}
 
 
@@ -70,8 +70,8 @@ async def deactivate(slug: str, membership_id: str, _: OperatorDep, svc: Service
     response_model=out.MemberOut,
     responses=errors(401, 403, 404, 409),
 )
-async def set_roles(slug: str, membership_id: str, body: RolesIn, _: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def set_roles(slug: str, membership_id: str, body: RolesIn, _: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """``roles`` is a non-empty subset of member, approver, admin, owner."""
-    tenant_id = await _org_id(svc, slug)
-    row = await Identity(svc.store).set_roles(tenant_id, membership_id, body.roles, actor=("operator", None))
+    tenant_id = await _org_id(ctx, slug)
+    row = await ctx.identity.set_roles(tenant_id, membership_id, body.roles, actor=("operator", None))
     return {"member": member_public(row)}

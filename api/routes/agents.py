@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from api import responses as out
-from api.deps import OperatorDep, ServicesDep
+from api.deps import ContextDep, OperatorDep
 from api.errors import errors
 from api.schemas import AgentCreate, ConnectionRequirement, RevisionCreate
 from core.errors import BadRequest, NotFound
@@ -18,7 +18,7 @@ from db.models.agents import AgentRevision
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
 
-async def capability_pins(svc: ServicesDep, tenant_id: str, pins: list[str] | None) -> list[dict[str, Any]]:
+async def capability_pins(ctx: ContextDep, tenant_id: str, pins: list[str] | None) -> list[dict[str, Any]]:
     """Bundle pins: ``name`` pins the newest version now, ``name@N`` exactly N."""
     seen: set[str] = set()
     out = []
@@ -29,7 +29,7 @@ async def capability_pins(svc: ServicesDep, tenant_id: str, pins: list[str] | No
         seen.add(name)
         if version and not version.isdigit():
             raise BadRequest(f"unknown capability bundle '{pin}'")
-        row = await svc.capabilities.resolve(tenant_id, name, int(version) if version else None)
+        row = await ctx.capabilities.resolve(tenant_id, name, int(version) if version else None)
         if row is None:
             raise BadRequest(f"unknown capability bundle '{pin}'")
         out.append({"id": str(row.id), "name": row.name, "version": row.version})
@@ -40,8 +40,8 @@ def requirements_doc(reqs: list[ConnectionRequirement] | None) -> list[dict[str,
     return [r.model_dump(exclude_none=True) for r in reqs or []]
 
 
-async def _policy_id(svc: ServicesDep, tenant_id: str, name: str) -> str:
-    head = await svc.store.policies.policy_head(tenant_id, name)
+async def _policy_id(ctx: ContextDep, tenant_id: str, name: str) -> str:
+    head = await ctx.policies.policy_head(tenant_id, name)
     if head is None:
         raise BadRequest(f"unknown policy '{name}'")
     return str(head.policy_id)
@@ -57,7 +57,7 @@ def _revision_out(row: AgentRevision, policy_names: dict[str, str]) -> dict[str,
     response_model=out.AgentCreated,
     responses=errors(401, 403, 409, 422),
 )
-async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def create_agent(body: AgentCreate, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """A name that already exists is a 409: revisions are appended with POST /v1/agents/{id}/revisions."""
     model = check_harness(body.harness, body.model)
     fields = {
@@ -65,24 +65,24 @@ async def create_agent(body: AgentCreate, op: OperatorDep, svc: ServicesDep) -> 
         "model": model,
         "runner_image": body.runner_image,
         "system_prompt": body.system_prompt,
-        "policy_id": await _policy_id(svc, op.tenant_id, body.policy),
+        "policy_id": await _policy_id(ctx, op.tenant_id, body.policy),
         "budgets": body.budgets.model_dump() if body.budgets else None,
         "harness_config": body.harness_config.model_dump(exclude_none=True) if body.harness_config else {},
         "default_workspace": workspace_doc(body.default_workspace),
-        "capability_bundles": await capability_pins(svc, op.tenant_id, body.capability_bundles),
+        "capability_bundles": await capability_pins(ctx, op.tenant_id, body.capability_bundles),
         "connection_requirements": requirements_doc(body.connection_requirements),
         "tool_discovery": body.tool_discovery or "eager",
     }
     check_harness_config(body.harness, body.harness_config.model_dump(exclude_none=True) if body.harness_config else {})
-    agent, revision = await svc.store.agents.create_agent(op.tenant_id, body.name, body.description, fields)
-    names = await svc.store.policies.policy_names(op.tenant_id)
+    agent, revision = await ctx.agents.create_agent(op.tenant_id, body.name, body.description, fields)
+    names = await ctx.policies.policy_names(op.tenant_id)
     return {"agent": agent, "revision": _revision_out(revision, names)}
 
 
 @router.get("", summary="List agents", response_model=out.AgentList, responses=errors(401, 403))
-async def list_agents(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def list_agents(op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Every agent of the tenant, by name."""
-    return {"agents": await svc.store.agents.list_agents(op.tenant_id)}
+    return {"agents": await ctx.agents.list_agents(op.tenant_id)}
 
 
 @router.get(
@@ -91,13 +91,13 @@ async def list_agents(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     response_model=out.AgentDetail,
     responses=errors(401, 403, 404),
 )
-async def get_agent(ref: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def get_agent(ref: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Accepts the agent's id or its name."""
-    agent = await svc.store.agents.find_agent(op.tenant_id, ref)
+    agent = await ctx.agents.find_agent(op.tenant_id, ref)
     if agent is None:
         raise NotFound()
-    names = await svc.store.policies.policy_names(op.tenant_id)
-    revisions = [_revision_out(r, names) for r in await svc.store.agents.revisions(str(agent.id))]
+    names = await ctx.policies.policy_names(op.tenant_id)
+    revisions = [_revision_out(r, names) for r in await ctx.agents.revisions(str(agent.id))]
     return {"agent": agent, "revisions": revisions}
 
 
@@ -107,14 +107,14 @@ async def get_agent(ref: str, op: OperatorDep, svc: ServicesDep) -> dict[str, An
     response_model=out.RevisionOut,
     responses=errors(401, 403, 404, 409, 422),
 )
-async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Omitted fields inherit from the latest revision; earlier revisions never change."""
-    agent = await svc.store.agents.find_agent(op.tenant_id, ref)
+    agent = await ctx.agents.find_agent(op.tenant_id, ref)
     if agent is None:
         raise NotFound()
     given = body.model_fields_set
     changes: dict[str, Any] = {}
-    latest = (await svc.store.agents.revisions(str(agent.id)))[-1]
+    latest = (await ctx.agents.revisions(str(agent.id)))[-1]
     harness = body.harness or latest.harness
     if "harness" in given or "model" in given:
         # A harness change re-defaults the model unless one is named.
@@ -125,13 +125,13 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
     if "runner_image" in given:
         changes["runner_image"] = body.runner_image
     if body.policy is not None:
-        changes["policy_id"] = await _policy_id(svc, op.tenant_id, body.policy)
+        changes["policy_id"] = await _policy_id(ctx, op.tenant_id, body.policy)
     if "budgets" in given:
         changes["budgets"] = body.budgets.model_dump() if body.budgets else None
     if "default_workspace" in given:
         changes["default_workspace"] = workspace_doc(body.default_workspace)
     if "capability_bundles" in given:  # [] clears
-        changes["capability_bundles"] = await capability_pins(svc, op.tenant_id, body.capability_bundles)
+        changes["capability_bundles"] = await capability_pins(ctx, op.tenant_id, body.capability_bundles)
     if "connection_requirements" in given:  # [] clears
         changes["connection_requirements"] = requirements_doc(body.connection_requirements)
     if body.tool_discovery is not None:
@@ -139,6 +139,6 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, svc: 
     if "harness_config" in given:
         changes["harness_config"] = body.harness_config.model_dump(exclude_none=True) if body.harness_config else {}
     check_harness_config(harness, dict(changes.get("harness_config", latest.harness_config) or {}))
-    revision = await svc.store.agents.append_revision(op.tenant_id, str(agent.id), changes)
-    names = await svc.store.policies.policy_names(op.tenant_id)
+    revision = await ctx.agents.append_revision(op.tenant_id, str(agent.id), changes)
+    names = await ctx.policies.policy_names(op.tenant_id)
     return {"revision": _revision_out(revision, names)}

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from api import responses as out
-from api.deps import READ_ALL_ROLES, Principal, PrincipalDep, ServicesDep
+from api.deps import READ_ALL_ROLES, ContextDep, Principal, PrincipalDep
 from api.errors import errors
 from api.schemas import DecisionIn, approval_public
 from core.authority import Authority, classify
@@ -70,12 +70,12 @@ def authorizer(who: Principal) -> Callable[[ApprovalWithAuthority], None]:
 
 
 @router.get("", summary="Pending approvals the caller may decide", response_model=out.Inbox, responses=errors(401))
-async def inbox(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def inbox(who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """Pending approvals, oldest first, each with its ``authority`` (``personal`` | ``organization``)
     and whether the caller may decide it (``can_decide``). A member sees only what it may decide; the
     operator sees every pending approval, personal ones included but marked ``can_decide: false``."""
     shown = []
-    for row in await svc.store.approvals.list_approvals(who.tenant_id):
+    for row in await ctx.approvals.list_approvals(who.tenant_id):
         try:
             classified = classify(row)
             authority, can_decide = classified.public, refusal(who, row, classified) is None
@@ -92,12 +92,12 @@ async def inbox(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
     response_model=out.ApprovalOut,
     responses=errors(401, 403, 404, 409),
 )
-async def decide(approval_id: str, body: DecisionIn, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def decide(approval_id: str, body: DecisionIn, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """Exactly one decision wins; a late or repeated one gets 409 ``approval is not pending``. A caller
     without authority over the approval gets 403 (404 for a run it cannot see) and nothing changes."""
     decision = DECISIONS.get(body.decision)
     if decision is None:
         raise BadRequest(f"unknown decision '{body.decision}'")
     decided_by = "operator" if who.is_operator else str(who.user_id)
-    row = await svc.run_control.decide_approval(who.tenant_id, approval_id, decision, decided_by, authorizer(who))
+    row = await ctx.run_control.decide_approval(who.tenant_id, approval_id, decision, decided_by, authorizer(who))
     return {"approval": approval_public(row.model_dump())}

@@ -12,10 +12,9 @@ from typing import Any
 from fastapi import APIRouter
 
 from api import responses as out
-from api.deps import Principal, PrincipalDep, ServicesDep
+from api.deps import ContextDep, Principal, PrincipalDep
 from api.errors import errors
 from core.errors import Forbidden
-from db.identity import Identity
 
 router = APIRouter(prefix="/v1/auth", tags=["auth"])
 
@@ -54,11 +53,11 @@ async def me(who: PrincipalDep) -> dict[str, Any]:
     response_model=out.PatList,
     responses=errors(401, 403),
 )
-async def list_tokens(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def list_tokens(who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """Name, display prefix, expiry and last use of each of the member's PATs."""
     if who.is_operator or who.membership_id is None:
         raise Forbidden(OPERATOR_HAS_NO_TOKENS)
-    return {"tokens": await Identity(svc.store).tokens(who.membership_id)}
+    return {"tokens": await ctx.identity.tokens(who.membership_id)}
 
 
 @router.post(

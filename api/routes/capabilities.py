@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from api import responses as out
-from api.deps import OperatorDep, ServicesDep
+from api.deps import ContextDep, OperatorDep
 from api.errors import errors
 from core.capabilities import parse_bundle
 from core.digests import document_digest
@@ -38,20 +38,20 @@ def summary(row: CapabilityBundle) -> dict[str, Any]:
     response_model=out.BundleOut,
     responses=errors(401, 403, 409),
 )
-async def publish(body: dict[str, Any], op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def publish(body: dict[str, Any], op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Sandbox-class servers only; brokered tools are connection requirements now."""
     bundle = parse_bundle(body)
     definition = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
-    row = await svc.capabilities.publish(
+    row = await ctx.capabilities.publish(
         op.tenant_id, bundle.name, bundle.description, definition, document_digest(definition)
     )
     return {"bundle": summary(row)}
 
 
 @router.get("", summary="List capability bundles", response_model=out.BundleList, responses=errors(401, 403))
-async def list_bundles(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def list_bundles(op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Every version, newest first within a name."""
-    return {"bundles": [summary(r) for r in await svc.capabilities.all(op.tenant_id)]}
+    return {"bundles": [summary(r) for r in await ctx.capabilities.all(op.tenant_id)]}
 
 
 @router.get(
@@ -60,9 +60,9 @@ async def list_bundles(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
     response_model=out.BundleDetail,
     responses=errors(401, 403, 404),
 )
-async def get_bundle(bundle_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def get_bundle(bundle_id: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Tools are listed by name and description; schemas are in the frozen RunSpec of each run."""
-    row = found(await svc.capabilities.get(op.tenant_id, bundle_id))
+    row = found(await ctx.capabilities.get(op.tenant_id, bundle_id))
     servers = [
         {
             "name": s["name"],

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from api import responses as out
-from api.deps import OperatorDep, Services, ServicesDep
+from api.deps import ContextDep, OperatorDep
 from api.errors import errors
 from api.views import connection_public as public
 from api.views import snapshot_public
@@ -26,6 +26,7 @@ from integrations.transports.openapi import config_problem as openapi_config_pro
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused, same_origin_path
 from services.connections import Ownership
+from services.context import AppContext
 
 router = APIRouter(tags=["catalog"])
 SLUG = r"^[a-z0-9][a-z0-9-]{0,63}$"
@@ -93,10 +94,10 @@ def entry_public(row: ConnectorCatalogEntry) -> dict[str, Any]:
     return row.model_dump(exclude={"disabled_at"})
 
 
-async def _covering(svc: Services, tenant_id: str, url: str | None) -> dict[str, Any] | None:
+async def _covering(ctx: AppContext, tenant_id: str, url: str | None) -> dict[str, Any] | None:
     if not url:
         return None
-    for conn in await svc.connections.all(tenant_id):
+    for conn in await ctx.connections.all(tenant_id):
         named = conn.base_url.rstrip("/") == url.rstrip("/")  # sandbox-cli://name is a name, not a URL
         if conn.status != "revoked" and (named or same_origin_path(conn.base_url, url)):
             return public(conn)
@@ -106,12 +107,12 @@ async def _covering(svc: Services, tenant_id: str, url: str | None) -> dict[str,
 @router.get(
     "/v1/catalog", summary="Curated and custom connectors", response_model=out.CatalogList, responses=errors(401, 403)
 )
-async def catalog(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def catalog(op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Each entry with the connection that covers it (if any), the newest bundle named after its slug (if
     any) and whether it can be connected now."""
-    rows = await svc.catalog.visible(op.tenant_id)
-    bundles = await svc.capabilities.newest(op.tenant_id, [row.slug for row in rows])
-    return {"connectors": [await _listed(svc, op.tenant_id, row, bundles.get(row.slug)) for row in rows]}
+    rows = await ctx.catalog.visible(op.tenant_id)
+    bundles = await ctx.capabilities.newest(op.tenant_id, [row.slug for row in rows])
+    return {"connectors": [await _listed(ctx, op.tenant_id, row, bundles.get(row.slug)) for row in rows]}
 
 
 def _connectable(row: ConnectorCatalogEntry) -> bool:
@@ -121,9 +122,9 @@ def _connectable(row: ConnectorCatalogEntry) -> bool:
 
 
 async def _listed(
-    svc: Services, tenant_id: str, row: ConnectorCatalogEntry, bundle: tuple[str, int] | None
+    ctx: AppContext, tenant_id: str, row: ConnectorCatalogEntry, bundle: tuple[str, int] | None
 ) -> dict[str, Any]:
-    covering = await _covering(svc, tenant_id, row.url)
+    covering = await _covering(ctx, tenant_id, row.url)
     published = None if bundle is None else {"id": bundle[0], "name": row.slug, "version": bundle[1]}
     return {**entry_public(row), "connection": covering, "bundle": published, "connectable": _connectable(row)}
 
@@ -134,9 +135,9 @@ async def _listed(
     response_model=out.CatalogEntryOut,
     responses=errors(401, 403, 404),
 )
-async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def catalog_entry(slug: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """404 when unknown or another tenant's custom entry."""
-    return {"connector": entry_public(found(await svc.catalog.get(op.tenant_id, slug)))}
+    return {"connector": entry_public(found(await ctx.catalog.get(op.tenant_id, slug)))}
 
 
 @router.post(
@@ -145,7 +146,7 @@ async def catalog_entry(slug: str, op: OperatorDep, svc: ServicesDep) -> dict[st
     response_model=out.CatalogEntryOut,
     responses=errors(401, 403, 409, 422),
 )
-async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def create_entry(body: CatalogEntryIn, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Tenant-scoped; a slug already used (globally or by this tenant) is a 409; a stdio entry needs a
     ``sandbox_launch`` with declared tools (400); a relay entry an https URL and ``auth_mode: api_key``, a
     sandbox_cli entry a ``sandbox-cli://`` URL, ``auth_mode: none`` and its tools (400 naming the problem).
@@ -168,15 +169,15 @@ async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) 
     except CatalogEntryError as err:
         raise BadRequest(str(err)) from None
     # Before the URL is admitted: re-posting an existing entry is a 409 whatever its URL resolves to.
-    if await svc.catalog.slug_taken(op.tenant_id, body.slug):
+    if await ctx.catalog.slug_taken(op.tenant_id, body.slug):
         raise Conflict(duplicate_slug(body.slug))
     if body.url is not None and body.transport != "sandbox_cli":  # sandbox-cli://name is a name, not a place
         try:
-            await svc.url_policy.admit(body.url)
+            await ctx.url_policy.admit(body.url)
         except UrlRefused as err:
             raise BadRequest(str(err)) from None
     entry["access"] = parse_access(body.access if body.access is not None else READ_ONLY)
-    row = await svc.catalog.create_custom(op.tenant_id, entry)
+    row = await ctx.catalog.create_custom(op.tenant_id, entry)
     return {"connector": entry_public(row)}
 
 
@@ -187,9 +188,9 @@ async def create_entry(body: CatalogEntryIn, op: OperatorDep, svc: ServicesDep) 
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404, 409, 502, 503),
 )
-async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """api_key → a sealed, photographed connection; an in-image server → a sandbox capability bundle."""
-    row = found(await svc.catalog.get(op.tenant_id, slug))
+    row = found(await ctx.catalog.get(op.tenant_id, slug))
     if body.owner == "personal":
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
     if row.sandbox_launch:
@@ -202,12 +203,12 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         }
         bundle = parse_bundle(definition)
         doc = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
-        published = await svc.capabilities.publish(
+        published = await ctx.capabilities.publish(
             op.tenant_id, bundle.name, bundle.description, doc, document_digest(doc)
         )
         return {"bundle": {"id": str(published.id), "name": published.name, "version": published.version}}
     if row.transport in ("relay", "sandbox_cli"):
-        return await _connect_device_or_cli(svc, op.tenant_id, row, body)
+        return await _connect_device_or_cli(ctx, op.tenant_id, row, body)
     if row.transport in ("openapi", "http", "stdio") and row.transport_config is not None:
         config = dict(row.transport_config)
         auth = config.get("auth") or {}
@@ -217,10 +218,10 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         if row.url:
             base_url = row.url
         elif row.transport == "openapi":
-            base_url = await svc.connection_service.openapi_base_url(config)
+            base_url = await ctx.connection_service.openapi_base_url(config)
         else:
             base_url = f"stdio://{slug}"
-        made, snapshot = await svc.connection_service.connect_static(
+        made, snapshot = await ctx.connection_service.connect_static(
             op.tenant_id,
             base_url=base_url,
             token=body.token.get_secret_value() if body.token is not None else "",
@@ -238,7 +239,7 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
             raise BadRequest(f"'{slug}' connects with OAuth: it takes no `token`")
         if body.client_secret is not None and body.client_id is None:
             raise BadRequest("`client_secret` needs the `client_id` it was issued with")
-        made = await svc.connection_service.connect_oauth(
+        made = await ctx.connection_service.connect_oauth(
             op.tenant_id,
             base_url=row.url,
             made=Ownership(body.display_name or row.name, access=from_catalog(row.access)),
@@ -246,22 +247,22 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         try:
             scopes = body.scopes or row.scopes or None
             if body.client_id is not None or scopes:
-                await svc.connection_service.oauth_connect().preregister(
+                await ctx.connection_service.oauth_connect().preregister(
                     op.tenant_id, made, client_id=body.client_id, client_secret=body.client_secret, scopes=scopes
                 )
-            go_url = await svc.connection_service.start_sign_in(op.tenant_id, made, None)
+            go_url = await ctx.connection_service.start_sign_in(op.tenant_id, made, None)
         except (OAuthClientError, UrlRefused) as err:
-            await svc.connections.discard_pending_oauth(op.tenant_id, str(made.id))
+            await ctx.connections.discard_pending_oauth(op.tenant_id, str(made.id))
             raise BadRequest(f"cannot start OAuth with this server: {err}") from None
         except Exception:
             # One call, one outcome: a server we cannot start signing in to leaves no pending connection behind.
-            await svc.connections.discard_pending_oauth(op.tenant_id, str(made.id))
+            await ctx.connections.discard_pending_oauth(op.tenant_id, str(made.id))
             raise
         return {"connection": public(made), "go_url": go_url}
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest(f"'{slug}' needs a `token`")
     hints = row.auth_hints or {}
-    made, snapshot = await svc.connection_service.connect_static(
+    made, snapshot = await ctx.connection_service.connect_static(
         op.tenant_id,
         base_url=row.url,
         token=body.token.get_secret_value(),
@@ -269,12 +270,12 @@ async def connect_entry(slug: str, body: ConnectIn, op: OperatorDep, svc: Servic
         scheme=hints.get("scheme", "Bearer"),
         made=Ownership(body.display_name or row.name, access=from_catalog(row.access)),
     )
-    await svc.run_control.wake_parked(op.tenant_id, made)
+    await ctx.run_control.wake_parked(op.tenant_id, made)
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
 
 
 async def _connect_device_or_cli(
-    svc: Services, tenant_id: str, row: ConnectorCatalogEntry, body: ConnectIn
+    ctx: AppContext, tenant_id: str, row: ConnectorCatalogEntry, body: ConnectIn
 ) -> dict[str, Any]:
     """A relay entry with the relay's credential (``token``, sealed); a sandbox CLI entry with none at all."""
     slug = row.slug
@@ -289,18 +290,18 @@ async def _connect_device_or_cli(
                 f"'{slug}' is a sandbox CLI: it takes no `token` (its tools run inside the sandbox, which never "
                 "holds a credential)"
             )
-        made, snapshot = await svc.connection_service.connect_sandbox_cli(
+        made, snapshot = await ctx.connection_service.connect_sandbox_cli(
             tenant_id, base_url=row.url, tools=config.get("tools"),
             made=Ownership(body.display_name or row.name, access=from_catalog(row.access)),
         )  # fmt: skip
     else:
         if body.token is None or not body.token.get_secret_value():
             raise BadRequest(f"'{slug}' is a relay: it needs the relay's credential as `token`")
-        made, snapshot = await svc.connection_service.connect_relay(
+        made, snapshot = await ctx.connection_service.connect_relay(
             tenant_id, base_url=row.url, token=body.token.get_secret_value(), config=config,
             display_name=body.display_name or row.name, access=from_catalog(row.access),
         )  # fmt: skip
-    await svc.run_control.wake_parked(tenant_id, made)
+    await ctx.run_control.wake_parked(tenant_id, made)
     return {"connection": public(made), "snapshot": snapshot_public(snapshot)}
 
 
@@ -319,19 +320,19 @@ def _hints(rows: list[ConnectorCatalogEntry], url: str) -> dict[str, Any]:
     response_model=out.Probe,
     responses=errors(401, 403),
 )
-async def probe(body: ProbeIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def probe(body: ProbeIn, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """A URL the admission refuses, or a server that does not answer, is ``reachable: false`` with the reason
     in ``notes`` (a probe is a question, not a change: 200 either way); nothing is ever stored."""
     found: dict[str, Any] = {"url": body.url, "transport": "streamable_http", "reachable": False, "auth_mode": None,
                              "oauth_available": False, "static_possible": False, "tools_preview": [],
                              "tools_truncated": False, "oauth": None, "auth_hints": {}, "notes": []}  # fmt: skip
     try:
-        admitted = await svc.url_policy.admit(body.url)
+        admitted = await ctx.url_policy.admit(body.url)
     except UrlRefused as err:
         found["notes"].append(str(err))
         return found
     found |= {"url": admitted.url, "reachable": True,
-              "auth_hints": _hints(await svc.catalog.visible(op.tenant_id), admitted.url)}  # fmt: skip
+              "auth_hints": _hints(await ctx.catalog.visible(op.tenant_id), admitted.url)}  # fmt: skip
     try:
         photo = await mcp_client.photograph(admitted.url, {}, timeout=10, pin=admitted)
     except mcp_client.AuthRejected:
@@ -339,7 +340,7 @@ async def probe(body: ProbeIn, op: OperatorDep, svc: ServicesDep) -> dict[str, A
         found["notes"].append("the server requires credentials; tools are listed once connected")
         try:
             # The connect flow's own discovery (admitted, pinned): OAuth is offered only where it would work.
-            server = (await OAuthClient(svc.url_policy).discover(admitted.url)).authorization_server
+            server = (await OAuthClient(ctx.url_policy).discover(admitted.url)).authorization_server
         except OAuthClientError as err:
             found["notes"].append(f"no OAuth sign-in: {err}")
             return found
@@ -371,7 +372,7 @@ def slugify(name: str) -> str:
     response_model=out.ServerAdded,
     responses=errors(401, 403, 409, 422, 502, 503),
 )
-async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def add_server(body: ServerIn, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Creates a custom catalog entry and a connection; a failed connect leaves no orphan entry."""
     if body.owner == "personal":
         raise BadRequest("a personal connection belongs to a signed-in user; the operator token has none")
@@ -381,18 +382,18 @@ async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[
         raise BadRequest("an api_key server needs a `token`")
     access = parse_access(body.access if body.access is not None else READ_ONLY)
     try:
-        await svc.url_policy.admit(body.url)
+        await ctx.url_policy.admit(body.url)
     except UrlRefused as err:
         raise BadRequest(str(err)) from None
     hints = {"header_name": body.header_name, "scheme": body.scheme}
-    entry = await svc.catalog.create_custom(
+    entry = await ctx.catalog.create_custom(
         op.tenant_id,
         {"slug": slugify(body.name), "name": body.name, "icon": body.icon, "description": body.description,
          "url": body.url, "transport": "streamable_http", "auth_mode": "api_key", "auth_hints": hints,
          "access": access},
     )  # fmt: skip
     try:
-        made, snapshot = await svc.connection_service.connect_static(
+        made, snapshot = await ctx.connection_service.connect_static(
             op.tenant_id,
             base_url=body.url,
             token=body.token.get_secret_value(),
@@ -401,6 +402,6 @@ async def add_server(body: ServerIn, op: OperatorDep, svc: ServicesDep) -> dict[
             made=Ownership(body.display_name or body.name, access=access),
         )
     except Exception:
-        await svc.catalog.delete(entry.id)
+        await ctx.catalog.delete(entry.id)
         raise
     return {"connector": entry_public(entry), "connection": public(made), "snapshot": snapshot_public(snapshot)}

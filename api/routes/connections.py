@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from api import responses as out
-from api.deps import Principal, PrincipalDep, Services, ServicesDep
+from api.deps import ContextDep, Principal, PrincipalDep
 from api.errors import errors
 from api.views import connection_public as public
 from api.views import snapshot_public
@@ -29,6 +29,7 @@ from integrations.transports.openapi import config_problem as openapi_config_pro
 from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import UrlRefused
 from services.connections import READ_ONLY_SIGN_IN, Ownership, unavailable
+from services.context import AppContext
 
 router = APIRouter(prefix="/v1/connections", tags=["connections"])
 
@@ -95,10 +96,10 @@ class CredentialReplace(BaseModel):
     _env = field_validator("credential_env")(classmethod(lambda cls, v: _not_ours(v)))
 
 
-async def visible(svc: Services, who: Principal, connection_id: str) -> ConnectionRow:
+async def visible(ctx: AppContext, who: Principal, connection_id: str) -> ConnectionRow:
     """The connection if the caller may see it: someone else's personal connection is 404 for
     everyone, the operator and admins included."""
-    row = await svc.connections.get(who.tenant_id, connection_id)
+    row = await ctx.connections.get(who.tenant_id, connection_id)
     if row is None or (row.owner_type == "user" and str(row.owner_user_id) != who.user_id):
         raise NotFound()
     return row
@@ -111,9 +112,9 @@ def require_manage(who: Principal, row: ConnectionRow, action: str) -> None:
         raise Forbidden(f"{action} an organization connection requires the admin or owner role")
 
 
-async def manageable(svc: Services, who: Principal, connection_id: str, action: str) -> ConnectionRow:
+async def manageable(ctx: AppContext, who: Principal, connection_id: str, action: str) -> ConnectionRow:
     """The connection if the caller may see it (:func:`visible`) and manage it (:func:`require_manage`)."""
-    row = await visible(svc, who, connection_id)
+    row = await visible(ctx, who, connection_id)
     require_manage(who, row, action)
     return row
 
@@ -125,7 +126,7 @@ async def manageable(svc: Services, who: Principal, connection_id: str, action: 
     response_model_exclude_unset=True,
     responses=errors(401, 403, 409, 422, 502, 503),
 )
-async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def create_connection(body: ConnectionCreate, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """A rejected credential or a refused photograph stores nothing. ``owner: personal`` makes a
     connection only its creator can see or use (any signed-in user; never the operator). A usable new
     connection wakes every run parked for a connection to its URL, whatever its transport."""
@@ -136,20 +137,20 @@ async def create_connection(body: ConnectionCreate, who: PrincipalDep, svc: Serv
         raise BadRequest(f"unsupported provider '{transport}' (supported: {', '.join(TRANSPORTS)})")
     access = parse_access(body.access) if body.access is not None else None
     if transport == "git":
-        row, snapshot = await _create_git(body, who, svc)
+        row, snapshot = await _create_git(body, who, ctx)
     elif transport in ("relay", "sandbox_cli"):
-        row, snapshot = await _create_device_or_cli(body, transport, who, svc, access)
+        row, snapshot = await _create_device_or_cli(body, transport, who, ctx, access)
     else:
         if body.tools is not None:
             raise BadRequest("`tools` apply to sandbox_cli connections only")
-        svc.connection_service.custody()
+        ctx.connection_service.custody()
         if transport == "mcp_http":
-            row, snapshot = await _create_mcp_http(body, who, svc, access)
+            row, snapshot = await _create_mcp_http(body, who, ctx, access)
         else:
-            row, snapshot = await _create_described(body, transport, who, svc, access)
+            row, snapshot = await _create_described(body, transport, who, ctx, access)
     if snapshot is None:  # a pending oauth connection: usable after its first sign-in
         return {"connection": public(row), "next": f"/v1/connections/{row.id}/oauth/start"}
-    await svc.run_control.wake_parked(who.tenant_id, row)
+    await ctx.run_control.wake_parked(who.tenant_id, row)
     return {"connection": public(row), "snapshot": snapshot_public(snapshot)}
 
 
@@ -199,22 +200,22 @@ def _check_no_oauth_client(body: ConnectionCreate) -> None:
         raise BadRequest("`client_id`, `client_secret` and `scopes` apply to oauth connections only")
 
 
-async def _preregistered(svc: Services, who: Principal, body: ConnectionCreate, row: ConnectionRow) -> Created:
+async def _preregistered(ctx: AppContext, who: Principal, body: ConnectionCreate, row: ConnectionRow) -> Created:
     """A pending oauth connection, with the client id (or scopes) it was given registered first; a client id
     the server will not take removes the connection again."""
     if body.client_id is not None or body.scopes:
         try:
-            await svc.connection_service.oauth_connect().preregister(
+            await ctx.connection_service.oauth_connect().preregister(
                 who.tenant_id, row, client_id=body.client_id, client_secret=body.client_secret, scopes=body.scopes
             )
         except (OAuthClientError, UrlRefused) as err:
-            await svc.connections.discard_pending_oauth(who.tenant_id, str(row.id))
+            await ctx.connections.discard_pending_oauth(who.tenant_id, str(row.id))
             raise BadRequest(f"cannot use this client id with this server: {err}") from None
     return row, None
 
 
 async def _create_mcp_http(
-    body: ConnectionCreate, who: Principal, svc: Services, access: dict[str, Any] | None
+    body: ConnectionCreate, who: Principal, ctx: AppContext, access: dict[str, Any] | None
 ) -> Created:
     if body.transport_config is not None:
         raise BadRequest("`transport_config` applies to openapi, http, stdio and relay connections only")
@@ -227,16 +228,16 @@ async def _create_mcp_http(
             raise BadRequest(
                 "an oauth connection sends `Authorization: Bearer`; `header_name` and `scheme` do not apply"
             )
-        row = await svc.connection_service.connect_oauth(
+        row = await ctx.connection_service.connect_oauth(
             who.tenant_id, base_url=body.base_url, made=_made(body, who, access)
         )
-        return await _preregistered(svc, who, body, row)
+        return await _preregistered(ctx, who, body, row)
     _check_no_oauth_client(body)
     if body.credential_env is not None:
         _check_env_reader(who)
         if body.token is not None:
             raise BadRequest("give either `token` or `credential_env`, not both")
-        return await svc.connection_service.connect_env(
+        return await ctx.connection_service.connect_env(
             who.tenant_id,
             base_url=body.base_url,
             credential_env=body.credential_env,
@@ -246,7 +247,7 @@ async def _create_mcp_http(
         )
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a static connection needs a `token` (or `credential_env`)")
-    return await svc.connection_service.connect_static(
+    return await ctx.connection_service.connect_static(
         who.tenant_id,
         base_url=body.base_url,
         token=body.token.get_secret_value(),
@@ -256,7 +257,7 @@ async def _create_mcp_http(
     )
 
 
-async def _create_git(body: ConnectionCreate, who: Principal, svc: Services) -> Created:
+async def _create_git(body: ConnectionCreate, who: Principal, ctx: AppContext) -> Created:
     """A credential for cloning private repositories under ``base_url`` (a ``git_repository`` workspace names
     it): sealed, never photographed (a git server has no tools), never sent to the sandbox."""
     _check_owner(body, who)
@@ -270,14 +271,14 @@ async def _create_git(body: ConnectionCreate, who: Principal, svc: Services) -> 
         raise BadRequest("a git connection needs a `base_url`: the https:// prefix of the repositories it clones")
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a git connection needs a `token` (`user:token` with scheme Basic, or a Bearer token)")
-    return await svc.connection_service.connect_git(
+    return await ctx.connection_service.connect_git(
         who.tenant_id, base_url=body.base_url, token=body.token.get_secret_value(), scheme=body.scheme,
         made=_made(body, who, None),
     )  # fmt: skip
 
 
 async def _create_device_or_cli(
-    body: ConnectionCreate, transport: str, who: Principal, svc: Services, access: dict[str, Any] | None
+    body: ConnectionCreate, transport: str, who: Principal, ctx: AppContext, access: dict[str, Any] | None
 ) -> Created:
     """A relay (a sealed credential, admitted https URL, bounded timeout) or a sandbox CLI (declared tools, no
     credential at all)."""
@@ -300,7 +301,7 @@ async def _create_device_or_cli(
             raise BadRequest("a sandbox_cli connection declares its `tools`; it has no `transport_config`")
         if body.owner == "personal":
             raise BadRequest("a sandbox_cli connection is an organization connection")
-        return await svc.connection_service.connect_sandbox_cli(
+        return await ctx.connection_service.connect_sandbox_cli(
             who.tenant_id, base_url=body.base_url, tools=body.tools, made=_made(body, who, access)
         )
     if body.tools is not None:
@@ -309,7 +310,7 @@ async def _create_device_or_cli(
         raise BadRequest("a relay connection's credential is its `token` (sealed); it takes no `credential_env`")
     if body.token is None or not body.token.get_secret_value():
         raise BadRequest("a relay connection needs the relay's `token`")
-    return await svc.connection_service.connect_relay(
+    return await ctx.connection_service.connect_relay(
         who.tenant_id,
         base_url=body.base_url,
         token=body.token.get_secret_value(),
@@ -322,7 +323,7 @@ async def _create_device_or_cli(
 
 
 async def _create_described(
-    body: ConnectionCreate, transport: str, who: Principal, svc: Services, access: dict[str, Any] | None
+    body: ConnectionCreate, transport: str, who: Principal, ctx: AppContext, access: dict[str, Any] | None
 ) -> Created:
     """An ``openapi``, ``http`` or ``stdio`` connection: its configuration is checked, its tools photographed
     through its provider, then it is stored like any static connection (the credential sealed). An ``openapi``
@@ -357,7 +358,7 @@ async def _create_described(
         problem = openapi_config_problem(config)
         if problem is not None:
             raise Unprocessable(problem)
-        base_url = base_url or await svc.connection_service.openapi_base_url(config)
+        base_url = base_url or await ctx.connection_service.openapi_base_url(config)
     elif transport == "http" and not isinstance(config.get("endpoints"), list):
         raise Unprocessable("an http connection needs `endpoints` (method, path, arguments, access)")
     if base_url is None:
@@ -366,19 +367,19 @@ async def _create_described(
         _check_oauth_client(body)
         if config.get("auth", {"type": "oauth"}).get("type") != "oauth":
             raise Unprocessable("an oauth connection's `auth` must be {type: oauth} (or left out)")
-        row = await svc.connection_service.connect_oauth(
+        row = await ctx.connection_service.connect_oauth(
             who.tenant_id,
             base_url=base_url,
             made=_made(body, who, access),
             transport=transport,
             transport_config={**config, "auth": {"type": "oauth"}},
         )
-        return await _preregistered(svc, who, body, row)
+        return await _preregistered(ctx, who, body, row)
     auth = config.get("auth") or {}
     token = body.token.get_secret_value() if body.token is not None else ""
     if not token and transport != "stdio" and auth.get("type", "bearer") != "none":
         raise BadRequest(f"this connection's auth ({auth.get('type', 'bearer')}) needs a `token`")
-    return await svc.connection_service.connect_static(
+    return await ctx.connection_service.connect_static(
         who.tenant_id,
         base_url=base_url,
         token=token,
@@ -399,7 +400,7 @@ async def _create_described(
 )
 async def authorize(
     who: PrincipalDep,
-    svc: ServicesDep,
+    ctx: ContextDep,
     connection: str = Query(min_length=1, max_length=128, description="A connection id or a catalog slug."),
     owner: Literal["organization", "personal"] = "organization",
 ) -> dict[str, Any]:
@@ -414,24 +415,24 @@ async def authorize(
     try:
         uuid.UUID(connection)
     except ValueError:
-        row = await _catalog_connection(svc, who, connection, owner)
+        row = await _catalog_connection(ctx, who, connection, owner)
     else:
-        row = await visible(svc, who, connection)
+        row = await visible(ctx, who, connection)
     require_manage(who, row, "authorizing")
-    return await svc.connection_service.authorize(who.tenant_id, row, who.user_id, signs_in=not who.read_only)
+    return await ctx.connection_service.authorize(who.tenant_id, row, who.user_id, signs_in=not who.read_only)
 
 
-async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: str) -> ConnectionRow:
+async def _catalog_connection(ctx: AppContext, who: Principal, slug: str, owner: str) -> ConnectionRow:
     """The connection serving catalog entry ``slug`` for this caller: the newest to its URL (active first), or
     one made now (a pending oauth connection; a static one from its ``credential_env``; never for a read-only
     token)."""
-    entry = found(await svc.catalog.get(who.tenant_id, slug))
+    entry = found(await ctx.catalog.get(who.tenant_id, slug))
     if not entry.url:
         raise unavailable(f"'{slug}' has no URL to connect to (no auth definition)")
     personal = owner == "personal"
     rows = [
         r
-        for r in await svc.connections.all(who.tenant_id, who.user_id)
+        for r in await ctx.connections.all(who.tenant_id, who.user_id)
         if same_url(r.base_url, entry.url) and (r.owner_type == "user") == personal and r.status != "revoked"
     ]
     rows.sort(key=lambda r: r.status != "active")
@@ -444,14 +445,14 @@ async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: s
         raise Forbidden(READ_ONLY_SIGN_IN)
     made = Ownership(entry.name, owner_user_id, who.user_id, from_catalog(entry.access))
     if entry.auth_mode == "oauth":
-        return await svc.connection_service.connect_oauth(who.tenant_id, base_url=entry.url, made=made)
+        return await ctx.connection_service.connect_oauth(who.tenant_id, base_url=entry.url, made=made)
     hints = entry.auth_hints or {}
     env = hints.get("credential_env")
     if not env:
         raise unavailable(
             f"'{slug}' has no auth definition to start: connect it with a token (POST /v1/catalog/{slug}/connect)"
         )
-    row, _ = await svc.connection_service.connect_env(
+    row, _ = await ctx.connection_service.connect_env(
         who.tenant_id, base_url=entry.url, credential_env=env, header_name=hints.get("header_name"),
         scheme=hints.get("scheme", "Bearer"), made=made,
     )  # fmt: skip
@@ -466,26 +467,26 @@ async def _catalog_connection(svc: Services, who: Principal, slug: str, owner: s
     responses=errors(401, 403, 404, 409, 502, 503),
 )
 async def replace_credential(
-    connection_id: str, body: CredentialReplace, who: PrincipalDep, svc: ServicesDep
+    connection_id: str, body: CredentialReplace, who: PrincipalDep, ctx: ContextDep
 ) -> dict[str, Any]:
     """Photographed with the new credential first (a rejected one changes nothing), then sealed: the connection
     is active again (also after a revocation) at the next authorization generation, and every run parked on it
     resumes. Runs bound under the old generation that do not park fail closed."""
     if (body.token is None or not body.token.get_secret_value()) == (body.credential_env is None):
         raise BadRequest("give exactly one of `token` or `credential_env`")
-    row = await visible(svc, who, connection_id)
+    row = await visible(ctx, who, connection_id)
     require_manage(who, row, "changing the credential of")
     if body.credential_env is not None:
         _check_env_reader(who)
     if row.transport == "sandbox_cli":
         raise BadRequest(NO_SANDBOX_CREDENTIAL.format(field="credential"))
-    updated, snapshot = await svc.connection_service.replace_credential(
+    updated, snapshot = await ctx.connection_service.replace_credential(
         who.tenant_id,
         row,
         token=body.token.get_secret_value() if body.token else None,
         credential_env=body.credential_env,
     )
-    await svc.run_control.wake_parked(who.tenant_id, updated)
+    await ctx.run_control.wake_parked(who.tenant_id, updated)
     return {"connection": public(updated), "snapshot": snapshot_public(snapshot)}
 
 
@@ -495,27 +496,27 @@ async def replace_credential(
     response_model=out.GoUrl,
     responses=errors(401, 403, 404, 409, 502, 503),
 )
-async def oauth_start(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def oauth_start(connection_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """A one-time ``go_url`` (600 s) to open in the browser that signs in; reconnecting bumps the generation."""
-    svc.connection_service.oauth_connect()
-    row = await manageable(svc, who, connection_id, "connecting")
+    ctx.connection_service.oauth_connect()
+    row = await manageable(ctx, who, connection_id, "connecting")
     if row.auth_kind != "oauth":
         raise BadRequest("this connection does not use OAuth")
     if row.status == "revoked":
         raise Conflict("connection is revoked")
-    return {"go_url": await svc.connection_service.start_sign_in(who.tenant_id, row, who.user_id)}
+    return {"go_url": await ctx.connection_service.start_sign_in(who.tenant_id, row, who.user_id)}
 
 
 @router.get("", summary="List connections", response_model=out.ConnectionList, responses=errors(401))
-async def list_connections(who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def list_connections(who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """Organization connections and the caller's own personal ones; never includes a secret."""
-    return {"connections": [public(r) for r in await svc.connections.all(who.tenant_id, who.user_id)]}
+    return {"connections": [public(r) for r in await ctx.connections.all(who.tenant_id, who.user_id)]}
 
 
 @router.get("/{connection_id}", summary="A connection", response_model=out.ConnectionOut, responses=errors(401, 404))
-async def get_connection(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def get_connection(connection_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """404 when unknown or not visible."""
-    return {"connection": public(await visible(svc, who, connection_id))}
+    return {"connection": public(await visible(ctx, who, connection_id))}
 
 
 @router.patch(
@@ -525,14 +526,14 @@ async def get_connection(connection_id: str, who: PrincipalDep, svc: ServicesDep
     responses=errors(401, 403, 404, 422),
 )
 async def edit_connection(
-    connection_id: str, body: ConnectionPatch, who: PrincipalDep, svc: ServicesDep
+    connection_id: str, body: ConnectionPatch, who: PrincipalDep, ctx: ContextDep
 ) -> dict[str, Any]:
     """Replaces ``access`` (422 naming the problem when malformed); runs already bound keep the classes
     they froze. Enabling writes on a catalog connection is this explicit edit."""
-    row = await visible(svc, who, connection_id)
+    row = await visible(ctx, who, connection_id)
     require_manage(who, row, "editing")
     access = parse_access(body.access)
-    return {"connection": public(await svc.connections.set_access(who.tenant_id, connection_id, access))}
+    return {"connection": public(await ctx.connections.set_access(who.tenant_id, connection_id, access))}
 
 
 @router.post(
@@ -541,13 +542,13 @@ async def edit_connection(
     response_model=out.ConnectionOut,
     responses=errors(401, 403, 404, 409),
 )
-async def revoke(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def revoke(connection_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """The sealed credential is destroyed; in-flight runs fail closed on their next brokered call."""
-    await manageable(svc, who, connection_id, "revoking")
+    await manageable(ctx, who, connection_id, "revoking")
     # An OAuth grant is also revoked at its authorization server (RFC 7009), best effort, after ours is gone.
-    upstream = await svc.oauth.revocation(who.tenant_id, connection_id) if svc.oauth is not None else None
-    revoked = await svc.connections.revoke(who.tenant_id, connection_id)
-    svc.connection_service.evict_token(connection_id)
+    upstream = await ctx.oauth.revocation(who.tenant_id, connection_id) if ctx.oauth is not None else None
+    revoked = await ctx.connections.revoke(who.tenant_id, connection_id)
+    ctx.connection_service.evict_token(connection_id)
     if upstream is not None:
         await upstream()
     return {"connection": public(revoked)}
@@ -559,17 +560,17 @@ async def revoke(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dic
     response_model=out.SnapshotOut,
     responses=errors(401, 404),
 )
-async def tools(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def tools(connection_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """Names and descriptions of the photographed tools, with the snapshot's version and digest; each
     tool with its access class under the connection's declaration and whether new runs may bind it
     (``review: approved``) or it is quarantined until an admin approves its change (``pending``)."""
-    row = await visible(svc, who, connection_id)
-    snapshot = found(await svc.connections.latest_snapshot(connection_id))
-    return {"snapshot": await _classified(svc, row, snapshot)}
+    row = await visible(ctx, who, connection_id)
+    snapshot = found(await ctx.connections.latest_snapshot(connection_id))
+    return {"snapshot": await _classified(ctx, row, snapshot)}
 
 
-async def _classified(svc: Services, row: ConnectionRow, snapshot: ConnectionToolSnapshot) -> dict[str, Any]:
-    approved = {a.tool_name: a.definition for a in await svc.connections.approved_tools(str(row.id))}
+async def _classified(ctx: AppContext, row: ConnectionRow, snapshot: ConnectionToolSnapshot) -> dict[str, Any]:
+    approved = {a.tool_name: a.definition for a in await ctx.connections.approved_tools(str(row.id))}
     view = snapshot_public(snapshot)
     by_name = {t["name"]: t for t in snapshot.tools_json}
     for tool in view["tools"]:
@@ -586,12 +587,12 @@ async def _classified(svc: Services, row: ConnectionRow, snapshot: ConnectionToo
     response_model=out.SnapshotOut,
     responses=errors(401, 403, 404, 409, 502, 503),
 )
-async def refresh(connection_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def refresh(connection_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """Appends snapshot v+1 for future runs; runs in flight keep the snapshot they froze."""
-    svc.connection_service.custody()
-    row = await manageable(svc, who, connection_id, "refreshing")
-    snapshot = await svc.connection_service.refresh(who.tenant_id, row)
-    return {"snapshot": await _classified(svc, row, snapshot)}
+    ctx.connection_service.custody()
+    row = await manageable(ctx, who, connection_id, "refreshing")
+    snapshot = await ctx.connection_service.refresh(who.tenant_id, row)
+    return {"snapshot": await _classified(ctx, row, snapshot)}
 
 
 def change_public(change: ConnectionToolChange) -> dict[str, Any]:
@@ -622,25 +623,25 @@ def change_public(change: ConnectionToolChange) -> dict[str, Any]:
 async def tool_changes(
     connection_id: str,
     who: PrincipalDep,
-    svc: ServicesDep,
+    ctx: ContextDep,
     status: Literal["pending", "approved", "rejected", "superseded"] | None = None,
 ) -> dict[str, Any]:
     """A refresh that photographs a new tool, or a changed description or input schema, quarantines that
     tool (new runs do not bind it) until an admin approves its change here. Newest first, each with a
     unified diff of the approved and the proposed definition."""
-    await visible(svc, who, connection_id)
-    return {"changes": [change_public(c) for c in await svc.connections.tool_changes(connection_id, status)]}
+    await visible(ctx, who, connection_id)
+    return {"changes": [change_public(c) for c in await ctx.connections.tool_changes(connection_id, status)]}
 
 
 async def _decide_change(
-    connection_id: str, change_id: str, decision: str, who: Principal, svc: Services
+    connection_id: str, change_id: str, decision: str, who: Principal, ctx: AppContext
 ) -> dict[str, Any]:
-    row = await visible(svc, who, connection_id)
+    row = await visible(ctx, who, connection_id)
     require_manage(who, row, "reviewing tool changes of")
-    if await svc.connections.tool_change(connection_id, change_id) is None:
+    if await ctx.connections.tool_change(connection_id, change_id) is None:
         raise NotFound("no such tool change on this connection")
     actor = ("operator", None) if who.is_operator else ("user", who.user_id)
-    change = await svc.connections.decide_tool_change(who.tenant_id, connection_id, change_id, decision, actor)
+    change = await ctx.connections.decide_tool_change(who.tenant_id, connection_id, change_id, decision, actor)
     return {"change": change_public(change)}
 
 
@@ -650,10 +651,10 @@ async def _decide_change(
     response_model=out.ToolChangeOut,
     responses=errors(401, 403, 404, 409),
 )
-async def approve_change(connection_id: str, change_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def approve_change(connection_id: str, change_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """Recorded with who and when (and in the audit log); 409 when the change is no longer pending
     (decided already, or superseded by a newer refresh)."""
-    return await _decide_change(connection_id, change_id, "approved", who, svc)
+    return await _decide_change(connection_id, change_id, "approved", who, ctx)
 
 
 @router.post(
@@ -662,7 +663,7 @@ async def approve_change(connection_id: str, change_id: str, who: PrincipalDep, 
     response_model=out.ToolChangeOut,
     responses=errors(401, 403, 404, 409),
 )
-async def reject_change(connection_id: str, change_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def reject_change(connection_id: str, change_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """Recorded with who and when; the tool stays out of new runs until the server lists its approved
     definition again or a later change is approved."""
-    return await _decide_change(connection_id, change_id, "rejected", who, svc)
+    return await _decide_change(connection_id, change_id, "rejected", who, ctx)

@@ -7,10 +7,9 @@ from typing import Any
 from fastapi import APIRouter
 
 from api import responses as out
-from api.deps import OperatorDep, ServicesDep
+from api.deps import ContextDep, OperatorDep
 from api.errors import errors
 from core.errors import NotFound
-from db.deliveries import Deliveries
 
 router = APIRouter(tags=["deliveries"])
 
@@ -21,9 +20,9 @@ router = APIRouter(tags=["deliveries"])
     response_model=out.DeliveryList,
     responses=errors(401, 403, 404),
 )
-async def session_deliveries(run_id: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def session_deliveries(run_id: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """One row per webhook destination: status ``pending|delivered|failed|skipped``, attempts, last error."""
-    if await svc.store.runs.get_run(op.tenant_id, run_id) is None:
+    if await ctx.runs.get_run(op.tenant_id, run_id) is None:
         raise NotFound()
-    rows = await Deliveries(svc.store).for_run(run_id)
+    rows = await ctx.deliveries.for_run(run_id)
     return {"deliveries": rows}

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from api import responses as out
-from api.deps import ServicesDep
+from api.deps import ContextDep
 from api.errors import errors
 from core.harnesses import HARNESSES, RUNNABLE
 
@@ -28,16 +28,16 @@ async def health() -> dict[str, str]:
     responses={**errors(), 503: {"model": out.Readiness, "description": "Not ready (same body, status not ready)."}},
 )
 @router.get("/v1/health/ready", include_in_schema=False)
-async def ready(svc: ServicesDep) -> JSONResponse:
+async def ready(ctx: ContextDep) -> JSONResponse:
     """200 only when PostgreSQL answers and the Temporal namespace is reachable."""
     db_ok = temporal_ok = False
     try:
-        async with svc.store.pool.acquire() as conn:
+        async with ctx.pool.acquire() as conn:
             db_ok = await asyncio.wait_for(conn.fetchval("SELECT true"), 5)
     except Exception:
         db_ok = False
     try:
-        client = await asyncio.wait_for(svc.temporal(), 5)
+        client = await asyncio.wait_for(ctx.temporal(), 5)
         await asyncio.wait_for(client.service_client.check_health(), 5)
         temporal_ok = True
     except Exception:
@@ -47,7 +47,7 @@ async def ready(svc: ServicesDep) -> JSONResponse:
         "status": "ready" if ok else "not ready",
         "db": bool(db_ok),
         "temporal": temporal_ok,
-        "provider": svc.settings.sandbox_provider,
+        "provider": ctx.settings.sandbox_provider,
     }
     return JSONResponse(body, status_code=200 if ok else 503)
 

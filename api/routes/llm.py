@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from api import responses as out
-from api.deps import Services, ServicesDep, bearer, wrong_audience_response
+from api.deps import ContextDep, bearer, wrong_audience_response
 from api.errors import errors
 from core.errors import DomainError
 from core.llm_body import FREE, ROUTES, FacadeError, dialect_of, dialect_of_path, error_body, inspect_body, stream_error
@@ -45,6 +45,7 @@ from core.tokens import Audience, token_digest
 from core.usage import BodyMeter, Dialect, SseMeter, declared_max_output
 from db.usage import Ask, Metering
 from integrations import llm_upstream as up
+from services.context import AppContext
 
 log = logging.getLogger("fluidbox.api.llm")
 PREFIX = "/internal/llm"
@@ -64,9 +65,9 @@ def llm_error(dialect: Dialect, status: int, message: str, code: str | None = No
 class Facade:
     """Per-process facade state: the shared upstream client and the token → run map."""
 
-    def __init__(self, svc: Services) -> None:
-        self.svc = svc
-        settings = svc.settings
+    def __init__(self, ctx: AppContext) -> None:
+        self.ctx = ctx
+        settings = ctx.settings
         self.upstream = up.LlmUpstream(
             timeout_secs=settings.llm_upstream_timeout_secs, keepalive_secs=settings.llm_upstream_keepalive_secs
         )
@@ -81,14 +82,14 @@ class Facade:
 
     @property
     def metering(self) -> Metering:
-        assert self.svc.metering is not None
-        return self.svc.metering
+        assert self.ctx.metering is not None
+        return self.ctx.metering
 
 
 def facade_of(app: Starlette) -> Facade:
     facade: Facade | None = getattr(app.state, "llm_facade", None)
     if facade is None:
-        facade = Facade(app.state.services)
+        facade = Facade(app.state.context)
         app.state.llm_facade = facade
     return facade
 
@@ -123,11 +124,11 @@ async def probe() -> Response:
     response_model_exclude_unset=True,
     responses=errors(),
 )
-async def llm_usage(request: Request, svc: ServicesDep, _report: Any = Body(default=None)) -> dict[str, Any]:
+async def llm_usage(request: Request, ctx: ContextDep, _report: Any = Body(default=None)) -> dict[str, Any]:
     """Any JSON body. ``{"ok": true}`` when ``Authorization`` carries ``LITELLM_MASTER_KEY`` (bare or after a
     scheme such as ``Bearer``), else ``{"ignored": "unauthenticated"}``; nothing is stored either way, so a
     proxy configured with this callback never fails and never counts a request twice."""
-    key = svc.settings.litellm_master_key
+    key = ctx.settings.litellm_master_key
     presented = request.headers.get("authorization", "").strip()
     secret = key.get_secret_value().encode() if key is not None else b""
     candidates = (presented, presented.partition(" ")[2].strip())
@@ -243,13 +244,13 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
     token = request.headers.get("x-api-key") or bearer(request)
     if not token:
         return llm_error(guess, 401, "unauthorized")
-    svc: Services = request.app.state.services
+    ctx: AppContext = request.app.state.context
     fac = facade_of(request.app)
     digest = token_digest(token)
     known = fac.tokens.get(digest)
     if known is None:
         # First sight of this token in this process: resolve it (and check it) now.
-        row = await svc.store.tokens.resolve_token(token)
+        row = await ctx.tokens.resolve_token(token)
         if row is None or row.expired or row.revoked:
             return llm_error(guess, 401, "unauthorized")
         known = (str(row.session_id), row.audience)
@@ -257,13 +258,13 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
     run_id, audience = known
     if audience != Audience.LLM.value:
         return wrong_audience_response()
-    spec = await svc.store.runs.run_spec(run_id)
+    spec = await ctx.runs.run_spec(run_id)
     dialect = dialect_of(spec)
     upstream_path = ROUTES[dialect].get(path)
     if upstream_path is None:
         return llm_error(dialect, 404, f"no such {dialect.value} endpoint on the facade: '/{path}'")
-    base = svc.settings.llm_upstream_url
-    key = svc.settings.llm_key(dialect.value)
+    base = ctx.settings.llm_upstream_url
+    key = ctx.settings.llm_key(dialect.value)
     if not base:
         return llm_error(dialect, 503, "no LLM upstream is configured: set FLUIDBOX_LLM_UPSTREAM_URL")
     if key is None:
@@ -292,7 +293,7 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
         return llm_error(dialect, 400, "session is not active")
     if verdict.kind == "exhausted":
         if verdict.stopped:
-            await _signal_stop(svc, run_id)
+            await _signal_stop(ctx, run_id)
         what = "cost" if verdict.budget == "max_cost_usd" else "token"
         return llm_error(dialect, 400, f"{what} budget exhausted")
     if refusal is not None:
@@ -336,6 +337,6 @@ async def _admit_and_forward(request: Request, path: str, guess: Dialect, starte
         raise
 
 
-async def _signal_stop(svc: Services, run_id: str) -> None:
+async def _signal_stop(ctx: AppContext, run_id: str) -> None:
     """Wake the run's workflow at once (its supervisor would also find the durable intent)."""
-    await svc.run_control.wake_for_budget(run_id)
+    await ctx.run_control.wake_for_budget(run_id)

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import responses as out
-from api.deps import Principal, PrincipalDep, ServicesDep
+from api.deps import ContextDep, Principal, PrincipalDep
 from api.errors import errors, json_errors
 from api.views import connection_public as public
 from core.errors import BadRequest, Forbidden, Unavailable, UpstreamFailed
@@ -44,8 +44,8 @@ class CompleteIn(BaseModel):
     expected_server_id: str | None = Field(default=None, max_length=64)
 
 
-def managed_of(request: Request) -> ManagedApps:
-    managed: ManagedApps | None = getattr(request.app.state, "managed_apps", None)
+def managed_of(ctx: ContextDep) -> ManagedApps:
+    managed = ctx.managed_apps
     if managed is None:
         raise Unavailable(f"{NOT_CONFIGURED} (credential storage is needed too: FLUIDBOX_CREDENTIAL_KEY)")
     managed.require_configured()
@@ -87,9 +87,9 @@ def outcome_public(outcome: Outcome) -> dict[str, Any]:
     response_model=out.ManagedApps,
     responses=errors(401, 403, 503),
 )
-async def apps(request: Request, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def apps(request: Request, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """App ids with name, icon, description, scopes and ``connected``; a read-only token may read."""
-    managed = managed_of(request)
+    managed = managed_of(ctx)
     user_id = account(who)
     connected = {row.app_id for row, status in await managed.statuses(who.tenant_id, user_id)
                  if status == "connected"}  # fmt: skip
@@ -106,9 +106,9 @@ async def apps(request: Request, who: PrincipalDep, svc: ServicesDep) -> dict[st
     response_model=out.ManagedAppConnections,
     responses=errors(401, 403, 503),
 )
-async def connections(request: Request, who: PrincipalDep) -> dict[str, Any]:
+async def connections(request: Request, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """``status``: connected | PROVISIONING | pending | error | revoked. Reading repairs nothing."""
-    managed = managed_of(request)
+    managed = managed_of(ctx)
     rows = await managed.statuses(who.tenant_id, account(who))
     return {
         "connections": [
@@ -129,10 +129,10 @@ async def connections(request: Request, who: PrincipalDep) -> dict[str, Any]:
         **json_errors(404, 409, 502, 503),
     },
 )
-async def callback(request: Request) -> Response:
+async def callback(request: Request, ctx: ContextDep) -> Response:
     """Validates its own one-time state; sends the browser on to the client's ``redirect_url`` with a completion
     proof, or answers a small page. The connection becomes usable only when the account completes it."""
-    managed = managed_of(request)
+    managed = managed_of(ctx)
     query = dict(request.query_params)
     if "state" not in query:
         raise BadRequest(
@@ -163,10 +163,10 @@ async def callback(request: Request) -> Response:
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404, 409, 502, 503),
 )
-async def complete(body: CompleteIn, request: Request, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def complete(body: CompleteIn, request: Request, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """The proof is single use, bound to the account that started the sign-in and valid for five minutes;
     ``expected_server_id`` must name the connection it completes. A refusal changes nothing."""
-    managed = managed_of(request)
+    managed = managed_of(ctx)
     user_id = writer(who)
     try:
         outcome = await managed.complete(who.tenant_id, user_id, body.completion_proof, body.expected_server_id)
@@ -175,7 +175,7 @@ async def complete(body: CompleteIn, request: Request, who: PrincipalDep, svc: S
     if (
         outcome.status == "connected" and outcome.connection is not None
     ):  # runs parked on this account's connection resume
-        await svc.run_control.wake_parked(who.tenant_id, outcome.connection)
+        await ctx.run_control.wake_parked(who.tenant_id, outcome.connection)
     return outcome_public(outcome)
 
 
@@ -187,13 +187,13 @@ async def complete(body: CompleteIn, request: Request, who: PrincipalDep, svc: S
     responses=errors(401, 403, 404, 409, 502, 503),
 )
 async def connect(
-    app_id: str, request: Request, who: PrincipalDep, svc: ServicesDep, body: ConnectIn | None = None
+    app_id: str, request: Request, who: PrincipalDep, ctx: ContextDep, body: ConnectIn | None = None
 ) -> dict[str, Any]:
     """``connected`` with the usable connection; ``redirect`` with the provider's ``authorization_url``; or
     ``PROVISIONING`` while a finished sign-in's setup cannot complete yet (a later call completes it)."""
-    managed = managed_of(request)
+    managed = managed_of(ctx)
     user_id = writer(who)
     outcome = await managed.connect(who.tenant_id, user_id, app_id, body.redirect_url if body else None)
     if outcome.status == "connected" and outcome.connection is not None:  # a held grant completed by this call
-        await svc.run_control.wake_parked(who.tenant_id, outcome.connection)
+        await ctx.run_control.wake_parked(who.tenant_id, outcome.connection)
     return outcome_public(outcome)

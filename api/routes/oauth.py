@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
-from api.deps import Services, ServicesDep
+from api.deps import ContextDep
 from api.errors import errors, json_errors
 from core.errors import BadRequest, NotFound, UpstreamFailed
 from core.tokens import token_digest
@@ -33,6 +33,7 @@ from integrations.oauth import (
     client_metadata_document_url,
 )
 from integrations.urls import UrlRefused
+from services.context import AppContext
 from services.oauth_connect import OAuthConnect
 
 router = APIRouter(tags=["oauth"])
@@ -42,16 +43,16 @@ PLAIN_COOKIE = "fbx_oauth_flow"
 COOKIE_MAX_AGE = 600  # the flow's own lifetime
 
 
-def oauth_of(svc: Services) -> OAuthConnect:
-    return svc.connection_service.oauth_connect()
+def oauth_of(ctx: AppContext) -> OAuthConnect:
+    return ctx.connection_service.oauth_connect()
 
 
-def cookie_name(svc: Services) -> str:
-    return SECURE_COOKIE if svc.public_base.startswith("https://") else PLAIN_COOKIE
+def cookie_name(ctx: AppContext) -> str:
+    return SECURE_COOKIE if ctx.public_base.startswith("https://") else PLAIN_COOKIE
 
 
-def _open_go(svc: Services, f: str) -> tuple[str, str]:
-    return svc.connection_service.open_sign_in_link(f)
+def _open_go(ctx: AppContext, f: str) -> tuple[str, str]:
+    return ctx.connection_service.open_sign_in_link(f)
 
 
 @router.get(
@@ -61,17 +62,17 @@ def _open_go(svc: Services, f: str) -> tuple[str, str]:
     status_code=302,
     responses={302: {"description": "To the authorization server, with the flow cookie set."}, **errors(404, 409, 503)},
 )
-async def go(f: str, request: Request, svc: ServicesDep) -> RedirectResponse:
+async def go(f: str, request: Request, ctx: ContextDep) -> RedirectResponse:
     """Sets the flow cookie and redirects (302) to the authorization server; a used or expired link is refused,
     and so (400, nothing bound) is an authorization endpoint the outbound admission refuses now."""
-    oauth = oauth_of(svc)
-    flow_id, url = _open_go(svc, f)
+    oauth = oauth_of(ctx)
+    flow_id, url = _open_go(ctx, f)
     try:
         # Admitted when the flow was made; again now, as its name may resolve elsewhere since.
         await oauth.client.admit_sign_in_page(url)
     except EndpointRefused as err:
         raise BadRequest(f"this sign-in cannot continue: {err}") from None
-    name = cookie_name(svc)
+    name = cookie_name(ctx)
     browser = request.cookies.get(name) or secrets.token_urlsafe(32)
     await oauth.open(flow_id, token_digest(browser))
     response = RedirectResponse(url, status_code=302)
@@ -98,20 +99,20 @@ async def go(f: str, request: Request, svc: ServicesDep) -> RedirectResponse:
         **json_errors(404, 409, 502, 503),
     },
 )
-async def callback(request: Request, svc: ServicesDep) -> HTMLResponse:
+async def callback(request: Request, ctx: ContextDep) -> HTMLResponse:
     """Consumes the flow once, from the browser that opened it; answers a small HTML page (no token in it)."""
-    oauth = oauth_of(svc)
-    browser = request.cookies.get(cookie_name(svc))
+    oauth = oauth_of(ctx)
+    browser = request.cookies.get(cookie_name(ctx))
     try:
         done = await oauth.complete(dict(request.query_params), token_digest(browser) if browser else None)
     except AuthorizationFailed as err:
         raise BadRequest(f"sign-in did not complete: {err}") from None
     except (OAuthClientError, mcp_client.McpClientError, UrlRefused) as err:
         raise UpstreamFailed(f"the connection could not be completed: {err}") from None
-    if svc.access_tokens is not None:
-        svc.access_tokens.evict(str(done.connection.id))
+    if ctx.access_tokens is not None:
+        ctx.access_tokens.evict(str(done.connection.id))
     # Runs parked on this connection (or on its URL) resume: each re-checks the live row itself.
-    await svc.run_control.wake_parked(str(done.connection.tenant_id), done.connection)
+    await ctx.run_control.wake_parked(str(done.connection.tenant_id), done.connection)
     name = html.escape(done.connection.display_name or "the server")
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>Connected</title></head><body>"
@@ -133,9 +134,9 @@ async def callback(request: Request, svc: ServicesDep) -> HTMLResponse:
         **errors(404),
     },
 )
-async def client_document(svc: ServicesDep) -> JSONResponse:
+async def client_document(ctx: ContextDep) -> JSONResponse:
     """Served only when the public URL is https and not loopback (an authorization server must fetch it)."""
-    if client_metadata_document_url(svc.public_base) is None:
+    if client_metadata_document_url(ctx.public_base) is None:
         raise NotFound()
-    document: dict[str, Any] = client_metadata_document(svc.public_base)
+    document: dict[str, Any] = client_metadata_document(ctx.public_base)
     return JSONResponse(document, headers={"Cache-Control": "public, max-age=300"})

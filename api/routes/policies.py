@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import responses as out
-from api.deps import OperatorDep, ServicesDep
+from api.deps import ContextDep, OperatorDep
 from api.errors import errors
 from core.errors import BadRequest, NotFound, Unprocessable
 from core.policy import Policy, parse_policy
@@ -110,13 +110,13 @@ def _version(row: VersionSummary | NamedPolicyVersion) -> dict[str, Any]:
     response_model_exclude_unset=True,
     responses=errors(401, 403, 409, 422),
 )
-async def import_policy(body: PolicyImport, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def import_policy(body: PolicyImport, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Strict parse; creates the policy or appends a version unless the content is byte-equal."""
     check_name(body.name)
     doc = load_yaml(body.yaml)
     if parse_policy(doc).name != body.name:
         raise BadRequest("policy name must match yaml `name`")
-    row, appended = await svc.store.policies.import_policy(op.tenant_id, doc, body.yaml)
+    row, appended = await ctx.policies.import_policy(op.tenant_id, doc, body.yaml)
     return {"policy": _meta(row), "appended": appended}
 
 
@@ -127,9 +127,9 @@ async def import_policy(body: PolicyImport, op: OperatorDep, svc: ServicesDep) -
     response_model_exclude_unset=True,
     responses=errors(401, 403),
 )
-async def list_policies(op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def list_policies(op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Every policy: head version, autonomy summary and how many agents use it."""
-    rows = await svc.store.policies.list_policies(op.tenant_id)
+    rows = await ctx.policies.list_policies(op.tenant_id)
     return {
         "policies": [
             {
@@ -160,15 +160,15 @@ async def validate(body: PolicyYaml, op: OperatorDep) -> dict[str, Any]:
     response_model=out.PolicyPreviewOut,
     responses=errors(401, 403, 404, 422),
 )
-async def preview(body: PolicyPreview, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def preview(body: PolicyPreview, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Strict-parses the draft and returns its per-tool verdict matrix; persists nothing."""
     policy = parse_policy(body.content)
-    head = await svc.store.policies.policy_head(op.tenant_id, body.name) if body.name is not None else None
+    head = await ctx.policies.policy_head(op.tenant_id, body.name) if body.name is not None else None
     if body.name is not None and head is None:
         raise NotFound()
     # The brokered (mcp__) tools of the agents using it (every agent's, for an unnamed draft), with their
     # access classes: what a run bound now would freeze.
-    tools = await svc.connections.requirement_classes(op.tenant_id, str(head.policy_id) if head else None)
+    tools = await ctx.connections.requirement_classes(op.tenant_id, str(head.policy_id) if head else None)
     return {"content": policy.model_dump(mode="json", exclude_none=True), **overview(policy, tools)}
 
 
@@ -179,7 +179,7 @@ async def preview(body: PolicyPreview, op: OperatorDep, svc: ServicesDep) -> dic
     response_model_exclude_unset=True,
     responses=errors(401, 403, 409, 422),
 )
-async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def clone(body: PolicyClone, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """A blank policy is fail-safe: no rules, so every tool asks a human."""
     check_name(body.name)
     if body.from_version is not None and body.from_ is None:
@@ -188,7 +188,7 @@ async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[st
         content = {"name": body.name, **BLANK_RULES}
         summary = "created blank"
     else:
-        detail = await svc.store.policies.policy_detail(op.tenant_id, body.from_)
+        detail = await ctx.policies.policy_detail(op.tenant_id, body.from_)
         if detail is None:
             raise BadRequest(f"unknown source policy '{body.from_}'")
         wanted = body.from_version or detail.versions[0].version
@@ -198,7 +198,7 @@ async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[st
         content = {**source.content, "name": body.name}
         summary = f"cloned from '{body.from_}' v{wanted}"
     parse_policy(content)
-    row = await svc.store.policies.create_policy(op.tenant_id, content, summary, "api")
+    row = await ctx.policies.create_policy(op.tenant_id, content, summary, "api")
     return {"policy": _meta(row)}
 
 
@@ -209,9 +209,9 @@ async def clone(body: PolicyClone, op: OperatorDep, svc: ServicesDep) -> dict[st
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404),
 )
-async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def get_policy(name: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Versions are newest first; the matrix shows what the head does to every tool."""
-    detail = await svc.store.policies.policy_detail(op.tenant_id, name)
+    detail = await ctx.policies.policy_detail(op.tenant_id, name)
     if detail is None:
         raise NotFound()
     head = detail.versions[0]
@@ -222,7 +222,7 @@ async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, 
         "content": head.content,
         "versions": [_version(v) for v in detail.versions],
         "agents_using": detail.agents_using,
-        **overview(policy, await svc.connections.requirement_classes(op.tenant_id, str(row.id))),
+        **overview(policy, await ctx.connections.requirement_classes(op.tenant_id, str(row.id))),
     }
 
 
@@ -233,10 +233,10 @@ async def get_policy(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, 
     responses=errors(401, 403, 404),
 )
 async def get_version(
-    name: str, op: OperatorDep, svc: ServicesDep, version: int = Path(ge=1, le=INT4_MAX)
+    name: str, op: OperatorDep, ctx: ContextDep, version: int = Path(ge=1, le=INT4_MAX)
 ) -> dict[str, Any]:
     """``yaml`` is the imported source when there is one, otherwise generated from the content."""
-    row = await svc.store.policies.policy_version(op.tenant_id, name, version)
+    row = await ctx.policies.policy_version(op.tenant_id, name, version)
     if row is None:
         raise NotFound()
     return {
@@ -254,7 +254,7 @@ async def get_version(
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404, 409, 422),
 )
-async def publish(name: str, body: PolicyPublish, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def publish(name: str, body: PolicyPublish, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """409 when the head moved since ``base_version``: a retried publish can never create two versions."""
     policy = parse_policy(body.content)
     if policy.name != name:
@@ -262,7 +262,7 @@ async def publish(name: str, body: PolicyPublish, op: OperatorDep, svc: Services
     summary = body.summary.strip()
     if not summary or len(summary) > 500:
         raise BadRequest("a publish needs a non-empty summary — say what changed and why")
-    row = await svc.store.policies.append_policy_version(
+    row = await ctx.policies.append_policy_version(
         op.tenant_id, name, body.content, base_version=body.base_version, summary=summary, author="api"
     )
     return {"policy": _meta(row)}
@@ -275,12 +275,12 @@ async def publish(name: str, body: PolicyPublish, op: OperatorDep, svc: Services
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404, 409),
 )
-async def revert(name: str, body: PolicyRevert, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def revert(name: str, body: PolicyRevert, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """Moves forward: appends the old version's content as a new head."""
-    old = await svc.store.policies.policy_version(op.tenant_id, name, body.version)
+    old = await ctx.policies.policy_version(op.tenant_id, name, body.version)
     if old is None:
         raise NotFound()
-    row = await svc.store.policies.append_policy_version(
+    row = await ctx.policies.append_policy_version(
         op.tenant_id,
         name,
         old.content,
@@ -298,7 +298,7 @@ async def revert(name: str, body: PolicyRevert, op: OperatorDep, svc: ServicesDe
     response_model=out.PolicyDeleted,
     responses=errors(401, 403, 404, 409),
 )
-async def delete(name: str, op: OperatorDep, svc: ServicesDep) -> dict[str, Any]:
+async def delete(name: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     """409 while any agent revision, historical ones included, names it."""
-    deleted = await svc.store.policies.delete_policy(op.tenant_id, name)
+    deleted = await ctx.policies.delete_policy(op.tenant_id, name)
     return {"deleted": {"id": str(deleted.id), "name": deleted.name}}

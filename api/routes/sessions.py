@@ -12,15 +12,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from api import responses as out
-from api.deps import Principal, PrincipalDep, Services, ServicesDep, bearer, user_principal
+from api.deps import ContextDep, HubDep, Principal, PrincipalDep, bearer, user_principal
 from api.errors import errors
 from api.schemas import SessionCreate, approval_public
 from core.errors import BadRequest, Forbidden, NotFound
 from core.runspec import InvocationContext, workspace_doc
 from core.states import RunStatus
-from db.identity import Identity
 from db.ledger import LedgerEvent
 from db.models.runs import Run
+from services.context import AppContext
 from services.runs import RunRequest
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -31,23 +31,23 @@ REPOLL_SECS = 2.0
 KEEPALIVE_SECS = 15.0
 
 
-async def _run(svc: Services, tenant_id: str, run_id: str) -> Run:
-    row = await svc.store.runs.get_run(tenant_id, run_id)
+async def _run(ctx: AppContext, tenant_id: str, run_id: str) -> Run:
+    row = await ctx.runs.get_run(tenant_id, run_id)
     if row is None:
         raise NotFound()
     return row
 
 
-async def _visible_run(svc: Services, who: Principal, run_id: str) -> Run:
+async def _visible_run(ctx: AppContext, who: Principal, run_id: str) -> Run:
     """The run if the caller may see it; a plain member sees only runs it invoked (else 404)."""
-    row = await _run(svc, who.tenant_id, run_id)
+    row = await _run(ctx, who.tenant_id, run_id)
     if not who.sees_run_invoked_by(row.invoked_by_user_id):
         raise NotFound()
     return row
 
 
 @router.post("", summary="Start a run", response_model=out.SessionOut, responses=errors(401, 403, 409, 422, 503))
-async def create_session(body: SessionCreate, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def create_session(body: SessionCreate, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """Freeze the RunSpec, record the run as ``created`` and start its workflow; returns at once."""
     if body.workspace is not None and body.repo is not None:
         raise BadRequest("provide either `workspace` or legacy `repo`, not both")
@@ -62,11 +62,11 @@ async def create_session(body: SessionCreate, who: PrincipalDep, svc: ServicesDe
         when_unavailable="park",  # an interactive run waits for a connection unless its requirement says fail
     )
     if who.is_operator:
-        row = await svc.runs.create(
+        row = await ctx.run_factory.create(
             who.tenant_id, request, InvocationContext(kind="manual", actor="operator"), invoked_by_kind="operator"
         )
     else:  # a local_copy workspace (asked for or the revision's default) is refused with 403 there
-        row = await svc.runs.create(
+        row = await ctx.run_factory.create(
             who.tenant_id,
             request,
             InvocationContext(kind="manual", actor=f"user:{who.user_id}"),
@@ -79,7 +79,7 @@ async def create_session(body: SessionCreate, who: PrincipalDep, svc: ServicesDe
 @router.get("", summary="List runs", response_model=out.SessionList, responses=errors(400, 401))
 async def list_sessions(
     who: PrincipalDep,
-    svc: ServicesDep,
+    ctx: ContextDep,
     limit: int = Query(default=50, ge=1, le=500),
     status: str | None = Query(default=None, description="Only runs in this status, e.g. waiting_for_connection."),
 ) -> dict[str, Any]:
@@ -87,48 +87,48 @@ async def list_sessions(
     if status is not None and status not in {s.value for s in RunStatus}:
         raise BadRequest(f"unknown status '{status}' (known: {', '.join(s.value for s in RunStatus)})")
     if who.reads_all_runs:
-        rows = await svc.store.runs.list_runs(who.tenant_id, limit, status)
+        rows = await ctx.runs.list_runs(who.tenant_id, limit, status)
     else:
-        rows = await Identity(svc.store).runs_invoked_by(who.tenant_id, who.user_id or "", limit, status)
+        rows = await ctx.identity.runs_invoked_by(who.tenant_id, who.user_id or "", limit, status)
     return {"sessions": rows}
 
 
 @router.get(
     "/{run_id}", summary="A run with its usage totals", response_model=out.SessionDetail, responses=errors(401, 404)
 )
-async def get_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def get_session(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """404 when the run does not exist or is not visible to the caller."""
-    row = await _visible_run(svc, who, run_id)
-    return {"session": row, "usage": await svc.store.runs.usage_totals(run_id)}
+    row = await _visible_run(ctx, who, run_id)
+    return {"session": row, "usage": await ctx.runs.usage_totals(run_id)}
 
 
 @router.post(
     "/{run_id}/cancel", summary="Cancel a run", response_model=out.Cancelled, responses=errors(401, 403, 404, 503)
 )
-async def cancel_session(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, bool]:
+async def cancel_session(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, bool]:
     """``cancelled: false`` when the run is already terminal or already winding down (not an error)."""
-    row = await _visible_run(svc, who, run_id)
+    row = await _visible_run(ctx, who, run_id)
     invoker = str(row.invoked_by_user_id) if row.invoked_by_user_id is not None else None
     if not who.mutates_resources and invoker != who.user_id:
         raise Forbidden("cancelling another member's run requires the admin or owner role")
-    created = await svc.run_control.cancel(run_id)
+    created = await ctx.run_control.cancel(run_id)
     return {"cancelled": created}
 
 
 @router.get(
     "/{run_id}/outputs", summary="The run's diff and summary", response_model=out.Outputs, responses=errors(401, 404)
 )
-async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def outputs(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """The diff against the pristine workspace, the summary, and whether the gate was ever consulted."""
-    row = await _visible_run(svc, who, run_id)
-    arts = await svc.store.runs.artifacts(run_id)
+    row = await _visible_run(ctx, who, run_id)
+    arts = await ctx.runs.artifacts(run_id)
     by_kind = {a.kind: a for a in arts}
     diff = by_kind.get("diff")
     return {
         "status": row.status,
         "diff": diff.content if diff else None,
         "summary": row.result_summary,
-        "gate_consulted": await svc.store.runs.has_gate_calls(run_id),
+        "gate_consulted": await ctx.runs.has_gate_calls(run_id),
         "artifacts": arts,
     }
 
@@ -136,10 +136,10 @@ async def outputs(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str,
 @router.get(
     "/{run_id}/artifacts", summary="The run's artifacts", response_model=out.ArtifactList, responses=errors(401, 404)
 )
-async def artifacts(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def artifacts(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """The diff (``changes.patch``) and the summary (``summary.md``)."""
-    await _visible_run(svc, who, run_id)
-    return {"artifacts": await svc.store.runs.artifacts(run_id)}
+    await _visible_run(ctx, who, run_id)
+    return {"artifacts": await ctx.runs.artifacts(run_id)}
 
 
 @router.get(
@@ -148,10 +148,10 @@ async def artifacts(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[st
     response_model=out.ApprovalList,
     responses=errors(401, 404),
 )
-async def session_approvals(run_id: str, who: PrincipalDep, svc: ServicesDep) -> dict[str, Any]:
+async def session_approvals(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     """Includes auto-decided intents, not only human approvals."""
-    await _visible_run(svc, who, run_id)
-    rows = await svc.store.approvals.list_approvals(who.tenant_id, run_id=run_id)
+    await _visible_run(ctx, who, run_id)
+    rows = await ctx.approvals.list_approvals(who.tenant_id, run_id=run_id)
     return {"approvals": [approval_public(r.model_dump()) for r in rows]}
 
 
@@ -164,13 +164,13 @@ async def session_approvals(run_id: str, who: PrincipalDep, svc: ServicesDep) ->
 async def events(
     run_id: str,
     who: PrincipalDep,
-    svc: ServicesDep,
+    ctx: ContextDep,
     after: int = Query(default=0, ge=0, le=SEQ_MAX),
     limit: int = Query(default=500, ge=1, le=1000),
 ) -> dict[str, Any]:
     """Ordered by ``seq``, strictly greater than ``after``."""
-    await _visible_run(svc, who, run_id)
-    rows = await svc.store.ledger.events_after(run_id, after, limit)
+    await _visible_run(ctx, who, run_id)
+    rows = await ctx.ledger.events_after(run_id, after, limit)
     return {"events": rows}
 
 
@@ -198,9 +198,9 @@ SSE = {
     response_class=StreamingResponse,
     responses={200: SSE, **errors(401, 404)},
 )
-async def stream(run_id: str, request: Request, who: PrincipalDep, svc: ServicesDep) -> StreamingResponse:
+async def stream(run_id: str, request: Request, who: PrincipalDep, ctx: ContextDep, hub: HubDep) -> StreamingResponse:
     """Resumes after ``Last-Event-ID``; the same catch-up query as polling, woken by NOTIFY."""
-    await _visible_run(svc, who, run_id)
+    await _visible_run(ctx, who, run_id)
     raw = request.headers.get("last-event-id", "0").strip() or "0"
     if not raw.isdigit() or len(raw) > 19 or int(raw) > SEQ_MAX:
         raise BadRequest("Last-Event-ID must be a non-negative integer sequence number")
@@ -211,20 +211,20 @@ async def stream(run_id: str, request: Request, who: PrincipalDep, svc: Services
     async def still_allowed() -> bool:
         if pat is None:
             return True
-        now = await user_principal(svc, pat)
-        row = await svc.store.runs.get_run(who.tenant_id, run_id)
+        now = await user_principal(ctx, pat)
+        row = await ctx.runs.get_run(who.tenant_id, run_id)
         return now is not None and row is not None and now.sees_run_invoked_by(row.invoked_by_user_id)
 
     async def body() -> AsyncIterator[str]:
         last = start
         loop = asyncio.get_running_loop()
         quiet_since = loop.time()
-        with svc.hub.subscribe(run_id) as woken:
+        with hub.subscribe(run_id) as woken:
             while True:
                 if not await still_allowed():
                     return
                 woken.clear()
-                rows = await svc.store.ledger.events_after(run_id, last, STREAM_BATCH)
+                rows = await ctx.ledger.events_after(run_id, last, STREAM_BATCH)
                 for row in rows:
                     yield _sse(row)
                     last = row.seq

@@ -15,15 +15,14 @@ from fastapi import APIRouter, Body, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api import responses as out
-from api.deps import Principal, PrincipalDep, Services, ServicesDep, TriggerDep
+from api.deps import ContextDep, Principal, PrincipalDep, TriggerDep
 from api.errors import errors
 from api.schemas import WorkspaceIn
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
 from core.policy import Budgets
 from core.triggers import check_idempotency_key, context_variables, request_digest
-from db.deliveries import Deliveries
 from db.models.triggers import TriggerSubscription
-from db.triggers import Triggers
+from services.context import AppContext
 from services.schedules import FireTimes
 from services.subscriptions import ScheduleDraft, SubscriptionDraft
 from services.triggers import FireOutcome, Overrides
@@ -128,16 +127,16 @@ def schedule_view(row: TriggerSubscription, times: FireTimes | None) -> dict[str
     }
 
 
-async def schedule_of(svc: Services, row: TriggerSubscription) -> dict[str, Any] | None:
-    return schedule_view(row, await svc.subscriptions.fire_times(row))
+async def schedule_of(ctx: AppContext, row: TriggerSubscription) -> dict[str, Any] | None:
+    return schedule_view(row, await ctx.subscriptions.fire_times(row))
 
 
-def base_url(svc: Services) -> str:
-    return (svc.settings.public_url or svc.settings.api_url).rstrip("/")
+def base_url(ctx: AppContext) -> str:
+    return (ctx.settings.public_url or ctx.settings.api_url).rstrip("/")
 
 
-def urls(svc: Services, subscription_id: str) -> dict[str, Any]:
-    base = base_url(svc)
+def urls(ctx: AppContext, subscription_id: str) -> dict[str, Any]:
+    base = base_url(ctx)
     return {
         "base_url": base,
         "invoke_url": f"{base}/v1/triggers/{subscription_id}/invoke",
@@ -146,8 +145,8 @@ def urls(svc: Services, subscription_id: str) -> dict[str, Any]:
     }
 
 
-async def _subscription(svc: Services, tenant_id: str, subscription_id: str) -> TriggerSubscription:
-    return await svc.subscriptions.get(tenant_id, subscription_id)
+async def _subscription(ctx: AppContext, tenant_id: str, subscription_id: str) -> TriggerSubscription:
+    return await ctx.subscriptions.get(tenant_id, subscription_id)
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -193,7 +192,7 @@ def _refusal(outcome: FireOutcome) -> DomainError:
     response_model=out.TriggerCreated,
     responses=errors(401, 403, 409, 422, 503),
 )
-async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
+async def create_trigger(body: TriggerCreate, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
     """Returns the ``fbx_trig_`` token and, with a callback_url, the ``fbx_whsec_`` secret — never again."""
     draft = SubscriptionDraft(
         **body.model_dump(exclude={"budgets", "workspace", "schedule"}),
@@ -201,15 +200,15 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) 
         workspace=body.workspace,
         schedule=ScheduleDraft(**body.schedule.model_dump()) if body.schedule is not None else None,
     )
-    created = await svc.subscriptions.create(op.tenant_id, draft, operator=op.is_operator)
+    created = await ctx.subscriptions.create(op.tenant_id, draft, operator=op.is_operator)
     row = created.row
     return {
         "subscription": public(row),
-        "schedule": await schedule_of(svc, row),
+        "schedule": await schedule_of(ctx, row),
         "token": created.token,
         "callback_secret": created.callback_secret,
         "ingress_path": None,
-        **urls(svc, str(row.id)),
+        **urls(ctx, str(row.id)),
     }
 
 
@@ -219,15 +218,15 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, svc: ServicesDep) 
     response_model=out.TriggerList,
     responses=errors(401, 403),
 )
-async def list_triggers(op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
+async def list_triggers(op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
     """Ordered by name; schedules listed alongside."""
-    rows = await Triggers(svc.store).all(op.tenant_id)
+    rows = await ctx.trigger_records.all(op.tenant_id)
     scheduled = [r for r in rows if r.kind == "schedule"]
-    views = await asyncio.gather(*(schedule_of(svc, r) for r in scheduled))
+    views = await asyncio.gather(*(schedule_of(ctx, r) for r in scheduled))
     return {
         "subscriptions": [public(r) for r in rows],
         "schedules": [v for v in views if v is not None],
-        "base_url": base_url(svc),
+        "base_url": base_url(ctx),
     }
 
 
@@ -237,18 +236,18 @@ async def list_triggers(op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
     response_model=out.TriggerDetail,
     responses=errors(401, 403, 404),
 )
-async def get_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
+async def get_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
     """Sessions (20), deliveries (20), invocations incl. skip rows (30); never a secret."""
-    row = await _subscription(svc, op.tenant_id, subscription_id)
-    db = Triggers(svc.store)
+    row = await _subscription(ctx, op.tenant_id, subscription_id)
+    db = ctx.trigger_records
     sid = str(row.id)
     return {
         "subscription": public(row),
-        "schedule": await schedule_of(svc, row),
+        "schedule": await schedule_of(ctx, row),
         "sessions": await db.runs(sid, 20),
         "deliveries": await db.deliveries(sid, 20),
         "invocations": await db.invocations(sid, 30),
-        **urls(svc, sid),
+        **urls(ctx, sid),
     }
 
 
@@ -259,7 +258,7 @@ async def get_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) ->
     responses=errors(401, 403, 404, 409, 422, 503),
 )
 async def patch_trigger(
-    subscription_id: str, op: ManagerDep, svc: ServicesDep, body: dict[str, Any] = Body(...)
+    subscription_id: str, op: ManagerDep, ctx: ContextDep, body: dict[str, Any] = Body(...)
 ) -> dict[str, Any]:
     """Unknown fields → 400 listing the mutable set; a concurrent edit → 409. A new callback_url
     mints a new secret, returned once; ``""`` clears the callback."""
@@ -275,17 +274,17 @@ async def patch_trigger(
     given: dict[str, Any] = {field: getattr(patch, field) for field in patch.model_fields_set}
     if patch.schedule is not None:
         given["schedule"] = ScheduleDraft(**patch.schedule.model_dump())
-    patched = await svc.subscriptions.patch(op.tenant_id, subscription_id, given, operator=op.is_operator)
+    patched = await ctx.subscriptions.patch(op.tenant_id, subscription_id, given, operator=op.is_operator)
     new = patched.row
     return {
         "subscription": public(new),
-        "schedule": await schedule_of(svc, new),
+        "schedule": await schedule_of(ctx, new),
         "callback_secret": patched.callback_secret,
     }
 
 
-async def _set_enabled(svc: Services, tenant_id: str, subscription_id: str, enabled: bool) -> dict[str, Any]:
-    return {"subscription": public(await svc.subscriptions.set_enabled(tenant_id, subscription_id, enabled))}
+async def _set_enabled(ctx: AppContext, tenant_id: str, subscription_id: str, enabled: bool) -> dict[str, Any]:
+    return {"subscription": public(await ctx.subscriptions.set_enabled(tenant_id, subscription_id, enabled))}
 
 
 @router.post(
@@ -294,9 +293,9 @@ async def _set_enabled(svc: Services, tenant_id: str, subscription_id: str, enab
     response_model=out.SubscriptionOut,
     responses=errors(401, 403, 404, 409, 503),
 )
-async def enable_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
+async def enable_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
     """A schedule resumes (its missed-run policy decides about the gap)."""
-    return await _set_enabled(svc, op.tenant_id, subscription_id, True)
+    return await _set_enabled(ctx, op.tenant_id, subscription_id, True)
 
 
 @router.post(
@@ -305,9 +304,9 @@ async def enable_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep)
     response_model=out.SubscriptionOut,
     responses=errors(401, 403, 404, 409, 503),
 )
-async def disable_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
+async def disable_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
     """Invokes get 409; a schedule is paused and its clock does not advance."""
-    return await _set_enabled(svc, op.tenant_id, subscription_id, False)
+    return await _set_enabled(ctx, op.tenant_id, subscription_id, False)
 
 
 @router.post(
@@ -316,10 +315,10 @@ async def disable_trigger(subscription_id: str, op: ManagerDep, svc: ServicesDep
     response_model=out.TokenRotated,
     responses=errors(401, 403, 404),
 )
-async def rotate_token(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
+async def rotate_token(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
     """The new token (shown once) still polls runs created before the rotation."""
-    new, token, revoked = await svc.subscriptions.rotate_token(op.tenant_id, subscription_id)
-    return {"token": token, "revoked": revoked, "subscription": public(new), **urls(svc, str(new.id))}
+    new, token, revoked = await ctx.subscriptions.rotate_token(op.tenant_id, subscription_id)
+    return {"token": token, "revoked": revoked, "subscription": public(new), **urls(ctx, str(new.id))}
 
 
 @router.post(
@@ -328,12 +327,12 @@ async def rotate_token(subscription_id: str, op: ManagerDep, svc: ServicesDep) -
     response_model=out.RunStarted,
     responses=errors(401, 403, 404, 409, 422, 503),
 )
-async def run_now(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dict[str, Any]:
+async def run_now(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
     """``{{fire_time}}`` renders as now; the concurrency policy applies."""
-    row = await _subscription(svc, op.tenant_id, subscription_id)
+    row = await _subscription(ctx, op.tenant_id, subscription_id)
     if row.kind == "event":
         raise BadRequest(EVENT_ONLY)
-    outcome = await svc.triggers.fire(
+    outcome = await ctx.triggers.fire(
         op.tenant_id,
         str(row.id),
         kind="manual",
@@ -357,7 +356,7 @@ async def run_now(subscription_id: str, op: ManagerDep, svc: ServicesDep) -> dic
 async def invoke(
     subscription_id: str,
     principal: TriggerDep,
-    svc: ServicesDep,
+    ctx: ContextDep,
     body: InvokeIn | None = None,
     idempotency_key: str | None = Header(default=None),
 ) -> dict[str, Any]:
@@ -365,7 +364,7 @@ async def invoke(
     body = body or InvokeIn()
     key = check_idempotency_key(idempotency_key) if idempotency_key is not None else f"auto-{uuid.uuid4()}"
     variables = context_variables(body.context)
-    row = await _subscription(svc, principal.tenant_id, principal.subscription_id)
+    row = await _subscription(ctx, principal.tenant_id, principal.subscription_id)
     if row.kind == "event":
         raise BadRequest(EVENT_ONLY)
     if row.kind == "schedule":
@@ -375,7 +374,7 @@ async def invoke(
         raise BadRequest("this subscription does not allow task override")
     if body.workspace is not None and not row.allow_workspace_override:
         raise BadRequest("this subscription does not allow workspace override")
-    outcome = await svc.triggers.fire(
+    outcome = await ctx.triggers.fire(
         principal.tenant_id,
         principal.subscription_id,
         kind="api",
@@ -401,9 +400,9 @@ async def invoke(
     response_model=out.RunFinished,
     responses=errors(401, 404),
 )
-async def poll_run(subscription_id: str, session_id: str, principal: TriggerDep, svc: ServicesDep) -> dict[str, Any]:
+async def poll_run(subscription_id: str, session_id: str, principal: TriggerDep, ctx: ContextDep) -> dict[str, Any]:
     """The ``run.finished`` document with ``delivery_id`` and ``attempt`` null; 404 for any other run."""
-    run = await Triggers(svc.store).run_of(principal.subscription_id, session_id)
+    run = await ctx.trigger_records.run_of(principal.subscription_id, session_id)
     if run is None:
         raise NotFound()
-    return await Deliveries(svc.store).result_body(str(run.id))
+    return await ctx.deliveries.result_body(str(run.id))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api import responses as out
-from api.deps import OperatorDep, ServicesDep
+from api.deps import ContextDep, OperatorDep
 from api.errors import errors
 from core.errors import NotFound
 from db.usage import CostReport
@@ -19,10 +19,10 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
     response_model=out.CostReport,
     responses=errors(401, 403, 404),
 )
-async def session_cost(run_id: str, op: OperatorDep, svc: ServicesDep) -> CostReport:
+async def session_cost(run_id: str, op: OperatorDep, ctx: ContextDep) -> CostReport:
     """``usage`` totals as on the run, ``tool_calls`` (registered intents), a per-model/source
     ``breakdown`` (cost null for unpriced models) and the ``reservations`` still in flight."""
-    if await svc.store.runs.get_run(op.tenant_id, run_id) is None:
+    if await ctx.runs.get_run(op.tenant_id, run_id) is None:
         raise NotFound()
-    assert svc.metering is not None
-    return await svc.metering.report(run_id)
+    assert ctx.metering is not None
+    return await ctx.metering.report(run_id)

@@ -14,14 +14,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from api.deps import ServicesDep, bearer, run_token
+from api.deps import ContextDep, bearer, run_token
 from api.errors import RunnerErrorBody, errors, json_errors
 from core.contract import WORKSPACE_DIGEST_HEADER, BootstrapTokens, WorkspaceStored
 from core.digests import sha256_hex
 from core.errors import BadRequest, Conflict, NotFound, Unauthorized
 from core.states import is_terminal
 from core.tokens import RUN_AUDIENCES, Audience
-from db.workspaces import WorkspaceArchives
 
 router = APIRouter(prefix="/internal", tags=["internal"])
 ARCHIVE_TYPE = "application/gzip"
@@ -39,13 +38,13 @@ def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     response_model=BootstrapTokens,
     responses=errors(401, 404, 409, model=RunnerErrorBody),
 )
-async def bootstrap(run_id: str, request: Request, svc: ServicesDep) -> BootstrapTokens:
+async def bootstrap(run_id: str, request: Request, ctx: ContextDep) -> BootstrapTokens:
     """Spends the credential (a second exchange is 401) and mints the run's tokens afresh, revoking any
     earlier set: the Pod's credential is worth one set of tokens, held in the runner's memory only."""
     token = bearer(request)
     if token is None:
         raise Unauthorized()
-    grant = await svc.store.tokens.burn_bootstrap(token)
+    grant = await ctx.tokens.burn_bootstrap(token)
     if grant is None:
         raise Unauthorized("unauthorized: the bootstrap credential is unknown, expired or already spent")
     if str(grant.session_id) != run_id.lower():
@@ -53,7 +52,7 @@ async def bootstrap(run_id: str, request: Request, svc: ServicesDep) -> Bootstra
     if is_terminal(grant.status):
         raise Conflict(f"the run is {grant.status}: no tokens for it", session_status=grant.status)
     randoms = {aud.value: secrets.token_hex(16) for aud in RUN_AUDIENCES}
-    tokens = await svc.store.tokens.mint_tokens(str(grant.tenant_id), run_id, svc.settings.token_ttl_secs, randoms)
+    tokens = await ctx.tokens.mint_tokens(str(grant.tenant_id), run_id, ctx.settings.token_ttl_secs, randoms)
     return BootstrapTokens(
         control=tokens["control"], tool=tokens["tool"], llm=tokens.get("llm"), workspace=tokens["workspace"]
     )
@@ -68,10 +67,10 @@ async def bootstrap(run_id: str, request: Request, svc: ServicesDep) -> Bootstra
         **json_errors(401, 403, 404),
     },
 )
-async def download(run_id: str, request: Request, svc: ServicesDep) -> Response:
+async def download(run_id: str, request: Request, ctx: ContextDep) -> Response:
     """The tree the worker prepared; the runner checks its digest against its spec before unpacking it."""
-    await run_token(request, svc, run_id, Audience.WORKSPACE)
-    archive = await WorkspaceArchives(svc.store.pool).get(run_id, "initial")
+    await run_token(request, ctx, run_id, Audience.WORKSPACE)
+    archive = await ctx.archives.get(run_id, "initial")
     if archive is None:
         raise NotFound("this run has no prepared workspace archive (its sandbox binds the workspace)")
     return Response(archive.data, media_type=ARCHIVE_TYPE, headers={WORKSPACE_DIGEST_HEADER: archive.sha256})
@@ -85,10 +84,10 @@ async def download(run_id: str, request: Request, svc: ServicesDep) -> Response:
     # Documented as octet-stream, which generic clients can send; application/gzip is accepted as well.
     openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": BINARY}}}},
 )
-async def upload(run_id: str, request: Request, svc: ServicesDep) -> WorkspaceStored:
+async def upload(run_id: str, request: Request, ctx: ContextDep) -> WorkspaceStored:
     """Stored as sent once its digest checks out; the worker that finalizes the run unpacks it (safely)
     and diffs it against the prepared tree. A re-sent upload replaces the earlier one."""
-    principal = await run_token(request, svc, run_id, Audience.WORKSPACE)
+    principal = await run_token(request, ctx, run_id, Audience.WORKSPACE)
     if is_terminal(principal.status):
         raise Conflict("session is not active: its changes are already recorded", session_status=principal.status)
     claimed = (request.headers.get(WORKSPACE_DIGEST_HEADER) or "").lower()
@@ -100,5 +99,5 @@ async def upload(run_id: str, request: Request, svc: ServicesDep) -> WorkspaceSt
     actual = sha256_hex(data)
     if actual != claimed:
         raise BadRequest(f"{WORKSPACE_DIGEST_HEADER} does not match the archive (got {actual})")
-    stored = await WorkspaceArchives(svc.store.pool).put(run_id, "final", data)
+    stored = await ctx.archives.put(run_id, "final", data)
     return WorkspaceStored(sha256=stored.sha256, size=stored.size)

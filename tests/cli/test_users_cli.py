@@ -32,9 +32,8 @@ def run(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 async def home_with_database() -> AsyncIterator[Path]:
-    from core.redaction import Redactor
     from db.engine import create_pool, migrate
-    from db.store import Store
+    from db.identity import Identity
 
     home = Path(tempfile.mkdtemp(prefix="fbxu-", dir="/tmp"))
     pg = Postgres(home / "pg")
@@ -43,7 +42,7 @@ async def home_with_database() -> AsyncIterator[Path]:
         await migrate(url)
         pool = await create_pool(url, min_size=1, max_size=1)
         try:
-            await Store(pool, Redactor()).boot_tenant()  # what the API does when it boots
+            await Identity(pool).boot_tenant()  # what the API does when it boots
         finally:
             await pool.close()
         yield home

@@ -10,15 +10,15 @@ from core.access import NONE, READ_ONLY
 from core.digests import document_digest
 from core.errors import NotFound
 from db.connections import Connections, NewConnection
-from db.store import Store
+from services.context import AppContext
 
 TOOLS = [{"name": "add", "description": "Add two integers.", "inputSchema": {"type": "object"}}]
 PHOTO = {"protocol_version": "2025-11-25", "tools": TOOLS, "digest": document_digest(TOOLS)}
 
 
 @pytest.fixture
-def connections(store: Store) -> Connections:
-    return Connections(store)
+def connections(ctx: AppContext) -> Connections:
+    return ctx.connections
 
 
 async def test_a_sealed_connection_is_active_photographed_and_bindable(connections: Connections, tenant: str) -> None:
@@ -47,7 +47,7 @@ async def test_a_connection_without_a_photograph_waits_for_its_sign_in(connectio
 
 
 async def test_an_environment_credential_is_configuration_not_a_stored_secret(
-    connections: Connections, store: Store, tenant: str
+    connections: Connections, ctx: AppContext, tenant: str
 ) -> None:
     new = NewConnection(
         provider="mcp_http",
@@ -64,14 +64,16 @@ async def test_an_environment_credential_is_configuration_not_a_stored_secret(
     assert snapshot is not None and snapshot.snapshot_version == 1
     with pytest.raises(NotFound):  # no sealed blob: each process reads the variable itself
         await connections.credential(str(row.id))
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         assert await conn.fetchval("SELECT credential_env FROM integration_connections WHERE id = $1", row.id) == (
             "ENVTEST_MCP_TOKEN"
         )
 
 
-async def test_a_personal_connection_is_its_owners_alone(connections: Connections, store: Store, tenant: str) -> None:
-    async with store.pool.acquire() as conn:
+async def test_a_personal_connection_is_its_owners_alone(
+    connections: Connections, ctx: AppContext, tenant: str
+) -> None:
+    async with ctx.pool.acquire() as conn:
         user_id = str(
             await conn.fetchval(
                 "INSERT INTO users (id, tenant_id, email, email_normalized, name) "

@@ -11,18 +11,19 @@ import pytest
 
 from core.errors import Conflict, Forbidden, NotFound
 from core.tokens import token_digest
+from db._base import Row
 from db.ids import new_id
 from db.oauth import SUPERSEDED, ClaimedFlow, OAuthRecords, flow_verifier_context, registration_secret_context
-from db.store import Row, Store
 from integrations.sealing import Sealer, generate_key, parse_key
+from services.context import AppContext
 
 ISSUER = "https://auth.example.com"
 REDIRECT = "https://fluidbox.example.com/v1/oauth/callback"
 
 
 @pytest.fixture
-def records(store: Store) -> OAuthRecords:
-    return OAuthRecords(store)
+def records(ctx: AppContext) -> OAuthRecords:
+    return ctx.oauth_records
 
 
 @pytest.fixture
@@ -40,9 +41,9 @@ def dcr(client_id: str, redirect_uri: str = REDIRECT, source: str = "dcr") -> Ro
     }
 
 
-async def pending_connection(store: Store, tenant: str) -> str:
+async def pending_connection(ctx: AppContext, tenant: str) -> str:
     cid = new_id()
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         await conn.execute(
             "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, auth_kind, status) "
             "VALUES ($1, $2, 'mcp_http', 'oauth test', 'https://mcp.example.com/mcp', 'oauth', 'pending')",
@@ -52,13 +53,13 @@ async def pending_connection(store: Store, tenant: str) -> str:
     return cid
 
 
-async def start(records: OAuthRecords, store: Store, sealer: Sealer, tenant: str, **kw: object) -> tuple[str, str]:
+async def start(records: OAuthRecords, ctx: AppContext, sealer: Sealer, tenant: str, **kw: object) -> tuple[str, str]:
     """A flow on a fresh connection; returns (flow id, raw state)."""
     registration, _ = await records.save_registration(tenant, dcr(f"client-{new_id()}"))
     state = secrets.token_urlsafe(32)
     flow = await records.start_flow(
         tenant,
-        await pending_connection(store, tenant),
+        await pending_connection(ctx, tenant),
         str(registration.id),
         state_hash=token_digest(state),
         verifier=(sealer.seal("the-verifier", context=flow_verifier_context(tenant)), sealer.key_id),
@@ -94,10 +95,10 @@ async def test_a_preregistered_client_never_takes_the_shared_slot(records: OAuth
     assert reusable is not None and reusable.client_id == "shared"
 
 
-async def test_registrations_are_per_tenant(records: OAuthRecords, tenant: str, store: Store) -> None:
+async def test_registrations_are_per_tenant(records: OAuthRecords, tenant: str, ctx: AppContext) -> None:
     await records.save_registration(tenant, dcr("tenant-one"))
     other_tenant = new_id()
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         await conn.execute(
             "INSERT INTO tenants (id, name, slug) VALUES ($1, $2, $2)", uuid.UUID(other_tenant), "x" + other_tenant
         )
@@ -128,9 +129,9 @@ async def test_registration_secrets_are_stored_sealed(records: OAuthRecords, ten
 
 
 async def test_a_flow_is_claimed_once_by_the_browser_that_opened_it(
-    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+    records: OAuthRecords, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    flow_id, state = await start(records, store, sealer, tenant)
+    flow_id, state = await start(records, ctx, sealer, tenant)
     mine, theirs = token_digest("cookie-mine"), token_digest("cookie-theirs")
 
     bound = await records.bind_browser(flow_id, mine)
@@ -156,9 +157,9 @@ async def test_a_flow_is_claimed_once_by_the_browser_that_opened_it(
 
 
 async def test_concurrent_callbacks_consume_a_flow_exactly_once(
-    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+    records: OAuthRecords, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    flow_id, state = await start(records, store, sealer, tenant)
+    flow_id, state = await start(records, ctx, sealer, tenant)
     browser = token_digest("cookie")
     await records.bind_browser(flow_id, browser)
     outcomes = await asyncio.gather(
@@ -169,9 +170,9 @@ async def test_concurrent_callbacks_consume_a_flow_exactly_once(
 
 
 async def test_an_expired_flow_cannot_be_opened_or_claimed(
-    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+    records: OAuthRecords, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    flow_id, state = await start(records, store, sealer, tenant, ttl=timedelta(seconds=-1))
+    flow_id, state = await start(records, ctx, sealer, tenant, ttl=timedelta(seconds=-1))
     with pytest.raises(NotFound, match="expired"):
         await records.bind_browser(flow_id, token_digest("cookie"))
     with pytest.raises(NotFound, match="expired"):
@@ -196,10 +197,10 @@ GRANT = {"issuer": ISSUER, "resource": "https://mcp.example.com/mcp", "scope": "
 
 
 async def claimed_flow(
-    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str, connection_id: str
+    records: OAuthRecords, ctx: AppContext, sealer: Sealer, tenant: str, connection_id: str
 ) -> ClaimedFlow:
     """Start a flow for ``connection_id`` at its current generation and claim it from the right browser."""
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         generation = await conn.fetchval(
             "SELECT authorization_generation FROM integration_connections WHERE id = $1", uuid.UUID(connection_id)
         )
@@ -223,16 +224,16 @@ def refresh_credential(sealer: Sealer, tenant: str, token: str) -> tuple[bytes, 
 
 
 async def test_activation_stores_the_sealed_grant_and_the_photograph(
-    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+    records: OAuthRecords, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    cid = await pending_connection(store, tenant)
-    flow = await claimed_flow(records, store, sealer, tenant, cid)
+    cid = await pending_connection(ctx, tenant)
+    flow = await claimed_flow(records, ctx, sealer, tenant, cid)
     row, snapshot = await records.activate(
         tenant, flow, credential=refresh_credential(sealer, tenant, "rt-1"), oauth=GRANT, photo=PHOTO
     )
     assert row.status == "active" and row.authorization_generation == 1
     assert snapshot.snapshot_version == 1 and snapshot.authorization_generation == 1
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         stored = await conn.fetchrow(
             "SELECT credential_sealed, oauth, registration_id FROM integration_connections WHERE id = $1",
             uuid.UUID(cid),
@@ -242,11 +243,11 @@ async def test_activation_stores_the_sealed_grant_and_the_photograph(
 
 
 async def test_of_two_concurrent_authorizations_exactly_one_wins(
-    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+    records: OAuthRecords, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    cid = await pending_connection(store, tenant)
-    first = await claimed_flow(records, store, sealer, tenant, cid)
-    second = await claimed_flow(records, store, sealer, tenant, cid)
+    cid = await pending_connection(ctx, tenant)
+    first = await claimed_flow(records, ctx, sealer, tenant, cid)
+    second = await claimed_flow(records, ctx, sealer, tenant, cid)
     outcomes = await asyncio.gather(
         *(
             records.activate(tenant, f, credential=refresh_credential(sealer, tenant, "rt"), oauth=GRANT, photo=PHOTO)
@@ -267,12 +268,12 @@ async def test_of_two_concurrent_authorizations_exactly_one_wins(
 
 
 async def test_reconnecting_an_active_connection_bumps_the_generation(
-    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+    records: OAuthRecords, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    cid = await pending_connection(store, tenant)
-    flow = await claimed_flow(records, store, sealer, tenant, cid)
+    cid = await pending_connection(ctx, tenant)
+    flow = await claimed_flow(records, ctx, sealer, tenant, cid)
     await records.activate(tenant, flow, credential=refresh_credential(sealer, tenant, "a"), oauth=GRANT, photo=PHOTO)
-    again = await claimed_flow(records, store, sealer, tenant, cid)
+    again = await claimed_flow(records, ctx, sealer, tenant, cid)
     row, snapshot = await records.activate(
         tenant, again, credential=refresh_credential(sealer, tenant, "b"), oauth=GRANT, photo=PHOTO
     )
@@ -286,20 +287,20 @@ async def test_reconnecting_an_active_connection_bumps_the_generation(
 
 
 async def test_a_failed_refresh_moves_the_connection_to_error_with_the_reason(
-    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+    records: OAuthRecords, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    cid = await pending_connection(store, tenant)
-    flow = await claimed_flow(records, store, sealer, tenant, cid)
+    cid = await pending_connection(ctx, tenant)
+    flow = await claimed_flow(records, ctx, sealer, tenant, cid)
     await records.activate(tenant, flow, credential=refresh_credential(sealer, tenant, "a"), oauth=GRANT, photo=PHOTO)
     assert await records.mark_error(cid, 1, "grant request is invalid")
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         row = await conn.fetchrow(
             "SELECT status, credential_sealed, oauth FROM integration_connections WHERE id = $1", uuid.UUID(cid)
         )
     assert row["status"] == "error" and row["credential_sealed"] is None
     assert row["oauth"]["last_error"] == "grant request is invalid"
     # A new sign-in revives it.
-    again = await claimed_flow(records, store, sealer, tenant, cid)
+    again = await claimed_flow(records, ctx, sealer, tenant, cid)
     revived, _ = await records.activate(
         tenant, again, credential=refresh_credential(sealer, tenant, "b"), oauth=GRANT, photo=PHOTO
     )
@@ -307,11 +308,11 @@ async def test_a_failed_refresh_moves_the_connection_to_error_with_the_reason(
 
 
 async def test_a_revoked_connection_cannot_be_activated(
-    records: OAuthRecords, store: Store, sealer: Sealer, tenant: str
+    records: OAuthRecords, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    cid = await pending_connection(store, tenant)
-    flow = await claimed_flow(records, store, sealer, tenant, cid)
-    async with store.pool.acquire() as conn:
+    cid = await pending_connection(ctx, tenant)
+    flow = await claimed_flow(records, ctx, sealer, tenant, cid)
+    async with ctx.pool.acquire() as conn:
         await conn.execute("UPDATE integration_connections SET status = 'revoked' WHERE id = $1", uuid.UUID(cid))
     with pytest.raises(Conflict, match="revoked"):
         await records.activate(

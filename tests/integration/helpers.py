@@ -207,14 +207,13 @@ async def issue_token(database_url: str, run_id: str, audience: str) -> str:
     """A fresh run-scoped token from the store (the runner's own never leave its sandbox)."""
     import secrets
 
-    from core.redaction import Redactor
     from db.engine import create_pool
-    from db.store import Store
+    from tests.helpers import context_over
 
     pool = await create_pool(database_url, min_size=1, max_size=1)
     try:
-        store = Store(pool, Redactor())
-        spec = await store.runs.run_spec(run_id)
-        return await store.tokens.issue_token(spec.tenant_id, run_id, audience, 600, secrets.token_hex(16))
+        ctx = context_over(pool)
+        spec = await ctx.runs.run_spec(run_id)
+        return await ctx.tokens.issue_token(spec.tenant_id, run_id, audience, 600, secrets.token_hex(16))
     finally:
         await pool.close()

@@ -411,9 +411,8 @@ async def test_settling_a_claim_records_its_outcome_and_one_redacted_event_only_
     from core.digests import input_digest
     from core.errors import NotFound
     from core.redaction import Redactor
-    from db.connections import Connections
     from db.engine import create_pool
-    from db.store import Store
+    from tests.helpers import context_over
 
     secret = "upstream-secret-" + secrets.token_hex(8)
     async with serve(basic()) as srv:
@@ -431,7 +430,7 @@ async def test_settling_a_claim_records_its_outcome_and_one_redacted_event_only_
                     " input, state, attempts, claimed_at) VALUES ($1, 's-1', $2, $3, $4, $5, 'claimed', 1, now())",
                     uuid.UUID(run_id), digest, uuid.UUID(binding_id), tool, args,
                 )  # fmt: skip
-            connections = Connections(Store(pool, Redactor(extra_secrets=(secret,))))
+            connections = context_over(pool, redactor=Redactor(extra_secrets=(secret,))).connections
             before = [e["seq"] for e in await events(api, run_id)]
             data = {"tool_call_id": "s-1", "tool": tool, "ok": True, "outcome": "succeeded", "note": secret}
             result = {"content": [{"type": "text", "text": "3"}], "is_error": False}

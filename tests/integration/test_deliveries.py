@@ -16,17 +16,14 @@ import pytest
 from cli.stack import Stack, free_port
 from config.settings import Settings
 from config.temporal import connect_client
-from core.redaction import Redactor
 from core.runspec import InvocationContext
 from core.signing import verify
-from db.capabilities import Capabilities
-from db.connections import Connections
 from db.deliveries import callback_secret_context
 from db.engine import create_pool
-from db.store import Store
 from integrations.sealing import Sealer
+from services.context import AppContext
 from services.runs import RunFactory, RunRequest
-from tests.helpers import eventually
+from tests.helpers import context_over, eventually
 from tests.integration.conftest import FAST
 from tests.integration.helpers import events, make_agent, wait_status
 from tests.workflows.test_delivery import Receiver
@@ -36,7 +33,7 @@ pytestmark = pytest.mark.stack
 
 @dataclass
 class Harness:
-    store: Store
+    ctx: AppContext
     factory: RunFactory
     tenant_id: str
     sealer: Sealer
@@ -45,18 +42,18 @@ class Harness:
 @pytest.fixture(scope="module")
 async def harness(stack: Stack) -> AsyncIterator[Harness]:
     pool = await create_pool(stack.database_url or "", min_size=1, max_size=3)
-    store = Store(pool, Redactor())
     settings = Settings(temporal_address=stack.temporal_address, task_queue=stack.task_queue)
     client = await connect_client(settings)
 
     async def temporal() -> Any:
         return client
 
+    ctx = context_over(pool, settings, temporal=temporal)
     try:
         yield Harness(
-            store,
-            RunFactory(store, Connections(store), Capabilities(store), settings, temporal),
-            await store.boot_tenant(),
+            ctx,
+            ctx.run_factory,
+            await ctx.identity.boot_tenant(),
             Sealer.from_setting(FAST["FLUIDBOX_CREDENTIAL_KEY"]),
         )
     finally:
@@ -75,7 +72,7 @@ async def invoke(h: Harness, api: httpx.AsyncClient, url: str, *, enabled: bool 
     agent = await make_agent(api, [{"sleep_ms": 1}])
     sub_id = str(uuid.uuid4())
     secret = "fbx_whsec_" + secrets.token_hex(32)
-    async with h.store.pool.acquire() as conn:
+    async with h.ctx.pool.acquire() as conn:
         agent_id = await conn.fetchval(
             "SELECT id FROM agents WHERE tenant_id = $1 AND name = $2", uuid.UUID(h.tenant_id), agent
         )

@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-from typing import Any
 
 import httpx
 import pytest
@@ -19,15 +18,11 @@ from activities.runs import WORKFLOW_LOST, WORKFLOW_TERMINATED
 from cli.stack import Stack
 from config.settings import Settings
 from contracts.temporal import workflow_id
-from core.redaction import Redactor
 from core.runspec import InvocationContext
-from db.capabilities import Capabilities
-from db.connections import Connections
 from db.engine import create_pool
-from db.store import Store
 from sandbox import hostfs
-from services.runs import RunFactory, RunRequest
-from tests.helpers import eventually
+from services.runs import RunRequest
+from tests.helpers import context_over, eventually
 from tests.integration.conftest import FAST
 from tests.integration.helpers import (
     TERMINAL,
@@ -43,6 +38,7 @@ from tests.integration.helpers import (
     wait_sandbox_env,
     wait_status,
 )
+from worker import run_activities
 
 pytestmark = pytest.mark.stack
 
@@ -178,18 +174,15 @@ async def test_killing_the_worker_mid_run_loses_nothing(api: httpx.AsyncClient, 
 
 async def test_a_decision_whose_signal_was_lost_still_reaches_the_run(api: httpx.AsyncClient, stack: Stack) -> None:
     """The decision's CAS commits but the signal never arrives (an API crash between the two)."""
-    from core.redaction import Redactor
     from db.engine import create_pool
-    from db.store import Store
 
     run_id = await start_run(api, await make_agent(api, DEPLOY))
     pending = await wait_pending(api, run_id)
     pool = await create_pool(stack.database_url or "", min_size=1, max_size=1)
     try:
-        spec = await Store(pool, Redactor()).runs.run_spec(run_id)
-        await Store(pool, Redactor()).approvals.decide_approval(
-            spec.tenant_id, pending["id"], "approved_once", "operator"
-        )
+        ctx = context_over(pool)
+        spec = await ctx.runs.run_spec(run_id)
+        await ctx.approvals.decide_approval(spec.tenant_id, pending["id"], "approved_once", "operator")
     finally:
         await pool.close()
     # FLUIDBOX_APPROVAL_RECHECK_SECS is 1 s in the test stack: the workflow re-reads the row.
@@ -285,12 +278,9 @@ async def test_a_retried_provisioning_replaces_the_sandbox_an_interrupted_attemp
 
     from temporalio.testing import ActivityEnvironment
 
-    from activities.runs import RunActivities
     from config.settings import Settings
     from contracts import temporal as c
-    from core.redaction import Redactor
     from db.engine import create_pool
-    from db.store import Store
     from sandbox.registry import make_provider
 
     stack.kill_process("worker")  # nothing else provisions this run while we drive the activity
@@ -298,7 +288,7 @@ async def test_a_retried_provisioning_replaces_the_sandbox_an_interrupted_attemp
     try:
         run_id = await start_run(api, await make_agent(api, IDLE))
         settings = Settings(home=stack.home, database_url=stack.database_url, heartbeat_secs=0.5, replay_delay_ms=0)
-        acts = RunActivities(Store(pool, Redactor()), make_provider("bwrap"), settings)
+        acts = run_activities(context_over(pool, settings), make_provider("bwrap"))
         env = ActivityEnvironment()
         assert (await env.run(acts.provision, c.RunRef(run_id=run_id))).status == "running"
         first = (await run_row(api, run_id))["sandbox_handle"]
@@ -334,17 +324,12 @@ async def test_a_run_whose_starter_died_before_starting_its_workflow_is_started_
     # the run row (and its idempotency claim, for triggers) is committed, its workflow never started.
     pool = await create_pool(stack.database_url or "", min_size=1, max_size=2)
     try:
-        store = Store(pool, Redactor())
-        settings = Settings(temporal_address=stack.temporal_address, task_queue=stack.task_queue)
-
-        async def no_temporal() -> Any:
-            raise AssertionError("this half never reaches Temporal")
-
-        factory = RunFactory(store, Connections(store), Capabilities(store), settings, no_temporal)
+        # No Temporal here: this half never reaches it.
+        ctx = context_over(pool, Settings(temporal_address=stack.temporal_address, task_queue=stack.task_queue))
         agent = await make_agent(api, [{"sleep_ms": 1}])
-        tenant_id = await store.boot_tenant()
-        spec = await factory.prepare(tenant_id, RunRequest(agent=agent, task="stranded"), InvocationContext())
-        await store.runs.create_run(spec, invoked_by_kind="operator")
+        tenant_id = await ctx.identity.boot_tenant()
+        spec = await ctx.run_factory.prepare(tenant_id, RunRequest(agent=agent, task="stranded"), InvocationContext())
+        await ctx.runs.create_run(spec, invoked_by_kind="operator")
     finally:
         await pool.close()
     assert (await run_row(api, spec.run_id))["status"] == "created"

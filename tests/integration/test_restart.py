@@ -18,12 +18,10 @@ import pytest
 
 from cli.stack import admin_token
 from core.ports import SandboxHandle, SandboxSpec
-from core.redaction import Redactor
 from core.states import RunStatus
 from db.engine import create_pool
-from db.store import Store
 from sandbox.bubblewrap import BubblewrapProvider
-from tests.helpers import eventually
+from tests.helpers import context_over, eventually
 from tests.integration.conftest import FAST
 from tests.integration.helpers import (
     TERMINAL,
@@ -109,7 +107,7 @@ async def end_behind_the_stack(database_url: str, run_id: str, reason: str) -> N
     """End a run in PostgreSQL the way finalization does, but without tearing its sandbox down."""
     pool = await create_pool(database_url, min_size=1, max_size=1)
     try:
-        runs = Store(pool, Redactor()).runs
+        runs = context_over(pool).runs
         await runs.request_finalization(run_id, "failed", reason=reason, quiesce=False)
         await runs.transition(run_id, RunStatus.FINALIZING, reason)
         await runs.finish(run_id, RunStatus.FAILED, reason, None, "failed", [], [])

@@ -14,14 +14,14 @@ import pytest
 
 from core.errors import Conflict, Forbidden
 from core.tokens import token_digest
-from db.connections import ConnectionRow, Connections, credential_context
+from db.connections import ConnectionRow, credential_context
 from db.ids import new_id
 from db.oauth import SUPERSEDED
-from db.store import Store
 from integrations import mcp_client
 from integrations.oauth import AuthorizationFailed, OAuthClient
 from integrations.sealing import Sealer
 from integrations.urls import UrlPolicy
+from services.context import AppContext
 from services.oauth_connect import Activated, OAuthConnect
 from tests.mcp_servers import RunningServer
 from tests.oauth_servers import AuthorizationServer
@@ -31,14 +31,16 @@ BROWSER = token_digest("the-browser-cookie")
 
 
 @pytest.fixture
-def service(store: Store, sealer: Sealer) -> OAuthConnect:
+def service(ctx: AppContext, sealer: Sealer) -> OAuthConnect:
     policy = UrlPolicy(allow_loopback=True)
-    return OAuthConnect(store, sealer, OAuthClient(policy), policy, redirect_uri=REDIRECT_URI)
+    return OAuthConnect(
+        ctx.oauth_records, ctx.connections, sealer, OAuthClient(policy), policy, redirect_uri=REDIRECT_URI
+    )
 
 
-async def oauth_connection(store: Store, tenant: str, url: str) -> ConnectionRow:
+async def oauth_connection(ctx: AppContext, tenant: str, url: str) -> ConnectionRow:
     cid = new_id()
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         await conn.execute(
             "INSERT INTO integration_connections (id, tenant_id, provider, display_name, base_url, auth_kind, status) "
             "VALUES ($1, $2, 'mcp_http', 'protected', $3, 'oauth', 'pending')",
@@ -46,7 +48,7 @@ async def oauth_connection(store: Store, tenant: str, url: str) -> ConnectionRow
             uuid.UUID(tenant),
             url,
         )
-    row = await Connections(store).get(tenant, cid)
+    row = await ctx.connections.get(tenant, cid)
     assert row is not None
     return row
 
@@ -63,14 +65,14 @@ async def signed_in(
 
 
 async def test_connecting_activates_the_connection_with_a_sealed_grant_and_a_photograph(
-    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
+    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    connection = await oauth_connection(store, tenant, mcp.url)
+    connection = await oauth_connection(ctx, tenant, mcp.url)
     done = await service.complete(await signed_in(service, auth, tenant, connection), BROWSER)
 
     assert done.connection.status == "active" and done.connection.authorization_generation == 1
     assert [t["name"] for t in done.snapshot.tools_json] == ["add", "echo"]
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         row = await conn.fetchrow(
             "SELECT credential_sealed, oauth FROM integration_connections WHERE id = $1",
             connection.id,
@@ -85,9 +87,9 @@ async def test_connecting_activates_the_connection_with_a_sealed_grant_and_a_pho
 
 
 async def test_a_callback_from_another_browser_is_refused_without_burning_the_flow(
-    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, tenant: str
+    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, tenant: str
 ) -> None:
-    connection = await oauth_connection(store, tenant, mcp.url)
+    connection = await oauth_connection(ctx, tenant, mcp.url)
     query = await signed_in(service, auth, tenant, connection)
     with pytest.raises(Forbidden, match="another browser"):
         await service.complete(query, token_digest("someone-else"))
@@ -98,9 +100,9 @@ async def test_a_callback_from_another_browser_is_refused_without_burning_the_fl
 
 
 async def test_a_replayed_callback_is_refused(
-    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, tenant: str
+    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, tenant: str
 ) -> None:
-    connection = await oauth_connection(store, tenant, mcp.url)
+    connection = await oauth_connection(ctx, tenant, mcp.url)
     query = await signed_in(service, auth, tenant, connection)
     await service.complete(query, BROWSER)
     with pytest.raises(Conflict, match="already completed"):
@@ -108,12 +110,12 @@ async def test_a_replayed_callback_is_refused(
 
 
 async def test_the_tenants_registration_is_reused_for_every_connection_to_that_server(
-    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, tenant: str
+    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, tenant: str
 ) -> None:
     for _ in range(2):
-        connection = await oauth_connection(store, tenant, mcp.url)
+        connection = await oauth_connection(ctx, tenant, mcp.url)
         await service.complete(await signed_in(service, auth, tenant, connection), BROWSER)
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         count = await conn.fetchval(
             "SELECT count(*) FROM oauth_client_registrations WHERE tenant_id = $1", uuid.UUID(tenant)
         )
@@ -121,9 +123,9 @@ async def test_the_tenants_registration_is_reused_for_every_connection_to_that_s
 
 
 async def test_of_two_concurrent_reauthorizations_exactly_one_wins(
-    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, tenant: str
+    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, tenant: str
 ) -> None:
-    connection = await oauth_connection(store, tenant, mcp.url)
+    connection = await oauth_connection(ctx, tenant, mcp.url)
     first = await signed_in(service, auth, tenant, connection)
     second = await signed_in(service, auth, tenant, connection)
     outcomes = await asyncio.gather(
@@ -135,11 +137,11 @@ async def test_of_two_concurrent_reauthorizations_exactly_one_wins(
 
 
 async def test_reconnecting_bumps_the_generation(
-    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, tenant: str
+    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, tenant: str
 ) -> None:
-    connection = await oauth_connection(store, tenant, mcp.url)
+    connection = await oauth_connection(ctx, tenant, mcp.url)
     await service.complete(await signed_in(service, auth, tenant, connection), BROWSER)
-    current = await Connections(store).get(tenant, str(connection.id))
+    current = await ctx.connections.get(tenant, str(connection.id))
     assert current is not None
     again = await service.complete(await signed_in(service, auth, tenant, current), BROWSER)
     assert again.connection.authorization_generation == 2
@@ -147,13 +149,13 @@ async def test_reconnecting_bumps_the_generation(
 
 
 async def test_a_refused_consent_leaves_the_connection_pending(
-    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, tenant: str
+    service: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, tenant: str
 ) -> None:
-    connection = await oauth_connection(store, tenant, mcp.url)
+    connection = await oauth_connection(ctx, tenant, mcp.url)
     started = await service.start(tenant, connection)
     await service.open(started.flow_id, BROWSER)
     landed = await auth.sign_in(started.authorization_url, approve=False)
     with pytest.raises(AuthorizationFailed, match="refused"):
         await service.complete(dict(parse_qsl(urlsplit(landed).query)), BROWSER)
-    after = await Connections(store).get(tenant, str(connection.id))
+    after = await ctx.connections.get(tenant, str(connection.id))
     assert after is not None and after.status == "pending"

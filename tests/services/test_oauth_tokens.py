@@ -12,12 +12,12 @@ import pytest
 from pydantic import SecretStr
 
 from core.errors import Conflict, NotFound
-from db.connections import Connections, credential_context
-from db.store import Store
+from db.connections import credential_context
 from integrations import mcp_client
 from integrations.oauth import OAuthClient
 from integrations.sealing import Sealer
 from integrations.urls import UrlPolicy
+from services.context import AppContext
 from services.oauth_connect import Activated, OAuthConnect
 from services.oauth_tokens import AccessTokens, GrantLost
 from tests.mcp_servers import RunningServer
@@ -28,19 +28,21 @@ POLICY = UrlPolicy(allow_loopback=True)
 
 
 @pytest.fixture
-def connect(store: Store, sealer: Sealer) -> OAuthConnect:
-    return OAuthConnect(store, sealer, OAuthClient(POLICY), POLICY, redirect_uri=REDIRECT_URI)
+def connect(ctx: AppContext, sealer: Sealer) -> OAuthConnect:
+    return OAuthConnect(
+        ctx.oauth_records, ctx.connections, sealer, OAuthClient(POLICY), POLICY, redirect_uri=REDIRECT_URI
+    )
 
 
 async def connected(
-    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, tenant: str
+    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, tenant: str
 ) -> Activated:
-    connection = await oauth_connection(store, tenant, mcp.url)
+    connection = await oauth_connection(ctx, tenant, mcp.url)
     return await connect.complete(await signed_in(connect, auth, tenant, connection), BROWSER)
 
 
-def tokens(store: Store, sealer: Sealer, **kw: object) -> AccessTokens:
-    return AccessTokens(store, sealer, OAuthClient(POLICY), **kw)  # type: ignore[arg-type]
+def tokens(ctx: AppContext, sealer: Sealer, **kw: object) -> AccessTokens:
+    return AccessTokens(ctx.oauth_records, sealer, OAuthClient(POLICY), **kw)  # type: ignore[arg-type]
 
 
 def bearer(token: SecretStr) -> dict[str, str]:
@@ -53,8 +55,8 @@ async def refresh_requests(auth: AuthorizationServer) -> int:
     )
 
 
-async def stored_refresh(store: Store, sealer: Sealer, tenant: str, connection_id: str) -> str:
-    async with store.pool.acquire() as conn:
+async def stored_refresh(ctx: AppContext, sealer: Sealer, tenant: str, connection_id: str) -> str:
+    async with ctx.pool.acquire() as conn:
         blob = await conn.fetchval(
             "SELECT credential_sealed FROM integration_connections WHERE id = $1", uuid.UUID(connection_id)
         )
@@ -62,11 +64,11 @@ async def stored_refresh(store: Store, sealer: Sealer, tenant: str, connection_i
 
 
 async def test_a_fresh_access_token_is_served_without_asking_the_provider(
-    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
+    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    done = await connected(connect, auth, mcp, store, tenant)
+    done = await connected(connect, auth, mcp, ctx, tenant)
     await auth.clear_requests()
-    access = tokens(store, sealer, margin=timedelta(0))
+    access = tokens(ctx, sealer, margin=timedelta(0))
     cid = str(done.connection.id)
     first = await access.get(tenant, cid, 1)
     assert first.get_secret_value() == done.tokens.access_token.get_secret_value()
@@ -76,80 +78,80 @@ async def test_a_fresh_access_token_is_served_without_asking_the_provider(
 
 
 async def test_a_token_inside_the_margin_is_refreshed_and_the_rotated_refresh_token_stored(
-    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
+    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    done = await connected(connect, auth, mcp, store, tenant)
+    done = await connected(connect, auth, mcp, ctx, tenant)
     cid = str(done.connection.id)
-    before = await stored_refresh(store, sealer, tenant, cid)
+    before = await stored_refresh(ctx, sealer, tenant, cid)
     await auth.clear_requests()
 
-    fresh = await tokens(store, sealer).get(tenant, cid, 1)
+    fresh = await tokens(ctx, sealer).get(tenant, cid, 1)
     assert fresh.get_secret_value() != done.tokens.access_token.get_secret_value()
     assert await refresh_requests(auth) == 1
-    after = await stored_refresh(store, sealer, tenant, cid)
+    after = await stored_refresh(ctx, sealer, tenant, cid)
     assert after != before  # rotated, and the new one is what the next refresh will present
     assert (await mcp_client.photograph(mcp.url, bearer(fresh))).tools
 
     # Another process (its own cache) finds the stored token when it has enough time left.
-    other = await tokens(store, sealer, margin=timedelta(0)).get(tenant, cid, 1)
+    other = await tokens(ctx, sealer, margin=timedelta(0)).get(tenant, cid, 1)
     assert other == fresh and await refresh_requests(auth) == 1
 
 
 async def test_concurrent_callers_across_processes_refresh_once(
-    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
+    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    done = await connected(connect, auth, mcp, store, tenant)
+    done = await connected(connect, auth, mcp, ctx, tenant)
     cid = str(done.connection.id)
-    async with store.pool.acquire() as conn:  # the stored access token has expired
+    async with ctx.pool.acquire() as conn:  # the stored access token has expired
         await conn.execute(
             "UPDATE integration_connections SET access_expires_at = now() - interval '1 hour' WHERE id = $1",
             uuid.UUID(cid),
         )
     await auth.clear_requests()
     # Five "processes" (caches of their own): the first to take the row lock refreshes, the others find its token.
-    results = await asyncio.gather(*(tokens(store, sealer, margin=timedelta(0)).get(tenant, cid, 1) for _ in range(5)))
+    results = await asyncio.gather(*(tokens(ctx, sealer, margin=timedelta(0)).get(tenant, cid, 1) for _ in range(5)))
     assert len({r.get_secret_value() for r in results}) == 1
     assert await refresh_requests(auth) == 1
 
 
 async def test_refreshes_serialize_so_a_rotated_refresh_token_is_never_presented_twice(
-    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
+    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    done = await connected(connect, auth, mcp, store, tenant)
+    done = await connected(connect, auth, mcp, ctx, tenant)
     cid = str(done.connection.id)
     await auth.clear_requests()
     # With the 300 s margin every 60 s token is due, so every caller refreshes. Under the row lock each presents
     # the refresh token the previous one stored; had two presented the same one, oidc-provider would have revoked
     # the whole grant (reuse detection) and the connection would be in error.
-    results = await asyncio.gather(*(tokens(store, sealer).get(tenant, cid, 1) for _ in range(5)))
+    results = await asyncio.gather(*(tokens(ctx, sealer).get(tenant, cid, 1) for _ in range(5)))
     assert len({r.get_secret_value() for r in results}) == 5
     assert await refresh_requests(auth) == 5
-    row = await Connections(store).get(tenant, cid)
+    row = await ctx.connections.get(tenant, cid)
     assert row is not None and row.status == "active"
-    current = await tokens(store, sealer, margin=timedelta(0)).get(tenant, cid, 1)
+    current = await tokens(ctx, sealer, margin=timedelta(0)).get(tenant, cid, 1)
     assert (await mcp_client.photograph(mcp.url, bearer(current))).tools
 
 
 async def test_a_rejected_token_is_refreshed_even_if_it_looks_valid(
-    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
+    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    done = await connected(connect, auth, mcp, store, tenant)
+    done = await connected(connect, auth, mcp, ctx, tenant)
     cid = str(done.connection.id)
-    access = tokens(store, sealer, margin=timedelta(0))
+    access = tokens(ctx, sealer, margin=timedelta(0))
     first = await access.get(tenant, cid, 1)
     second = await access.get(tenant, cid, 1, rejected=first)
     assert second != first
 
 
 async def test_a_revoked_grant_moves_the_connection_to_error_with_the_providers_reason(
-    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
+    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    done = await connected(connect, auth, mcp, store, tenant)
+    done = await connected(connect, auth, mcp, ctx, tenant)
     cid = str(done.connection.id)
     assert done.tokens.refresh_token is not None
     server = connect.client
     discovery = await server.discover(mcp.url)
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         registration_id = await conn.fetchval(
             "SELECT registration_id FROM integration_connections WHERE id = $1", uuid.UUID(cid)
         )
@@ -159,24 +161,24 @@ async def test_a_revoked_grant_moves_the_connection_to_error_with_the_providers_
     await server.revoke(discovery.authorization_server, identity, done.tokens.refresh_token)
 
     with pytest.raises(GrantLost) as lost:
-        await tokens(store, sealer).get(tenant, cid, 1)
+        await tokens(ctx, sealer).get(tenant, cid, 1)
     assert lost.value.reason and lost.value.status == 502
-    row = await Connections(store).get(tenant, cid)
+    row = await ctx.connections.get(tenant, cid)
     assert row is not None and row.status == "error"
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         oauth = await conn.fetchval("SELECT oauth FROM integration_connections WHERE id = $1", uuid.UUID(cid))
     assert oauth["last_error"] == lost.value.reason
     with pytest.raises(NotFound):
-        await tokens(store, sealer).get(tenant, cid, 1)
+        await tokens(ctx, sealer).get(tenant, cid, 1)
 
 
 async def test_a_binding_frozen_before_a_reconnect_is_stale(
-    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, store: Store, sealer: Sealer, tenant: str
+    connect: OAuthConnect, auth: AuthorizationServer, mcp: RunningServer, ctx: AppContext, sealer: Sealer, tenant: str
 ) -> None:
-    done = await connected(connect, auth, mcp, store, tenant)
-    current = await Connections(store).get(tenant, str(done.connection.id))
+    done = await connected(connect, auth, mcp, ctx, tenant)
+    current = await ctx.connections.get(tenant, str(done.connection.id))
     assert current is not None
     await connect.complete(await signed_in(connect, auth, tenant, current), BROWSER)
     with pytest.raises(Conflict, match="stale"):
-        await tokens(store, sealer).get(tenant, str(done.connection.id), 1)
-    assert await tokens(store, sealer, margin=timedelta(0)).get(tenant, str(done.connection.id), 2)
+        await tokens(ctx, sealer).get(tenant, str(done.connection.id), 1)
+    assert await tokens(ctx, sealer, margin=timedelta(0)).get(tenant, str(done.connection.id), 2)

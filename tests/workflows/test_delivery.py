@@ -26,20 +26,17 @@ from temporalio.worker import Replayer, Worker
 from activities.delivery import DeliveryActivities
 from api.app import seed_policies
 from cli.stack import Postgres
-from config.settings import Settings
 from contracts import temporal as c
-from core.redaction import Redactor
 from core.runspec import InvocationContext, RunSpec
 from core.signing import verify
 from core.states import RunStatus
-from db.capabilities import Capabilities
-from db.connections import Connections
-from db.deliveries import Deliveries, callback_secret_context
+from db.deliveries import callback_secret_context
 from db.engine import create_pool, migrate
-from db.store import Store
 from integrations.sealing import Sealer
 from integrations.urls import UrlPolicy
-from services.runs import RunFactory, RunRequest
+from services.context import AppContext
+from services.runs import RunRequest
+from tests.helpers import context_over
 from workflows.delivery import BACKOFF_SECS, MAX_ATTEMPTS, DeliveryWorkflow
 
 TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
@@ -146,7 +143,7 @@ def assert_signed(req: Received, secret: str) -> None:
 
 @dataclass
 class Env:
-    store: Store
+    ctx: AppContext
     tenant_id: str
     sealer: Sealer
     client: Client
@@ -160,11 +157,11 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     try:
         await migrate(url)
         pool = await create_pool(url, min_size=1, max_size=5)
-        store = Store(pool, Redactor())
-        tenant_id = await store.boot_tenant()
-        await seed_policies(store, tenant_id)
         sealer = Sealer.from_setting(secrets.token_hex(32))
-        acts = DeliveryActivities(Deliveries(store), sealer, UrlPolicy(allow_loopback=True))
+        ctx = context_over(pool, sealer=sealer)
+        tenant_id = await ctx.identity.boot_tenant()
+        await seed_policies(ctx, tenant_id)
+        acts = DeliveryActivities(ctx.deliveries, sealer, UrlPolicy(allow_loopback=True))
         task_queue = f"dlv-{uuid.uuid4()}"
         async with await WorkflowEnvironment.start_time_skipping(
             test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
@@ -172,7 +169,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
             async with Worker(
                 temporal.client, task_queue=task_queue, workflows=[DeliveryWorkflow], activities=acts.all()
             ):
-                yield Env(store, tenant_id, sealer, temporal.client, task_queue)
+                yield Env(ctx, tenant_id, sealer, temporal.client, task_queue)
         await pool.close()
     finally:
         pg.stop()
@@ -186,16 +183,12 @@ class Delivery:
     secret: str
 
 
-async def _never() -> Client:
-    raise AssertionError("these tests start no run workflow")
-
-
 async def finished_run(env: Env, url: str, *, enabled: bool = True, rotated: bool = False) -> Delivery:
     """A subscription with a sealed callback secret, and a finished run it invoked with one webhook destination."""
-    store = env.store
-    policy = await store.policies.policy_head(env.tenant_id, "demo")
+    ctx = env.ctx
+    policy = await ctx.policies.policy_head(env.tenant_id, "demo")
     assert policy is not None
-    agent, _ = await store.agents.create_agent(
+    agent, _ = await ctx.agents.create_agent(
         env.tenant_id,
         f"agent-{uuid.uuid4().hex[:8]}",
         None,
@@ -203,7 +196,7 @@ async def finished_run(env: Env, url: str, *, enabled: bool = True, rotated: boo
     )
     sub_id = str(uuid.uuid4())
     secret = "fbx_whsec_" + secrets.token_hex(32)
-    async with store.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         await conn.execute(
             "INSERT INTO trigger_subscriptions (id, tenant_id, name, agent_id, kind, enabled, task_template,"
             " callback_url, callback_secret_sealed, token_generation) VALUES ($1,$2,$3,$4,'api',$5,'t',$6,$7,1)",
@@ -217,18 +210,18 @@ async def finished_run(env: Env, url: str, *, enabled: bool = True, rotated: boo
         )
         if rotated:
             await conn.execute("UPDATE trigger_subscriptions SET token_generation = 2 WHERE id = $1", uuid.UUID(sub_id))
-    factory = RunFactory(store, Connections(store), Capabilities(store), Settings(), _never)
+    factory = ctx.run_factory  # its workflows in memory: these tests start no run workflow
     dest = {"kind": "webhook", "subscription_id": sub_id, "url": url, "token_generation": 1}
     spec: RunSpec = await factory.prepare(
         env.tenant_id,
         RunRequest(agent=agent.name, task="deliver me", result_destinations=[dest]),
         InvocationContext(kind="api", actor="trigger", subscription_id=sub_id),
     )
-    await store.runs.create_run(spec, invoked_by_kind="trigger")
-    await store.runs.request_finalization(spec.run_id, "completed", reason="done")
-    await store.runs.transition(spec.run_id, RunStatus.FINALIZING)
-    await store.runs.finish(spec.run_id, RunStatus.COMPLETED, None, "all good", "completed", [], [])
-    (row,) = await Deliveries(store).enqueue(spec)
+    await ctx.runs.create_run(spec, invoked_by_kind="trigger")
+    await ctx.runs.request_finalization(spec.run_id, "completed", reason="done")
+    await ctx.runs.transition(spec.run_id, RunStatus.FINALIZING)
+    await ctx.runs.finish(spec.run_id, RunStatus.COMPLETED, None, "all good", "completed", [], [])
+    (row,) = await ctx.deliveries.enqueue(spec)
     return Delivery(spec.run_id, str(row.id), sub_id, secret)
 
 
@@ -244,7 +237,7 @@ async def deliver(env: Env, d: Delivery) -> tuple[str, Any]:
 
 
 async def ledger(env: Env, run_id: str, prefix: str = "callback.") -> list[dict[str, Any]]:
-    rows = await env.store.ledger.events_after(run_id, 0, 1000)
+    rows = await env.ctx.ledger.events_after(run_id, 0, 1000)
     return [r.payload for r in rows if r.type.startswith(prefix)]
 
 
@@ -287,7 +280,7 @@ async def test_a_dead_receiver_gets_six_attempts_on_the_fixed_schedule_then_the_
     assert [r.json()["attempt"] for r in rx.requests] == [1, 2, 3, 4, 5, 6]
     for req in rx.requests:
         assert_signed(req, d.secret)
-    row = await Deliveries(env.store).get(d.delivery_id)
+    row = await env.ctx.deliveries.get(d.delivery_id)
     assert row is not None
     assert (row.status, row.attempts, row.last_status_code) == ("failed", 6, 503)
     assert row.next_attempt_at is None
@@ -296,7 +289,7 @@ async def test_a_dead_receiver_gets_six_attempts_on_the_fixed_schedule_then_the_
     assert failed["data"]["attempts"] == 6 and "HTTP 503" in failed["data"]["error"]
     assert failed["data"]["delivery_id"] == d.delivery_id
     # The run itself is untouched by its receiver's death.
-    run = await env.store.runs.get_run(None, d.run_id)
+    run = await env.ctx.runs.get_run(None, d.run_id)
     assert run is not None and run.status == "completed"
 
 
@@ -334,7 +327,7 @@ async def test_a_receiver_that_fails_once_gets_the_same_delivery_id_twice_and_a_
         "tool_calls",
     }
     assert isinstance(body["artifacts"], list)
-    row = await Deliveries(env.store).get(d.delivery_id)
+    row = await env.ctx.deliveries.get(d.delivery_id)
     assert row is not None
     assert (row.status, row.attempts, row.last_status_code) == ("delivered", 2, 200)
     assert row.delivered_at is not None and row.payload_digest.startswith("sha256:")
@@ -354,7 +347,7 @@ async def test_a_forbidden_address_is_refused_at_once_and_nothing_is_sent(env: E
     (failed,) = await ledger(env, d.run_id)
     assert failed["type"] == "callback.failed"
     assert failed["data"]["attempts"] == 0 and "unspecified address" in failed["data"]["error"]
-    row = await Deliveries(env.store).get(d.delivery_id)
+    row = await env.ctx.deliveries.get(d.delivery_id)
     assert row is not None and row.status == "failed" and "0.0.0.0" in row.last_error
 
 
@@ -379,7 +372,7 @@ async def test_lost_publish_authority_skips_the_delivery_without_sending(
         status, _ = await deliver(env, d)
     assert status == "skipped"
     assert rx.requests == []
-    row = await Deliveries(env.store).get(d.delivery_id)
+    row = await env.ctx.deliveries.get(d.delivery_id)
     assert row is not None and row.status == "skipped" and reason in row.last_error
     (event,) = await ledger(env, d.run_id)
     assert event["type"] == "callback.failed" and event["data"]["skipped"] is True
@@ -389,8 +382,8 @@ async def test_lost_publish_authority_skips_the_delivery_without_sending(
 async def test_a_repeated_enqueue_adds_no_second_row(env: Env) -> None:
     async with Receiver() as rx:
         d = await finished_run(env, rx.url)
-    spec = await env.store.runs.run_spec(d.run_id)
-    again = await Deliveries(env.store).enqueue(spec)
+    spec = await env.ctx.runs.run_spec(d.run_id)
+    again = await env.ctx.deliveries.enqueue(spec)
     assert [str(r.id) for r in again] == [d.delivery_id]
 
 
@@ -482,7 +475,7 @@ async def attempt_once(
     """One real delivery attempt, run by the activity outside any workflow."""
     d = await finished_run(env, url)
     acts = DeliveryActivities(
-        Deliveries(env.store),
+        env.ctx.deliveries,
         env.sealer,
         policy or UrlPolicy(allow_loopback=True),
         send_timeout=send_timeout,
@@ -504,7 +497,7 @@ async def test_a_receiver_streaming_an_endless_body_is_delivered_without_the_wor
     assert status == "delivered"
     (req,) = rx.requests
     assert_signed(req, d.secret)
-    row = await Deliveries(env.store).get(d.delivery_id)
+    row = await env.ctx.deliveries.get(d.delivery_id)
     assert row is not None
     assert (row.status, row.attempts, row.last_status_code) == ("delivered", 1, 200)
 
@@ -518,7 +511,7 @@ async def test_a_receiver_that_never_finishes_its_answer_fails_the_attempt_at_th
     assert out.outcome == "retry" and out.status_code is None
     assert out.error == "request failed: the receiver did not answer within 1 s"
     assert len(rx.requests) == 1
-    row = await Deliveries(env.store).get(d.delivery_id)
+    row = await env.ctx.deliveries.get(d.delivery_id)
     assert row is not None
     assert (row.status, row.attempts) == ("pending", 1)
     assert row.last_error == out.error and row.next_attempt_at is not None

@@ -47,17 +47,14 @@ from api.app import seed_policies
 from cli.stack import Postgres
 from config.settings import Settings
 from contracts import temporal as c
-from core.redaction import Redactor
 from core.schedule import MISSED_AFTER, fire_key, fire_time_text, next_fire, parse_cron, parse_timezone
-from db.capabilities import Capabilities
-from db.connections import Connections
 from db.engine import create_pool, migrate
 from db.models.triggers import TriggerSubscription
-from db.store import Store
 from db.triggers import InvocationSummary, Triggers
+from services.context import AppContext
 from services.schedules import Schedules, schedule_id
 from services.triggers import TriggerService
-from tests.helpers import eventually
+from tests.helpers import context_over, eventually
 from workflows.schedule import SCHEDULED_START, ScheduleFireWorkflow
 
 BIN = Path(sys.executable).parent
@@ -69,7 +66,7 @@ DEADLINE = 60.0
 
 @dataclass
 class Env:
-    store: Store
+    ctx: AppContext
     tenant_id: str
     agent_id: str
     client: Client
@@ -82,7 +79,7 @@ class Env:
 
     @property
     def triggers(self) -> Triggers:
-        return Triggers(self.store)
+        return self.ctx.trigger_records
 
     async def start_worker(self) -> None:
         assert self.worker is None
@@ -109,12 +106,12 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     try:
         await migrate(url)
         pool = await create_pool(url, min_size=1, max_size=10)
-        store = Store(pool, Redactor())
-        tenant_id = await store.boot_tenant()
-        await seed_policies(store, tenant_id)
-        policy = await store.policies.policy_head(tenant_id, "demo")
+        seeding = context_over(pool)
+        tenant_id = await seeding.identity.boot_tenant()
+        await seed_policies(seeding, tenant_id)
+        policy = await seeding.policies.policy_head(tenant_id, "demo")
         assert policy is not None
-        agent, _ = await store.agents.create_agent(
+        agent, _ = await seeding.agents.create_agent(
             tenant_id,
             "scheduled-agent",
             None,
@@ -139,8 +136,8 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
             # Fires on one queue (polled by the test's worker); runs on another nobody polls.
             fires = Settings(task_queue=f"fires-{suffix}")
             runs = Settings(task_queue=f"runs-{suffix}")
-            service = TriggerService(store, Connections(store), Capabilities(store), runs, get_client)
-            e = Env(store, tenant_id, str(agent.id), client, Schedules(get_client, fires), service, fires.task_queue)
+            ctx = context_over(pool, runs, temporal=get_client)
+            e = Env(ctx, tenant_id, str(agent.id), client, Schedules(get_client, fires), ctx.triggers, fires.task_queue)
             await e.start_worker()
             try:
                 yield e
@@ -333,7 +330,7 @@ async def test_a_fire_creates_a_run_with_the_fire_time_rendered(env: Env) -> Non
     (row,) = await wait_for("the fire's invocation", lambda: invocations(env, sub))
     fired = at(row.idempotency_key.removeprefix("sched:"))
     assert row.idempotency_key == fire_key(fired) and row.kind == "schedule" and not row.catch_up
-    run = await env.store.runs.get_run(env.tenant_id, str(row.session_id))
+    run = await env.ctx.runs.get_run(env.tenant_id, str(row.session_id))
     assert run is not None
     assert run.task == f"report for {fire_time_text(fired)}"
     assert run.trigger is not None and run.trigger["kind"] == "schedule"
@@ -487,7 +484,7 @@ async def assert_policy_applied(env: Env, sub: TriggerSubscription, gap: Invocat
         assert gap.skip_reason == "missed" and gap.session_id is None
         return
     assert gap.catch_up is True and gap.skip_reason is None
-    run = await env.store.runs.get_run(env.tenant_id, str(gap.session_id))
+    run = await env.ctx.runs.get_run(env.tenant_id, str(gap.session_id))
     assert run is not None and run.trigger is not None and run.trigger["attributes"]["catch_up"] is True
     assert run.task == f"report for {fire_time_text(at)}"
 
