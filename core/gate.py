@@ -16,7 +16,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict
 
-from core import dynamic_connections
+from core import dynamic_connections, shell_words
 from core.access import brokered_entry, entry_access
 from core.digests import canonical_json
 from core.policy import PolicyVerdict, evaluate
@@ -39,7 +39,13 @@ READ_ONLY_PREFIXES = (
     "git branch",
     "git blame",
 )
-_SHELL_META = re.compile(r"[;|&`$()<>\n]")
+# Operators, substitutions and redirections; and globs and braces, which could expand to a file the untrusted
+# source named (a file called ``--output=x`` makes ``git diff *`` a writer).
+_SHELL_META = re.compile(r"[;|&`$()<>\n*?\[{]")
+# Flags that turn a listed read command into a writer or a launcher: git diff/log/show --output=FILE and
+# --ext-diff, rg --pre COMMAND (judged on the words the shell makes, so no quoting hides them).
+_WRITE_FLAGS = re.compile(r"^--(output|ext-diff|pre|pre-glob)(=|$)")
+READ_ONLY_WORDS = tuple(tuple(prefix.split()) for prefix in READ_ONLY_PREFIXES)
 
 Source = Literal[
     "policy",
@@ -92,7 +98,13 @@ def _read_only_allows(tool: str, tool_input: dict[str, Any]) -> bool:
     command = str(tool_input.get("command", "")).strip()
     if _SHELL_META.search(command):
         return False
-    return any(command == p or command.startswith(p + " ") for p in READ_ONLY_PREFIXES)
+    try:
+        words = shell_words.split(command)
+    except shell_words.ShellSyntaxError:
+        return False
+    if any(_WRITE_FLAGS.match(word) for word in words):
+        return False
+    return any(tuple(words[: len(prefix)]) == prefix for prefix in READ_ONLY_WORDS)
 
 
 def frozen_schemas(spec: RunSpec) -> dict[str, Any]:

@@ -170,6 +170,19 @@ READ_ONLY_DENIED: list[tuple[str, dict[str, Any]]] = [
     ("Bash", {"command": "lsof"}),
     ("Bash", {"command": "git push"}),
     ("Bash", {"command": "git statusx"}),
+    # Writers and launchers behind listed read commands, however the shell spells them (issue 24, finding 11).
+    ("Bash", {"command": "git diff --output=/workspace/x"}),
+    ("Bash", {"command": 'git log "--output"=/workspace/x'}),
+    ("Bash", {"command": "git show '--output'=x"}),
+    ("Bash", {"command": "git diff --o\\utput=x"}),
+    ("Bash", {"command": "git diff --ext-diff"}),
+    ("Bash", {"command": "rg --pre sh x"}),
+    ("Bash", {"command": "rg --pre=sh x"}),
+    # A glob or brace could expand to a file the untrusted source named (a file called --output=x).
+    ("Bash", {"command": "git diff *"}),
+    ("Bash", {"command": "git diff --outpu?=x"}),
+    ("Bash", {"command": "git diff --{output,x}=f"}),
+    ("Bash", {"command": "cat 'unterminated"}),
     ("Bash", {}),
     ("WebFetch", {"url": "https://example.com"}),
     ("Agent", {}),
@@ -214,6 +227,8 @@ def test_no_session_scope_or_autonomy_lifts_the_read_only_floor(tool: str, tool_
         ("Bash", {"command": "git log -n 3"}),
         ("Bash", {"command": "git blame core/gate.py"}),
         ("Bash", {"command": "pwd"}),
+        ("Bash", {"command": "'git' status"}),
+        ("Bash", {"command": "grep -n 'two words' README.md"}),
     ],
 )
 def test_read_only_trust_tier_lets_read_calls_through_to_the_policy(tool: str, tool_input: dict[str, Any]) -> None:
@@ -352,7 +367,7 @@ def test_decision_data_omits_absent_reason_and_original_verdict() -> None:
 
 # --- a property of the floor ---------------------------------------------------------------------
 
-_META = set(";|&`$()<>\n")
+_META = set(";|&`$()<>\n*?[{")
 
 
 @settings(max_examples=300, deadline=None, database=None)
