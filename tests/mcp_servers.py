@@ -678,7 +678,8 @@ async def serve(spec: McpTestServer, port: int = 0) -> AsyncIterator[RunningServ
         yield running
     finally:
         if not running.stopped:
-            await running.stop(abrupt=False)
+            # Abrupt: the test is over, and a graceful stop would wait its full second on every kept-open session.
+            await running.stop()
 
 
 @contextlib.asynccontextmanager

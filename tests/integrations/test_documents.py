@@ -53,7 +53,7 @@ class Hits:
 @pytest.fixture
 def listener() -> Iterator[Hits]:
     hits = Hits()
-    thread = threading.Thread(target=hits.server.serve_forever, daemon=True)
+    thread = threading.Thread(target=hits.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield hits
