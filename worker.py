@@ -59,7 +59,7 @@ log = logging.getLogger("fluidbox.worker")
 WORKER_WORKFLOWS: list[type] = [*WORKFLOWS, DeliveryWorkflow, ScheduleFireWorkflow, LivenessSweepWorkflow]
 # The activities a role's own task queue serves (the runs queue serves every activity, see the module docstring).
 ROLE_ACTIVITIES: dict[str, frozenset[str]] = {
-    c.SANDBOX_ROLE: frozenset({c.PROVISION, c.AWAIT_SANDBOX_EXIT, c.FINALIZE, c.SWEEP_LIVENESS, c.SUPERVISE}),
+    c.SANDBOX_ROLE: frozenset({c.PROVISION, c.AWAIT_SANDBOX_EXIT, c.FINALIZE, c.SWEEP_LIVENESS}),
     c.BROKER_ROLE: frozenset({c.BROKER_CALL}),
 }
 

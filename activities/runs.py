@@ -315,35 +315,6 @@ class RunActivities:
             await asyncio.to_thread(shutil.rmtree, source)
         return await asyncio.to_thread(workspace.unpack, final.data, run_dir / "workspace", expanded)
 
-    @activity.defn(name=c.SUPERVISE)
-    async def supervise(self, inp: c.SuperviseIn) -> c.SuperviseOut:
-        """Runs started before issue 12 only (new runs are watched by ``sweep_liveness``).
-
-        Return when the run has a wind-down intent, its sandbox died, or its runner went silent."""
-        timing = inp.timing
-        exited_checks = 0
-        while True:
-            activity.heartbeat()
-            live = await self.runs.liveness(inp.run_id)
-            if live.has_intent or is_terminal(live.status):
-                return c.SuperviseOut(reason="intent")
-            row = await self.runs.get_run(None, inp.run_id)
-            handle = self._handle(row)
-            state = await self.provider.status(handle) if handle else "missing"
-            if state != "running":
-                # Give a just-posted /result a moment to land before calling the exit a death.
-                exited_checks += 1
-                if exited_checks >= 2:
-                    return c.SuperviseOut(
-                        reason="dead", message="sandbox died (runner exited without reporting a result)"
-                    )
-            elif live.silent_secs > timing.heartbeat_stale_secs:
-                return c.SuperviseOut(
-                    reason="stale",
-                    message=f"runner stopped heartbeating (silent for {int(live.silent_secs)}s)",
-                )
-            await asyncio.sleep(timing.liveness_check_secs if exited_checks == 0 else 1.0)
-
     @activity.defn(name=c.SWEEP_LIVENESS)
     async def sweep_liveness(self, inp: c.SweepIn) -> c.SweepOut:
         """One look at every live run: end those whose sandbox died or whose runner went silent.
@@ -751,7 +722,6 @@ class RunActivities:
         return [
             self.claim_sandbox,
             self.provision,
-            self.supervise,
             self.sweep_liveness,
             self.request_finalization,
             self.begin_finalize,

@@ -27,7 +27,6 @@ SEARCH_ATTRIBUTES = {"RunStatus": "Keyword", "AgentName": "Keyword"}
 CLAIM_SANDBOX = "claim_sandbox"  # a local activity: a place under FLUIDBOX_MAX_SANDBOXES, or "wait"
 PROVISION = "provision_run"
 # Runs started before liveness moved to workflow timers still run this long activity until they end.
-SUPERVISE = "supervise_run"
 SWEEP_LIVENESS = "sweep_liveness"  # one look at every live run (LivenessSweepWorkflow)
 REQUEST_FINALIZATION = "request_finalization"
 BEGIN_FINALIZE = "begin_finalize"
@@ -46,7 +45,6 @@ END_PARK = "end_park"
 RUN_ACTIVITIES = (
     CLAIM_SANDBOX,
     PROVISION,
-    SUPERVISE,
     SWEEP_LIVENESS,
     REQUEST_FINALIZATION,
     BEGIN_FINALIZE,
@@ -134,16 +132,6 @@ class ClaimOut(BaseModel):
 
 class StatusOut(BaseModel):
     status: str
-
-
-class SuperviseIn(BaseModel):
-    run_id: str
-    timing: Timing
-
-
-class SuperviseOut(BaseModel):
-    reason: str  # "intent" | "dead" | "stale"
-    message: str | None = None
 
 
 # The one workflow that watches every live run's runner and sandbox (started by each worker, one per namespace).

@@ -57,7 +57,7 @@ async def test_a_worker_polls_the_queues_of_the_roles_it_is_given(ctx: AppContex
             return {q: (wf, {activity_name(fn) for fn in fns}) for q, (wf, fns) in plan.items()}  # type: ignore[arg-type]
 
         every = set(c.ALL_ACTIVITIES)
-        sandbox = {c.PROVISION, c.AWAIT_SANDBOX_EXIT, c.FINALIZE, c.SWEEP_LIVENESS, c.SUPERVISE}
+        sandbox = {c.PROVISION, c.AWAIT_SANDBOX_EXIT, c.FINALIZE, c.SWEEP_LIVENESS}
         # The runs queue hosts the workflows and every activity (local activities, runs started before a split).
         assert names(worker_plan(split, ["runs", "sandbox", "broker"], activities)) == {
             "q-runs": (True, every),

@@ -19,6 +19,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from contracts import temporal as c
+    from workflows.patches import ROLE_QUEUES
 
 SWEEPS_PER_HISTORY = 200  # about 7 events a sweep: a fresh history every ~1,400 events
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20))
@@ -50,7 +51,8 @@ def _queue(inp: c.SweepInput) -> str | None:
     """The sandbox task queue when it is one of its own (the sweep asks each sandbox whether it runs)."""
     if not inp.queue or inp.queue == workflow.info().task_queue:
         return None
-    return inp.queue if workflow.patched(c.ROLE_QUEUES) else None
+    workflow.deprecate_patch(ROLE_QUEUES)
+    return inp.queue
 
 
 WORKFLOWS = [LivenessSweepWorkflow]

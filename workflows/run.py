@@ -21,27 +21,22 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from contracts import temporal as c
+    from workflows.patches import (
+        CAPACITY_IF_LIMITED,
+        LIVENESS_BY_SWEEP,
+        LOCAL_APPROVAL_STEPS,
+        LOCAL_PROVISION,
+        PARK_ON_BROKER_QUEUE,
+        PARKED_RUNS,
+        ROLE_QUEUES,
+        SANDBOX_CAPACITY,
+    )
 
 M = TypeVar("M")
 SHORT = timedelta(seconds=60)
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=20))
 PROVISION_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 FINALIZE_HEARTBEAT = timedelta(seconds=60)
-# workflow.patched id: liveness is one sweep over every run (LivenessSweepWorkflow), not an activity per run.
-LIVENESS_BY_SWEEP = "liveness-by-sweep"
-# workflow.patched id: a run takes a place under FLUIDBOX_MAX_SANDBOXES before provisioning, waiting if none is free.
-SANDBOX_CAPACITY = "sandbox-capacity"
-# workflow.patched id: the short approval steps (open, re-read, resume) are local activities.
-LOCAL_APPROVAL_STEPS = "local-approval-steps"
-# workflow.patched id: a run waits for a connection (up front, or on one brokered call) instead of failing.
-PARKED_RUNS = "parked-runs"
-# workflow.patched id: a call brokered on the broker task queue parks too (it used to come back unparked).
-PARK_ON_BROKER_QUEUE = "park-on-broker-queue"
-# workflow.patched id: a run started with no sandbox maximum takes no place (no local activity to say "claimed").
-CAPACITY_IF_LIMITED = "capacity-if-limited"
-# workflow.patched id: with no sandbox task queue of its own, provisioning is a local activity (one workflow
-# task and one activity task fewer per run start).
-LOCAL_PROVISION = "local-provision"
 ALLOWED = frozenset({"approved_once", "approved_session", "auto_allowed"})
 
 
@@ -102,11 +97,13 @@ class RunWorkflow:
             queue = self._queue(c.BROKER_ROLE)
             if queue is not None:
                 out = await self._broker_on_queue(queue, inp, f"brokered call {call.tool_call_id}")
-                if out.state == "parked" and workflow.patched(PARK_ON_BROKER_QUEUE):
+                if out.state == "parked":
+                    workflow.deprecate_patch(PARK_ON_BROKER_QUEUE)
                     out = await self._park_call(call, out, queue)
                 return out
             out = await self._broker_here(inp, f"brokered call {call.tool_call_id}")
-            if out.state == "parked" and workflow.patched(PARKED_RUNS):
+            if out.state == "parked":
+                workflow.deprecate_patch(PARKED_RUNS)
                 out = await self._park_call(call, out)
             return out
         finally:
@@ -202,9 +199,12 @@ class RunWorkflow:
             # Continued as new: the sandbox runs, the ledger has everything; pick up where the last run was.
             await self._supervise()
             return await self._finalize()
-        if inp.parked and workflow.patched(PARKED_RUNS) and not await self._wait_for_connection():
-            return await self._finalize()  # expired or cancelled while it waited; nothing was provisioned
-        if workflow.patched(SANDBOX_CAPACITY) and self._limited() and not await self._wait_for_capacity():
+        if inp.parked:
+            workflow.deprecate_patch(PARKED_RUNS)
+            if not await self._wait_for_connection():
+                return await self._finalize()  # expired or cancelled while it waited; nothing was provisioned
+        workflow.deprecate_patch(SANDBOX_CAPACITY)
+        if self._limited() and not await self._wait_for_capacity():
             return await self._finalize()  # cancelled while it waited
         try:
             out = await self._provision(ref)
@@ -218,8 +218,11 @@ class RunWorkflow:
         return await self._finalize()
 
     def _limited(self) -> bool:
-        """Whether the run takes a sandbox place first (always, for runs recorded before it could skip it)."""
-        return self._inp.sandbox_limit or not workflow.patched(CAPACITY_IF_LIMITED)
+        """Whether the run takes a sandbox place first: only under a sandbox maximum."""
+        if self._inp.sandbox_limit:
+            return True
+        workflow.deprecate_patch(CAPACITY_IF_LIMITED)
+        return False
 
     async def _provision(self, ref: c.RunRef) -> c.StatusOut:
         """Provision the sandbox: on the sandbox task queue when it has one, else in this worker.
@@ -228,7 +231,8 @@ class RunWorkflow:
         so a run's start costs Temporal one workflow task and one activity task (schedule, dispatch, start,
         complete) fewer. Provisioning is idempotent (a retry finds the sandbox by its pidfile) and does not
         heartbeat; a worker lost meanwhile reruns it, as it would rerun the activity."""
-        if self._queue(c.SANDBOX_ROLE) is None and workflow.patched(LOCAL_PROVISION):
+        if self._queue(c.SANDBOX_ROLE) is None:
+            workflow.deprecate_patch(LOCAL_PROVISION)
             result = await workflow.execute_local_activity(
                 c.PROVISION,
                 ref,
@@ -269,11 +273,8 @@ class RunWorkflow:
             wait = min(wait * 2, self._inp.timing.capacity_recheck_secs)
 
     async def _supervise(self) -> None:
-        # Runs recorded before liveness moved to timers replay (and finish) on the long activity.
-        if workflow.patched(LIVENESS_BY_SWEEP):
-            await self._watch()
-        else:
-            await self._supervise_by_activity()
+        workflow.deprecate_patch(LIVENESS_BY_SWEEP)
+        await self._watch()
 
     async def _watch(self) -> None:
         """Wait for a wake-up (result, cancel, the liveness sweep), the wall clock or a move; no timer per check.
@@ -304,7 +305,7 @@ class RunWorkflow:
                 return
             if self._clock_changed and not self._should_move():
                 continue  # a call parked or resumed: the deadline moved
-            await self._move(None, base)
+            await self._move(base)
 
     # ---- parked runs -----------------------------------------------------------------------------
 
@@ -421,42 +422,6 @@ class RunWorkflow:
             c.StatusOut,
         )
 
-    async def _supervise_by_activity(self) -> None:
-        """Before issue 12: one long-running activity per run watched it (held a worker slot for the run's life)."""
-        timing = self._inp.timing
-        supervisor = workflow.start_activity(
-            c.SUPERVISE,
-            c.SuperviseIn(run_id=self._inp.run_id, timing=timing),
-            result_type=c.SuperviseOut,
-            start_to_close_timeout=timedelta(days=7),
-            heartbeat_timeout=timedelta(seconds=timing.liveness_check_secs * 3 + 10),
-            retry_policy=RETRY,
-            summary="watch the runner's heartbeat and the sandbox",
-        )
-        budget = self._inp.max_wall_clock_secs
-        deadline = self._deadline(budget)
-        remaining = (deadline - workflow.now()).total_seconds() if deadline else None
-        timed_out = False
-        try:
-            await workflow.wait_condition(
-                lambda: self._wake or supervisor.done() or self._should_move(),
-                timeout=timedelta(seconds=max(remaining, 0.001)) if remaining is not None else None,
-            )
-        except TimeoutError:
-            timed_out = True
-            await self._exceed_wall_clock(budget)
-        if not timed_out and not self._wake and not supervisor.done() and self._should_move():
-            await self._move(supervisor, deadline)
-        if supervisor.done() and not self._wake:
-            try:
-                seen = supervisor.result()
-            except ActivityError as err:
-                seen = c.SuperviseOut(reason="dead", message=f"supervision failed: {_cause(err)}")
-            if seen.reason != "intent":
-                await self._fail(seen.message or "runner lost")
-        else:
-            supervisor.cancel()
-
     def _deadline(self, budget: int | None) -> datetime | None:
         if self._inp.deadline:
             return datetime.fromisoformat(self._inp.deadline)
@@ -465,13 +430,9 @@ class RunWorkflow:
     def _should_move(self) -> bool:
         return self._updates >= self._inp.timing.move_after_updates or workflow.info().is_continue_as_new_suggested()
 
-    async def _move(
-        self, supervisor: workflow.ActivityHandle[c.SuperviseOut] | None, deadline: datetime | None
-    ) -> None:
+    async def _move(self, deadline: datetime | None) -> None:
         """Continue as new: refuse new updates, release approval waits, let brokered calls finish."""
         self._moving = True
-        if supervisor is not None:
-            supervisor.cancel()
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
             c.RunInput(
@@ -522,15 +483,13 @@ class RunWorkflow:
     # ---- helpers -------------------------------------------------------------------------------
 
     def _queue(self, role: str) -> str | None:
-        """The task queue of a role's activities when it is one of its own, else None (this workflow's).
-
-        Runs started before the split carry no queues and keep every activity on the workflow's queue
-        (their histories replay unchanged); the split is behind ``workflow.patched(ROLE_QUEUES)``."""
+        """The task queue of a role's activities when it is one of its own, else None (this workflow's queue)."""
         queues = self._inp.queues
         name = (queues.sandbox if role == c.SANDBOX_ROLE else queues.broker) if queues is not None else None
         if not name or name == workflow.info().task_queue:
             return None
-        return name if workflow.patched(c.ROLE_QUEUES) else None
+        workflow.deprecate_patch(ROLE_QUEUES)
+        return name
 
     def _set_status(self, status: str) -> None:
         if status != self._status:
@@ -539,9 +498,8 @@ class RunWorkflow:
 
     async def _quick(self, name: str, arg: object, result_type: type[M]) -> M:
         """A short idempotent step as a local activity: it runs in the worker that holds this workflow
-        task, so an approval wake costs no task-queue round trip. Runs recorded before keep ``_act``."""
-        if not workflow.patched(LOCAL_APPROVAL_STEPS):
-            return await self._act(name, arg, result_type)
+        task, so an approval wake costs no task-queue round trip."""
+        workflow.deprecate_patch(LOCAL_APPROVAL_STEPS)
         result = await workflow.execute_local_activity(
             name,
             arg,

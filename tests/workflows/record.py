@@ -129,7 +129,7 @@ async def record_moved() -> None:
 async def record_parked() -> None:
     """``parked``: a run parked up front (no connection yet), and one whose brokered call parked mid-run on a
     revoked connection; both resume when a credential arrives (``parked-runs`` patch)."""
-    stack = Stack.ephemeral("fbxr-", {**FAST, "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": "1500"})  # one history each
+    stack = Stack.ephemeral("fbxr-", {**FAST, **EXTRA, "FLUIDBOX_RUN_MOVE_AFTER_UPDATES": "1500"})  # one history each
     home = stack.home
     try:
         token = await stack.start()

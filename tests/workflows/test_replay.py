@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,42 +15,31 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from contracts.temporal import ROLE_QUEUES
+from workflows import patches as p
 from workflows.liveness import LivenessSweepWorkflow
-from workflows.run import (
-    CAPACITY_IF_LIMITED,
-    LIVENESS_BY_SWEEP,
-    LOCAL_APPROVAL_STEPS,
-    LOCAL_PROVISION,
-    PARKED_RUNS,
-    SANDBOX_CAPACITY,
-    WORKFLOWS,
-)
+from workflows.run import WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).resolve().parent / "histories").glob("*.json"))
 SWEEPS = sorted((Path(__file__).resolve().parent / "histories" / "liveness").glob("*.json"))
+WORKFLOW_SOURCES = sorted((Path(__file__).resolve().parents[2] / "workflows").glob("*.py"))
 
-
-def test_histories_were_recorded() -> None:
-    assert {p.stem for p in HISTORIES} >= {
-        "run_approved",
-        "run_expired",
-        "run_cancelled",
-        "run_brokered",
-        "run_moved_first",  # ends in ContinuedAsNew
-        "run_moved_last",  # a resumed run: no provisioning
-    }
-    # The same runs recorded after liveness moved to the sweep (the patched branches); the ones above
-    # keep the branch that runs already in flight on a deployed system take.
-    assert {p.stem for p in HISTORIES} >= {f"run_{n}_v2" for n in ("approved", "expired", "cancelled", "brokered")}
-    assert {p.stem for p in HISTORIES} >= {"run_moved_first_v2", "run_moved_last_v2"}
-    # And with sandbox work and brokered calls on task queues of their own (the role-task-queues patch).
-    v3 = ("approved", "expired", "cancelled", "brokered", "moved_first", "moved_last")
-    assert {p.stem for p in HISTORIES} >= {f"run_{n}_v3" for n in v3}
+# Each patch in the register and a recorded history that records its marker (the new branch). The histories
+# of the old branches went with them when the patches were deprecated (docs/decisions.md, "Retiring workflow
+# patches"); these keep replaying until the deprecate_patch calls are removed.
+EXERCISED_BY = {
+    p.LIVENESS_BY_SWEEP: "run_approved_v4",
+    p.SANDBOX_CAPACITY: "run_approved_v4",
+    p.LOCAL_APPROVAL_STEPS: "run_expired_v4",
+    p.PARKED_RUNS: "run_parked_up_front_v4",
+    p.PARK_ON_BROKER_QUEUE: "run_parked_mid_run_v5",
+    p.CAPACITY_IF_LIMITED: "run_brokered_v4",
+    p.LOCAL_PROVISION: "run_cancelled_v4",
+    p.ROLE_QUEUES: "run_brokered_v3",
+}
 
 
 def patches(text: str) -> set[str]:
-    """The workflow.patched ids a history recorded."""
+    """The patch ids a history recorded a marker for (by ``workflow.patched`` or ``deprecate_patch``)."""
     out = set()
     for event in json.loads(text)["events"]:
         marker = event.get("markerRecordedEventAttributes")
@@ -59,31 +49,46 @@ def patches(text: str) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize(
-    "name", ["run_parked_up_front", "run_parked_mid_run", "run_parked_up_front_v4", "run_parked_mid_run_v4"]
-)
-def test_parked_run_histories_take_the_parked_runs_branch(name: str) -> None:
+def history(name: str) -> str:
+    return (HISTORIES[0].parent / f"{name}.json").read_text()
+
+
+def test_every_patch_the_workflows_call_is_in_the_register_at_the_stage_its_call_says() -> None:
+    called: dict[str, str] = {}
+    for source in WORKFLOW_SOURCES:
+        for call, name in re.findall(r"workflow\.(patched|deprecate_patch)\(([A-Z_]+)\)", source.read_text()):
+            called[getattr(p, name)] = "active" if call == "patched" else "deprecated"
+    assert called == {patch.id: patch.stage for patch in p.PATCHES}
+
+
+@pytest.mark.parametrize("patch", p.PATCHES, ids=lambda patch: patch.id)
+def test_every_registered_patch_is_exercised_by_a_recorded_history(patch: p.Patch) -> None:
+    assert patch.id in patches(history(EXERCISED_BY[patch.id])), EXERCISED_BY[patch.id]
+    assert patch.new_branch and patch.old_branch
+
+
+def test_every_history_recorded_before_the_deprecations_took_only_branches_the_code_still_has() -> None:
+    """Any marker a history holds names a registered patch: a history that took a retired old branch (none
+    of its markers, and the old commands) does not replay; test_recorded_history_replays_deterministically
+    shows none is left."""
+    for path in HISTORIES:
+        assert patches(path.read_text()) <= set(p.BY_ID), path.stem
+
+
+@pytest.mark.parametrize("name", ["run_parked_up_front_v4", "run_parked_mid_run_v4", "run_parked_up_front_v5",
+                                  "run_parked_mid_run_v5"])  # fmt: skip
+def test_parked_run_histories_wait_for_a_connection(name: str) -> None:
     """A run parked before provisioning and one parked on a brokered call (tests/workflows/record.py parked)."""
-    text = (HISTORIES[0].parent / f"{name}.json").read_text()
-    assert PARKED_RUNS in patches(text)
+    text = history(name)
+    assert p.PARKED_RUNS in patches(text) or p.PARK_ON_BROKER_QUEUE in patches(text)
     assert '"signalName": "connection_ready"' in text
 
 
-@pytest.mark.parametrize("path", [p for p in HISTORIES if p.stem.endswith(("_v2", "_v3", "_v4"))], ids=lambda p: p.stem)
-def test_histories_of_the_current_code_take_the_patched_branches(path: Path) -> None:
-    resumed = path.stem.startswith("run_moved_last")  # a continued run never provisions, so never claims a place
-    want = {LIVENESS_BY_SWEEP} if resumed else {LIVENESS_BY_SWEEP, SANDBOX_CAPACITY}
-    if path.stem.endswith("_v3"):
-        want.add(ROLE_QUEUES)
-    if path.stem.endswith("_v4") and not resumed:
-        # Provisioning as a local activity, and no sandbox-place step without a sandbox limit.
-        want |= {LOCAL_PROVISION, CAPACITY_IF_LIMITED}
+@pytest.mark.parametrize("path", [h for h in HISTORIES if h.stem.endswith("_v4")], ids=lambda h: h.stem)
+def test_histories_without_a_sandbox_queue_provision_in_a_local_activity(path: Path) -> None:
+    if not path.stem.startswith("run_moved_last"):  # a continued run never provisions
+        assert p.LOCAL_PROVISION in patches(path.read_text())
         assert "provision_run" not in scheduled_queues(path.read_text())  # recorded as a marker, no activity task
-    if not any(k in path.stem for k in ("cancelled", "brokered")):  # these two never wait on an approval
-        want.add(LOCAL_APPROVAL_STEPS)
-    if "parked" in path.stem:
-        want.add(PARKED_RUNS)
-    assert patches(path.read_text()) == want
     assert "supervise_run" not in path.read_text()
 
 
@@ -100,7 +105,7 @@ def scheduled_queues(text: str) -> dict[str, set[str]]:
 @pytest.mark.parametrize("path", [p for p in HISTORIES if p.stem.endswith("_v3")], ids=lambda p: p.stem)
 def test_histories_with_split_task_queues_schedule_sandbox_and_broker_work_there(path: Path) -> None:
     text = path.read_text()
-    assert ROLE_QUEUES in patches(text)
+    assert p.ROLE_QUEUES in patches(text)
     queues = scheduled_queues(text)
     if path.stem != "run_moved_first_v3":  # a run that moves on ends in ContinuedAsNew, not in finalization
         assert queues["finalize_run"] == {"fluidbox-sandbox"}
@@ -109,10 +114,6 @@ def test_histories_with_split_task_queues_schedule_sandbox_and_broker_work_there
         assert queues["provision_run"] == {"fluidbox-sandbox"}
     if "brokered" in path.stem:
         assert queues["broker_call"] == {"fluidbox-broker"}
-    # Histories recorded before the split schedule every activity on the workflow's own queue.
-    older = (path.parent / path.name.replace("_v3", "_v2")).read_text()
-    assert ROLE_QUEUES not in patches(older)
-    assert set().union(*scheduled_queues(older).values()) == {"fluidbox-runs"}
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
