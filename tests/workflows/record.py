@@ -4,11 +4,10 @@
 ``parked`` records only the two parked-run histories (``run_parked_up_front``, ``run_parked_mid_run``).
 ``moved`` records only the histories of a run that continued as new (its first run, which ends in
 ``ContinuedAsNew``, and the resumed run that completes it). ``--suffix`` writes ``run_<name><S>.json``
-beside the existing files instead of over them: histories recorded before a ``workflow.patched``
-change must stay, so the old branch keeps replaying (``_v2`` holds those recorded with the
-liveness-by-sweep, sandbox-capacity and local-approval-steps patches; ``_v3`` those recorded with
-``--split-queues``, sandbox and broker work on task queues of their own: the role-task-queues patch;
-``_v4`` those recorded with the local-provision and capacity-if-limited patches).
+beside the existing files instead of over them: a history of the code before a ``workflow.patched`` change
+must stay until the patch is deprecated (``workflows/patches.py``). ``_v3`` holds runs recorded with
+``--split-queues`` (sandbox and broker work on task queues of their own), ``_v4`` runs without, ``_v5`` the
+parked runs with ``--split-queues`` (a call parked on the broker queue).
 
 Re-record deliberately (and commit the JSON) only when a workflow change is meant to be
 incompatible and is guarded by ``workflow.patched``.
