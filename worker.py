@@ -44,7 +44,6 @@ from core.ports import ExecutionProvider
 from db.engine import create_pool
 from integrations.mcp_pool import SessionPool
 from integrations.transports import TransportDeps, Transports
-from sandbox.manifests import PodPolicy
 from sandbox.registry import make_provider
 from services.context import AppContext, build_context
 from workflows.delivery import DeliveryWorkflow
@@ -97,21 +96,6 @@ def activity_name(fn: Callable[..., Any]) -> str:
     return activity._Definition.must_from_callable(fn).name or ""
 
 
-def pod_policy(settings: Settings) -> PodPolicy:
-    """The Kubernetes provider's deployment-wide Pod settings (unused by bubblewrap)."""
-    return PodPolicy(
-        namespace=settings.kube_namespace,
-        default_image=settings.runner_image,
-        runtime_class=settings.kube_runtime_class,
-        cpu_millis=settings.sandbox_cpu_millis,
-        memory_mb=settings.sandbox_memory_mb or 2048,
-        ephemeral_mb=settings.sandbox_ephemeral_mb,
-        control_namespace=settings.kube_control_namespace,
-        control_port=settings.kube_control_port,
-        allow_dns=settings.kube_allow_dns,
-    )
-
-
 def run_activities(ctx: AppContext, provider: ExecutionProvider) -> RunActivities:
     """A run's steps (provision, finalize, the liveness sweep…) over ``provider``."""
     return RunActivities(
@@ -126,18 +110,7 @@ def build_activities(
 ) -> list[Callable[..., Any]]:
     """Every activity this worker hosts, with its dependencies injected from the context (no I/O happens here)."""
     settings = ctx.settings
-    provider = make_provider(
-        settings.sandbox_provider,
-        bwrap_path=settings.bwrap_path,
-        limits_mode=settings.sandbox_limits,
-        memory_mb=settings.sandbox_memory_mb,
-        pids=settings.sandbox_pids,
-        syscall_filter=settings.sandbox_syscall_filter,
-        sandbox_user=settings.sandbox_user,
-        state_dir=str(settings.runs_dir),
-        pod_policy=pod_policy(settings),
-        kube_config=str(settings.kube_config) if settings.kube_config else None,
-    )
+    provider = make_provider(settings.sandbox)
     runs = run_activities(ctx, provider)
     broker = BrokerActivities(
         ctx.connections, ctx.parks, ctx.runs, ctx.sealer, ctx.url_policy, sessions, ctx.access_tokens, transports

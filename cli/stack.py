@@ -405,7 +405,7 @@ class Stack:
         from core.ports import SandboxHandle
         from sandbox.registry import make_provider
 
-        provider = make_provider("bwrap")
+        provider = make_provider()
         handles = []
         for pidfile in sorted((self.home / "runs").glob("*/sandbox.pid")):
             try:

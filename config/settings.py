@@ -6,8 +6,36 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SandboxSettings(BaseModel):
+    """The execution provider's settings as one group (what ``sandbox.registry.make_provider`` takes).
+
+    The environment keeps its flat names (``FLUIDBOX_SANDBOX_MEMORY_MB``, ``FLUIDBOX_KUBE_NAMESPACE``…, which
+    clients and deployments already set); :attr:`Settings.sandbox` gathers them here, so a provider is handed
+    its group rather than a dozen copied keywords. Defaults are the settings' own."""
+
+    model_config = ConfigDict(frozen=True)
+
+    provider: str = "bwrap"
+    bwrap_path: str = "bwrap"
+    limits: Literal["best-effort", "required", "off"] = "best-effort"
+    memory_mb: int = 2048
+    pids: int = 512
+    syscall_filter: bool = True
+    user: str = "fluidbox-sandbox"
+    state_dir: Path | None = None  # where bubblewrap sandboxes' run directories are (its orphan listing)
+    kube_namespace: str = "fluidbox-sandboxes"
+    kube_config: Path | None = None
+    runner_image: str = "ghcr.io/fluidbox/runner:latest"
+    kube_runtime_class: str = ""
+    kube_control_namespace: str = "fluidbox"
+    kube_control_port: int = 8000
+    kube_allow_dns: bool = True
+    cpu_millis: int = 1000
+    ephemeral_mb: int = 4096
 
 
 class Settings(BaseSettings):
@@ -146,6 +174,29 @@ class Settings(BaseSettings):
     @property
     def runs_dir(self) -> Path:
         return self.home.resolve() / "runs"
+
+    @property
+    def sandbox(self) -> SandboxSettings:
+        """The execution provider's group (see :class:`SandboxSettings`)."""
+        return SandboxSettings(
+            provider=self.sandbox_provider,
+            bwrap_path=self.bwrap_path,
+            limits=self.sandbox_limits,
+            memory_mb=self.sandbox_memory_mb,
+            pids=self.sandbox_pids,
+            syscall_filter=self.sandbox_syscall_filter,
+            user=self.sandbox_user,
+            state_dir=self.runs_dir,
+            kube_namespace=self.kube_namespace,
+            kube_config=self.kube_config,
+            runner_image=self.runner_image,
+            kube_runtime_class=self.kube_runtime_class,
+            kube_control_namespace=self.kube_control_namespace,
+            kube_control_port=self.kube_control_port,
+            kube_allow_dns=self.kube_allow_dns,
+            cpu_millis=self.sandbox_cpu_millis,
+            ephemeral_mb=self.sandbox_ephemeral_mb,
+        )
 
     @property
     def socket_path(self) -> Path:

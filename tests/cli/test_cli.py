@@ -275,7 +275,7 @@ def test_stopping_the_stack_leaves_its_sandboxes_running(home: Path) -> None:
         run_id = start_idle_run(env, home)
     pidfile = home / "runs" / run_id / "sandbox.pid"
     handle = SandboxHandle.model_validate_json(pidfile.read_text())
-    provider = make_provider("bwrap")
+    provider = make_provider()
     try:
         assert asyncio.run(provider.status(handle)) == "running", "the sandbox outlives the stop"
         # Everything else the stack started is gone: only the sandbox's own processes remain.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from config.settings import Settings
 
@@ -47,3 +48,14 @@ def test_the_variables_read_from_the_environment_are_read_where_the_guide_says()
         assert f"`{name}`" in DOC, name
         for file in files:
             assert name in (ROOT / file).read_text(), (name, file)
+
+
+def test_the_sandbox_group_gathers_the_flat_variables_and_shares_their_defaults(monkeypatch: Any) -> None:
+    from config.settings import SandboxSettings
+
+    assert Settings().sandbox.model_dump(exclude={"state_dir"}) == SandboxSettings().model_dump(exclude={"state_dir"})
+    monkeypatch.setenv("FLUIDBOX_SANDBOX_MEMORY_MB", "512")
+    monkeypatch.setenv("FLUIDBOX_KUBE_NAMESPACE", "agents")
+    monkeypatch.setenv("FLUIDBOX_SANDBOX_PROVIDER", "kubernetes")
+    group = Settings().sandbox
+    assert (group.memory_mb, group.kube_namespace, group.provider) == (512, "agents", "kubernetes")

@@ -288,7 +288,7 @@ async def test_a_retried_provisioning_replaces_the_sandbox_an_interrupted_attemp
     try:
         run_id = await start_run(api, await make_agent(api, IDLE))
         settings = Settings(home=stack.home, database_url=stack.database_url, heartbeat_secs=0.5, replay_delay_ms=0)
-        acts = run_activities(context_over(pool, settings), make_provider("bwrap"))
+        acts = run_activities(context_over(pool, settings), make_provider())
         env = ActivityEnvironment()
         assert (await env.run(acts.provision, c.RunRef(run_id=run_id))).status == "running"
         first = (await run_row(api, run_id))["sandbox_handle"]

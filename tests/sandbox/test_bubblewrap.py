@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from config.settings import SandboxSettings
 from core.ports import SandboxHandle, SandboxSpec
 from sandbox.bubblewrap import (
     CODE_ROOT,
@@ -384,9 +385,9 @@ def test_one_walk_of_a_masked_root_serves_sandboxes_for_a_short_while(tmp_path: 
 
 
 def test_make_provider_builds_bwrap_and_names_known_providers_on_unknown() -> None:
-    assert isinstance(make_provider("bwrap"), BubblewrapProvider)
+    assert isinstance(make_provider(), BubblewrapProvider)
     with pytest.raises(ValueError, match="known: bwrap, kubernetes"):
-        make_provider("firecracker")
+        make_provider(SandboxSettings(provider="firecracker"))
 
 
 # ---------------------------------------------------------------- isolation, proven from inside

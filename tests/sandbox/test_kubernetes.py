@@ -22,6 +22,7 @@ import pytest_asyncio
 import yaml
 from kubernetes import client as k8s
 
+from config.settings import SandboxSettings
 from core.ports import Resources, SandboxSpec
 from sandbox import manifests
 from sandbox.kubernetes import ORPHAN_MIN_AGE_SECS, KubernetesProvider
@@ -236,6 +237,6 @@ def test_the_registry_builds_the_provider_from_a_kubeconfig(tmp_path: Path) -> N
             }
         )
     )
-    provider = make_provider("kubernetes", kube_config=str(config), pod_policy=PodPolicy(namespace="runs"))
+    provider = make_provider(SandboxSettings(provider="kubernetes", kube_config=config, kube_namespace="runs"))
     assert isinstance(provider, KubernetesProvider)
     assert provider.namespace == "runs" and provider.workspace_transfer == "archive"
