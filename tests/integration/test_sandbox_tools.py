@@ -92,6 +92,28 @@ async def test_a_sandbox_class_server_runs_inside_the_sandbox_with_no_network(
     assert not [e for e in evs if e["type"] == "tool.brokered"], "nothing went through the broker"
 
 
+async def test_the_shipped_workspace_info_entry_connects_and_answers_from_inside_a_sandbox(
+    api: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """The catalog seeds ``workspace-info`` (an in-image stdio server): connecting it publishes a bundle, and a
+    run pinning the bundle calls its ``summary`` tool, started by the runner inside the sandbox."""
+    r = await api.post("/v1/catalog/workspace-info/connect", json={})
+    assert r.status_code == 200, r.text
+    bundle = r.json()["bundle"]["name"]
+    workspace = tmp_path / "ws"
+    (workspace / "src").mkdir(parents=True)
+    (workspace / "src" / "main.py").write_text("print('hi')\n")
+    (workspace / "notes.md").write_text("# notes\n")
+    script = [{"tool": "mcp__workspace-info__summary", "input": {}}]
+    agent = await make_agent(api, script, policy=await make_policy(api, SANDBOX_POLICY), capability_bundles=[bundle])
+    run_id = await start_run(api, agent, workspace=workspace)
+    row = await wait_status(api, run_id, {"completed", "failed"})
+    evs = await events(api, run_id)
+    assert row["result_summary"] == "Replay complete: 1 executed, 0 denied.", said(evs)
+    answer = next(t for t in said(evs) if t.startswith("mcp__workspace-info__summary → "))
+    assert '"Python": {"files": 1, "bytes": 12}' in answer and '"Markdown": {"files": 1, "bytes": 8}' in answer
+
+
 def git_repo(path: Path) -> Path:
     path.mkdir()
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
