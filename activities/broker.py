@@ -81,17 +81,8 @@ class BrokerActivities:
         if taken is None:
             current = await self.connections.claim(inp.run_id, inp.tool_call_id, inp.input_digest)
             return c.BrokerOut(state=current.state if current else "missing")
-        decision = ev.NewEvent(
-            type=ev.TOOL_DECISION,
-            data={
-                "tool_call_id": inp.tool_call_id,
-                "tool": claim.tool,
-                "verdict": "deny",
-                "source": "binding",
-                "reason": reason,
-                "access": access_of(await self.runs.run_spec(inp.run_id), claim.tool),
-            },
-        )
+        access = access_of(await self.runs.run_spec(inp.run_id), claim.tool)
+        decision = ev.binding_denied(inp.tool_call_id, claim.tool, reason, access)
         row = await self.connections.settle(
             inp.run_id, inp.tool_call_id, inp.input_digest, "refused", None, reason, decision
         )

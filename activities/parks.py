@@ -102,16 +102,7 @@ class ParkActivities:
         taken = await self.connections.take(inp.run_id, inp.tool_call_id, inp.input_digest)
         if taken is None:
             return
-        decision = ev.NewEvent(
-            type=ev.TOOL_DECISION,
-            data={
-                "tool_call_id": inp.tool_call_id,
-                "tool": taken.tool,
-                "verdict": "deny",
-                "source": "binding",
-                "reason": reason,
-            },
-        )
+        decision = ev.binding_denied(inp.tool_call_id, taken.tool, reason)
         await self.connections.settle(inp.run_id, inp.tool_call_id, inp.input_digest, "refused", None, reason, decision)
 
     def all(self) -> list[Callable[..., Any]]:

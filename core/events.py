@@ -52,6 +52,17 @@ def status_changed(src: str, dst: str, reason: str | None = None) -> NewEvent:
     return NewEvent(type=STATUS_CHANGED, data=data)
 
 
+def binding_denied(tool_call_id: str, tool: str, reason: str, *access: str | None) -> NewEvent:
+    """The ``tool.decision`` of a brokered call its binding no longer allows (refused before anything was sent).
+    The broker, which has the run's spec at hand, adds the tool's ``access`` class (``None`` for none); a parked
+    call's refusal has no spec read and gives none, so the key is absent."""
+    data: dict[str, Any] = {"tool_call_id": tool_call_id, "tool": tool, "verdict": "deny", "source": "binding"}
+    data["reason"] = reason
+    if access:
+        data["access"] = access[0]
+    return NewEvent(type=TOOL_DECISION, data=data)
+
+
 def system_message(text: str) -> NewEvent:
     return NewEvent(type=AGENT_MESSAGE, data={"role": "system", "text": text})
 

@@ -180,18 +180,18 @@ def build_context(
     oauth, managed_apps = None, None
     if sealer is not None:
         metadata_url = client_metadata_document_url(base)
-        oauth = OAuthConnect(
-            oauth_records, connections, sealer, oauth_client, url_policy,
-            redirect_uri=f"{base}/v1/oauth/callback", metadata_document_url=metadata_url,
-        )  # fmt: skip
+
+        def legs(callback: str) -> OAuthConnect:
+            return OAuthConnect(
+                oauth_records, connections, sealer, oauth_client, url_policy,
+                redirect_uri=f"{base}{callback}", metadata_document_url=metadata_url,
+            )  # fmt: skip
+
+        oauth = legs("/v1/oauth/callback")
         # The managed app surface: the connector OAuth legs with the managed callback as their redirect URI.
-        legs = OAuthConnect(
-            oauth_records, connections, sealer, oauth_client, url_policy,
-            redirect_uri=f"{base}/v1/mcp-oauth/catalog/callback", metadata_document_url=metadata_url,
-        )  # fmt: skip
         managed_apps = ManagedApps(
-            managed_app_records, oauth_records, connections, sealer, catalog, legs, url_policy,
-            app_ids=settings.managed_apps, redirect_urls=settings.managed_app_redirect_urls,
+            managed_app_records, oauth_records, connections, sealer, catalog, legs("/v1/mcp-oauth/catalog/callback"),
+            url_policy, app_ids=settings.managed_apps, redirect_urls=settings.managed_app_redirect_urls,
             access_tokens=access_tokens,
         )  # fmt: skip
     return AppContext(

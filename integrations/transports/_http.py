@@ -230,3 +230,21 @@ async def send(
             "failed_upstream", result, f"tool '{name}' answered HTTP {status}", auth_rejected=status == 401
         )
     return CallOutcome("succeeded", result, None)
+
+
+class KeptClientsProvider:
+    """What the ``openapi`` and ``http`` providers share: a pinned client per connection kept between calls,
+    and calls sent through :func:`send`. Each subclass photographs its own way (``list_tools``)."""
+
+    def __init__(self, deps: TransportDeps) -> None:
+        self.deps = deps
+        self.clients = kept_clients(deps)
+
+    async def call_tool(
+        self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
+    ) -> CallOutcome:
+        return await send(self.deps, conn, tool, arguments, self.clients)
+
+    async def close(self) -> None:
+        """Close the kept clients (and their connections)."""
+        await self.clients.aclose()

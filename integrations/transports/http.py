@@ -17,8 +17,8 @@ from typing import Any
 
 import jsonschema
 
-from integrations.mcp_client import CallOutcome, Photograph
-from integrations.transports import TransportConnection, TransportDeps, TransportError, _http
+from integrations.mcp_client import Photograph
+from integrations.transports import TransportConnection, TransportError, _http
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_]+)\}")
@@ -78,25 +78,12 @@ def endpoint_tools(config: dict[str, Any]) -> list[dict[str, Any]]:
     return [tools[n] for n in sorted(tools)]
 
 
-class HttpProvider:
+class HttpProvider(_http.KeptClientsProvider):
     """Declared endpoints: photographing reads the declaration (no request); calls go through ``_http``."""
-
-    def __init__(self, deps: TransportDeps) -> None:
-        self.deps = deps
-        self.clients = _http.kept_clients(deps)  # a pinned client per connection, kept between calls
 
     async def list_tools(self, conn: TransportConnection) -> Photograph:
         tools = endpoint_tools(conn.config)
         return Photograph(protocol_version="http", tools=tools)
-
-    async def call_tool(
-        self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
-    ) -> CallOutcome:
-        return await _http.send(self.deps, conn, tool, arguments, self.clients)
-
-    async def close(self) -> None:
-        """Close the kept clients (and their connections)."""
-        await self.clients.aclose()
 
 
 __all__ = ["HttpProvider", "endpoint_tools"]

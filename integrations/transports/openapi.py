@@ -40,7 +40,7 @@ from integrations.documents import (
     pointer,
     refuse_external_references,
 )
-from integrations.mcp_client import CallOutcome, Photograph, _describe, _tls_context
+from integrations.mcp_client import Photograph, _describe, _tls_context
 from integrations.pinning import PinnedTransport
 from integrations.transports import TransportConnection, TransportDeps, TransportError, _http
 from integrations.urls import UrlRefused
@@ -319,12 +319,8 @@ def server_url(resolved: dict[str, Any]) -> str | None:
     return None
 
 
-class OpenApiProvider:
+class OpenApiProvider(_http.KeptClientsProvider):
     """Photographing reads (and fetches) the document; calls send the frozen request recipe."""
-
-    def __init__(self, deps: TransportDeps) -> None:
-        self.deps = deps
-        self.clients = _http.kept_clients(deps)  # a pinned client per connection, kept between calls
 
     async def document(self, config: dict[str, Any]) -> dict[str, Any]:
         if config.get("document") is not None:
@@ -338,12 +334,3 @@ class OpenApiProvider:
         resolved = await asyncio.to_thread(resolve_document, doc)
         tools = operation_tools(resolved, conn.config)
         return Photograph(protocol_version=f"openapi {resolved['openapi']}", tools=tools)
-
-    async def call_tool(
-        self, conn: TransportConnection, tool: dict[str, Any], arguments: dict[str, Any]
-    ) -> CallOutcome:
-        return await _http.send(self.deps, conn, tool, arguments, self.clients)
-
-    async def close(self) -> None:
-        """Close the kept clients (and their connections)."""
-        await self.clients.aclose()
