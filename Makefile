@@ -48,7 +48,7 @@ $(STAMP): pyproject.toml
 	@command -v git >/dev/null || { echo "git is missing: install it with your package manager"; exit 1; }
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { echo "Python 3.11+ is required (found $$($(PY) --version))"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@$(BIN)/pip install -q --upgrade pip >/dev/null
+	@$(BIN)/pip install -q --upgrade pip >/dev/null 2>&1 || true
 	@echo "installing Python dependencies…"
 	@# --no-compile: the API and worker compile what they import on first start, far less than every module.
 	@$(BIN)/pip install -q --no-compile -e . 2>&1 | grep -v -E '^(WARNING|  )' || true
