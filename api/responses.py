@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema, model_validator
 
 from db.connections import ConnectionRow
+from db.models.agents import AgentRevision
 from db.runs import UsageTotals
 from db.usage import CostLine
 
@@ -279,6 +280,11 @@ class RevisionPublic(_Out):
         description="How runs see brokered tools (frozen per run as eager or deferred)."
     )
     created_at: Timestamp
+
+    @classmethod
+    def of(cls, row: AgentRevision, policy_names: dict[str, str]) -> RevisionPublic:
+        """A revision with its policy's name (``policy_names``: the tenant's, by policy id)."""
+        return cls.model_validate({**row.model_dump(), "policy": policy_names.get(str(row.policy_id))})
 
 
 class AgentCreated(_Out):
