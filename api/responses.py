@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema, model_validator
 
+from core.policy import Policy as CorePolicy
+from core.policy_views import ExtraTools, autonomy_summary, overview
+from db import policies as stored
 from db.connections import ConnectionRow
 from db.models.agents import AgentRevision
 from db.runs import UsageTotals
@@ -314,6 +318,13 @@ class PolicyMeta(_Out):
     version: int
     updated_at: Timestamp | None = Field(default=None, description="Absent when unknown.")
 
+    @classmethod
+    def of(cls, row: stored.PolicyMeta, **more: Any) -> Self:
+        """``updated_at`` is left unset, so absent on the wire, when the row does not know it (just created)."""
+        if row.updated_at is not None:
+            more["updated_at"] = row.updated_at
+        return cls(id=str(row.id), name=row.name, version=row.version, **more)
+
 
 class PolicyOut(_Out):
     policy: PolicyMeta
@@ -327,6 +338,11 @@ class PolicyImported(_Out):
 class PolicySummary(PolicyMeta):
     autonomy_summary: Json
     agents_using: int
+
+    @classmethod
+    def listing(cls, row: stored.PolicyListing) -> PolicySummary:
+        summary = autonomy_summary(CorePolicy.model_validate(row.content))
+        return cls.of(row, autonomy_summary=summary, agents_using=row.agents_using)
 
 
 class PolicyList(_Out):
@@ -363,6 +379,11 @@ class PolicyOverview(_Out):
 class PolicyPreviewOut(PolicyOverview):
     content: Json
 
+    @classmethod
+    def of(cls, policy: CorePolicy, tools: ExtraTools) -> PolicyPreviewOut:
+        """A draft's verdicts on its built-in tools and ``tools`` (brokered names with their access classes)."""
+        return cls(content=policy.model_dump(mode="json", exclude_none=True), **overview(policy, tools))
+
 
 class VersionMeta(_Out):
     version: int
@@ -377,6 +398,19 @@ class PolicyDetail(PolicyOverview):
     versions: list[VersionMeta]
     agents_using: list[str] = Field(description="Names of the agents whose latest revision uses it.")
 
+    @classmethod
+    def of(cls, detail: stored.PolicyDetail, tools: ExtraTools) -> PolicyDetail:
+        """The head (``versions`` is newest first) and what it does to every tool."""
+        head, row = detail.versions[0], detail.policy
+        at_head = stored.PolicyMeta(id=row.id, name=row.name, version=head.version, updated_at=row.updated_at)
+        return cls(
+            policy=PolicyMeta.of(at_head),
+            content=head.content,
+            versions=[VersionMeta.model_validate(v) for v in detail.versions],
+            agents_using=detail.agents_using,
+            **overview(CorePolicy.model_validate(head.content), tools),
+        )
+
 
 class PolicyRef(_Out):
     id: str
@@ -388,6 +422,16 @@ class PolicyVersionOut(_Out):
     version: VersionMeta
     content: Json
     yaml: str
+
+    @classmethod
+    def of(cls, row: stored.NamedPolicyVersion) -> PolicyVersionOut:
+        """``yaml`` is the imported source when there is one, otherwise generated from the content."""
+        return cls(
+            policy=PolicyRef(id=str(row.policy_id), name=row.name),
+            version=VersionMeta.model_validate(row),
+            content=row.content,
+            yaml=row.yaml_source or yaml.safe_dump(row.content, sort_keys=False, allow_unicode=True),
+        )
 
 
 class PolicyDeleted(_Out):
