@@ -29,8 +29,10 @@ from core.policy_views import ExtraTools, autonomy_summary, overview
 from db import policies as stored
 from db.connections import ConnectionRow
 from db.models.agents import AgentRevision
+from db.models.triggers import TriggerSubscription
 from db.runs import UsageTotals
 from db.usage import CostLine
+from services.schedules import FireTimes
 
 Timestamp = Annotated[
     dt.datetime,
@@ -695,6 +697,14 @@ class SubscriptionPublic(_Out):
     created_at: Timestamp
     updated_at: Timestamp
 
+    @classmethod
+    def of(cls, row: TriggerSubscription) -> SubscriptionPublic:
+        """Never the sealed secret (nor the id of the key that sealed it), only whether one exists."""
+        shown = row.model_dump(exclude={"callback_secret_sealed", "callback_key_id"})
+        return cls.model_validate(
+            {**shown, "trigger_kind": row.kind, "has_callback_secret": row.callback_secret_sealed is not None}
+        )
+
 
 class ScheduleView(_Out):
     subscription_id: str
@@ -704,12 +714,36 @@ class ScheduleView(_Out):
     next_fire_at: Timestamp | None = Field(description="Read from the Temporal Schedule; null when unknown.")
     last_fired_at: Timestamp | None
 
+    @classmethod
+    def of(cls, row: TriggerSubscription, times: FireTimes | None) -> ScheduleView:
+        """A schedule subscription's clock; ``times`` None when the Temporal Schedule could not be read."""
+        return cls(
+            subscription_id=str(row.id),
+            cron=row.schedule_cron,
+            timezone=row.schedule_timezone,
+            missed_run_policy=row.missed_run_policy,
+            next_fire_at=times.next_fire_at if times else None,
+            last_fired_at=times.last_fired_at if times else None,
+        )
+
 
 class TriggerUrls(_Out):
     base_url: str
     invoke_url: str
     poll_url_template: str
     ingress_url: str | None
+
+    @classmethod
+    def at(cls, base_url: str, subscription_id: str, **more: Any) -> Self:
+        """Where a subscription is invoked and its runs polled, under the API's public ``base_url``, with the
+        fields (``more``) of the answer that extends these."""
+        return cls(
+            base_url=base_url,
+            invoke_url=f"{base_url}/v1/triggers/{subscription_id}/invoke",
+            poll_url_template=f"{base_url}/v1/triggers/{subscription_id}/runs/{{session_id}}",
+            ingress_url=None,
+            **more,
+        )
 
 
 class TriggerCreated(TriggerUrls):
