@@ -8,18 +8,17 @@ runs already in flight too. Every accepted mutation is written to ``auth_audit_l
 from __future__ import annotations
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict
 
 from api import responses as out
 from api.deps import ContextDep, OperatorDep
 from api.errors import errors
+from api.schemas import _Body
 from core.errors import NotFound
 
 router = APIRouter(prefix="/v1/admin/orgs", tags=["admin"])
 
 
-class RolesIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RolesIn(_Body):
     roles: list[str]
 
 

@@ -11,11 +11,12 @@ from typing import Any
 
 import yaml
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from api import responses as out
 from api.deps import ContextDep, OperatorDep
 from api.errors import errors
+from api.schemas import _Body
 from core.errors import BadRequest, NotFound, Unprocessable
 from core.policy import parse_policy
 from integrations import documents
@@ -27,10 +28,6 @@ RESERVED = frozenset({"validate", "preview", "clone"})
 BLANK_RULES: dict[str, Any] = {"defaults": {"tool_action": "approve"}, "tools": []}
 # Versions are PostgreSQL integers: a larger number is a 400, not a driver overflow (500).
 INT4_MAX = 2**31 - 1
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class PolicyImport(_Body):

@@ -12,12 +12,12 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from api import responses as out
 from api.deps import ContextDep, Principal, PrincipalDep, TriggerDep
 from api.errors import errors
-from api.schemas import WorkspaceIn
+from api.schemas import WorkspaceIn, _Body
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
 from core.policy import Budgets
 from core.triggers import check_idempotency_key, context_variables, request_digest
@@ -41,10 +41,6 @@ PATCHABLE = (
 DISABLED = "trigger subscription is disabled"
 IN_FLIGHT = "an invocation with this Idempotency-Key is being created — retry shortly"
 EVENT_ONLY = "this automation runs from repository events and cannot be fired manually"
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ScheduleIn(_Body):
