@@ -608,7 +608,7 @@ async def test_a_gap_absorbed_by_a_fire_open_through_the_outage_is_recorded_once
     level = worker_log.level
     worker_log.addHandler(seen)
     worker_log.setLevel(logging.INFO)
-    async with env.store.pool.acquire() as conn:
+    async with env.ctx.pool.acquire() as conn:
         lock = conn.transaction()
         await lock.start()
         try:
