@@ -19,13 +19,20 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema, model_validator
 
+from core.policy import Policy as CorePolicy
+from core.policy_views import ExtraTools, autonomy_summary, overview
+from db import policies as stored
 from db.connections import ConnectionRow
+from db.models.agents import AgentRevision
+from db.models.triggers import TriggerSubscription
 from db.runs import UsageTotals
 from db.usage import CostLine
+from services.schedules import FireTimes
 
 Timestamp = Annotated[
     dt.datetime,
@@ -280,6 +287,11 @@ class RevisionPublic(_Out):
     )
     created_at: Timestamp
 
+    @classmethod
+    def of(cls, row: AgentRevision, policy_names: dict[str, str]) -> RevisionPublic:
+        """A revision with its policy's name (``policy_names``: the tenant's, by policy id)."""
+        return cls.model_validate({**row.model_dump(), "policy": policy_names.get(str(row.policy_id))})
+
 
 class AgentCreated(_Out):
     agent: AgentPublic
@@ -308,6 +320,13 @@ class PolicyMeta(_Out):
     version: int
     updated_at: Timestamp | None = Field(default=None, description="Absent when unknown.")
 
+    @classmethod
+    def of(cls, row: stored.PolicyMeta, **more: Any) -> Self:
+        """``updated_at`` is left unset, so absent on the wire, when the row does not know it (just created)."""
+        if row.updated_at is not None:
+            more["updated_at"] = row.updated_at
+        return cls(id=str(row.id), name=row.name, version=row.version, **more)
+
 
 class PolicyOut(_Out):
     policy: PolicyMeta
@@ -321,6 +340,11 @@ class PolicyImported(_Out):
 class PolicySummary(PolicyMeta):
     autonomy_summary: Json
     agents_using: int
+
+    @classmethod
+    def listing(cls, row: stored.PolicyListing) -> PolicySummary:
+        summary = autonomy_summary(CorePolicy.model_validate(row.content))
+        return cls.of(row, autonomy_summary=summary, agents_using=row.agents_using)
 
 
 class PolicyList(_Out):
@@ -357,6 +381,11 @@ class PolicyOverview(_Out):
 class PolicyPreviewOut(PolicyOverview):
     content: Json
 
+    @classmethod
+    def of(cls, policy: CorePolicy, tools: ExtraTools) -> PolicyPreviewOut:
+        """A draft's verdicts on its built-in tools and ``tools`` (brokered names with their access classes)."""
+        return cls(content=policy.model_dump(mode="json", exclude_none=True), **overview(policy, tools))
+
 
 class VersionMeta(_Out):
     version: int
@@ -371,6 +400,19 @@ class PolicyDetail(PolicyOverview):
     versions: list[VersionMeta]
     agents_using: list[str] = Field(description="Names of the agents whose latest revision uses it.")
 
+    @classmethod
+    def of(cls, detail: stored.PolicyDetail, tools: ExtraTools) -> PolicyDetail:
+        """The head (``versions`` is newest first) and what it does to every tool."""
+        head, row = detail.versions[0], detail.policy
+        at_head = stored.PolicyMeta(id=row.id, name=row.name, version=head.version, updated_at=row.updated_at)
+        return cls(
+            policy=PolicyMeta.of(at_head),
+            content=head.content,
+            versions=[VersionMeta.model_validate(v) for v in detail.versions],
+            agents_using=detail.agents_using,
+            **overview(CorePolicy.model_validate(head.content), tools),
+        )
+
 
 class PolicyRef(_Out):
     id: str
@@ -382,6 +424,16 @@ class PolicyVersionOut(_Out):
     version: VersionMeta
     content: Json
     yaml: str
+
+    @classmethod
+    def of(cls, row: stored.NamedPolicyVersion) -> PolicyVersionOut:
+        """``yaml`` is the imported source when there is one, otherwise generated from the content."""
+        return cls(
+            policy=PolicyRef(id=str(row.policy_id), name=row.name),
+            version=VersionMeta.model_validate(row),
+            content=row.content,
+            yaml=row.yaml_source or yaml.safe_dump(row.content, sort_keys=False, allow_unicode=True),
+        )
 
 
 class PolicyDeleted(_Out):
@@ -645,6 +697,14 @@ class SubscriptionPublic(_Out):
     created_at: Timestamp
     updated_at: Timestamp
 
+    @classmethod
+    def of(cls, row: TriggerSubscription) -> SubscriptionPublic:
+        """Never the sealed secret (nor the id of the key that sealed it), only whether one exists."""
+        shown = row.model_dump(exclude={"callback_secret_sealed", "callback_key_id"})
+        return cls.model_validate(
+            {**shown, "trigger_kind": row.kind, "has_callback_secret": row.callback_secret_sealed is not None}
+        )
+
 
 class ScheduleView(_Out):
     subscription_id: str
@@ -654,12 +714,36 @@ class ScheduleView(_Out):
     next_fire_at: Timestamp | None = Field(description="Read from the Temporal Schedule; null when unknown.")
     last_fired_at: Timestamp | None
 
+    @classmethod
+    def of(cls, row: TriggerSubscription, times: FireTimes | None) -> ScheduleView:
+        """A schedule subscription's clock; ``times`` None when the Temporal Schedule could not be read."""
+        return cls(
+            subscription_id=str(row.id),
+            cron=row.schedule_cron,
+            timezone=row.schedule_timezone,
+            missed_run_policy=row.missed_run_policy,
+            next_fire_at=times.next_fire_at if times else None,
+            last_fired_at=times.last_fired_at if times else None,
+        )
+
 
 class TriggerUrls(_Out):
     base_url: str
     invoke_url: str
     poll_url_template: str
     ingress_url: str | None
+
+    @classmethod
+    def at(cls, base_url: str, subscription_id: str, **more: Any) -> Self:
+        """Where a subscription is invoked and its runs polled, under the API's public ``base_url``, with the
+        fields (``more``) of the answer that extends these."""
+        return cls(
+            base_url=base_url,
+            invoke_url=f"{base_url}/v1/triggers/{subscription_id}/invoke",
+            poll_url_template=f"{base_url}/v1/triggers/{subscription_id}/runs/{{session_id}}",
+            ingress_url=None,
+            **more,
+        )
 
 
 class TriggerCreated(TriggerUrls):

@@ -14,6 +14,8 @@ from core.wire import DISCOVERY_INPUT_FIELDS
 
 
 class _Body(BaseModel):
+    """Every request body's base: a field the API does not know is a 400 naming it, never silently dropped."""
+
     model_config = ConfigDict(extra="forbid")
 
 

@@ -7,32 +7,19 @@ runs already in flight too. Every accepted mutation is written to ``auth_audit_l
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict
 
 from api import responses as out
 from api.deps import ContextDep, OperatorDep
 from api.errors import errors
+from api.schemas import _Body
 from core.errors import NotFound
-from db.identity import Member
 
 router = APIRouter(prefix="/v1/admin/orgs", tags=["admin"])
 
-MEMBER_PUBLIC = (
-    "id", "tenant_id", "user_id", "email", "name", "roles", "status", "user_status", "deactivated_at",
-    "created_at", "updated_at",
-)  # fmt: skip
 
-
-class RolesIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RolesIn(_Body):
     roles: list[str]
-
-
-def member_public(row: Member) -> dict[str, Any]:
-    return row.model_dump(include=set(MEMBER_PUBLIC))
 
 
 async def _org_id(ctx: ContextDep, slug: str) -> str:
@@ -45,10 +32,10 @@ async def _org_id(ctx: ContextDep, slug: str) -> str:
 @router.get(
     "/{slug}/members", summary="Members of an org", response_model=out.MemberList, responses=errors(401, 403, 404)
 )
-async def members(slug: str, _: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def members(slug: str, _: OperatorDep, ctx: ContextDep) -> out.MemberList:
     """Every membership with its user's email, name, roles and status."""
     tenant_id = await _org_id(ctx, slug)
-    return {"members": [member_public(r) for r in await ctx.identity.members(tenant_id)]}
+    return out.MemberList(members=[out.MemberPublic.model_validate(r) for r in await ctx.identity.members(tenant_id)])
 
 
 @router.post(
@@ -57,11 +44,11 @@ async def members(slug: str, _: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     response_model=out.MemberOut,
     responses=errors(401, 403, 404, 409),
 )
-async def deactivate(slug: str, membership_id: str, _: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def deactivate(slug: str, membership_id: str, _: OperatorDep, ctx: ContextDep) -> out.MemberOut:
     """409 when already deactivated."""
     tenant_id = await _org_id(ctx, slug)
     row = await ctx.identity.deactivate(tenant_id, membership_id, actor=("operator", None))
-    return {"member": member_public(row)}
+    return out.MemberOut(member=out.MemberPublic.model_validate(row))
 
 
 @router.post(
@@ -70,8 +57,8 @@ async def deactivate(slug: str, membership_id: str, _: OperatorDep, ctx: Context
     response_model=out.MemberOut,
     responses=errors(401, 403, 404, 409),
 )
-async def set_roles(slug: str, membership_id: str, body: RolesIn, _: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def set_roles(slug: str, membership_id: str, body: RolesIn, _: OperatorDep, ctx: ContextDep) -> out.MemberOut:
     """``roles`` is a non-empty subset of member, approver, admin, owner."""
     tenant_id = await _org_id(ctx, slug)
     row = await ctx.identity.set_roles(tenant_id, membership_id, body.roles, actor=("operator", None))
-    return {"member": member_public(row)}
+    return out.MemberOut(member=out.MemberPublic.model_validate(row))

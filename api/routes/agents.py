@@ -13,7 +13,6 @@ from api.schemas import AgentCreate, ConnectionRequirement, RevisionCreate
 from core.errors import BadRequest, NotFound
 from core.harnesses import check_harness, check_harness_config
 from core.runspec import workspace_doc
-from db.models.agents import AgentRevision
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
@@ -21,7 +20,7 @@ router = APIRouter(prefix="/v1/agents", tags=["agents"])
 async def capability_pins(ctx: ContextDep, tenant_id: str, pins: list[str] | None) -> list[dict[str, Any]]:
     """Bundle pins: ``name`` pins the newest version now, ``name@N`` exactly N."""
     seen: set[str] = set()
-    out = []
+    pinned = []
     for pin in pins or []:
         name, _, version = pin.partition("@")
         if name in seen:
@@ -32,8 +31,8 @@ async def capability_pins(ctx: ContextDep, tenant_id: str, pins: list[str] | Non
         row = await ctx.capabilities.resolve(tenant_id, name, int(version) if version else None)
         if row is None:
             raise BadRequest(f"unknown capability bundle '{pin}'")
-        out.append({"id": str(row.id), "name": row.name, "version": row.version})
-    return out
+        pinned.append({"id": str(row.id), "name": row.name, "version": row.version})
+    return pinned
 
 
 def requirements_doc(reqs: list[ConnectionRequirement] | None) -> list[dict[str, Any]]:
@@ -47,17 +46,13 @@ async def _policy_id(ctx: ContextDep, tenant_id: str, name: str) -> str:
     return str(head.policy_id)
 
 
-def _revision_out(row: AgentRevision, policy_names: dict[str, str]) -> dict[str, Any]:
-    return {**row.model_dump(), "policy": policy_names.get(str(row.policy_id))}
-
-
 @router.post(
     "",
     summary="Create an agent with its first revision",
     response_model=out.AgentCreated,
     responses=errors(401, 403, 409, 422),
 )
-async def create_agent(body: AgentCreate, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def create_agent(body: AgentCreate, op: OperatorDep, ctx: ContextDep) -> out.AgentCreated:
     """A name that already exists is a 409: revisions are appended with POST /v1/agents/{id}/revisions."""
     model = check_harness(body.harness, body.model)
     fields = {
@@ -76,13 +71,15 @@ async def create_agent(body: AgentCreate, op: OperatorDep, ctx: ContextDep) -> d
     check_harness_config(body.harness, body.harness_config.model_dump(exclude_none=True) if body.harness_config else {})
     agent, revision = await ctx.agents.create_agent(op.tenant_id, body.name, body.description, fields)
     names = await ctx.policies.policy_names(op.tenant_id)
-    return {"agent": agent, "revision": _revision_out(revision, names)}
+    return out.AgentCreated(
+        agent=out.AgentPublic.model_validate(agent), revision=out.RevisionPublic.of(revision, names)
+    )
 
 
 @router.get("", summary="List agents", response_model=out.AgentList, responses=errors(401, 403))
-async def list_agents(op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def list_agents(op: OperatorDep, ctx: ContextDep) -> out.AgentList:
     """Every agent of the tenant, by name."""
-    return {"agents": await ctx.agents.list_agents(op.tenant_id)}
+    return out.AgentList(agents=[out.AgentPublic.model_validate(a) for a in await ctx.agents.list_agents(op.tenant_id)])
 
 
 @router.get(
@@ -91,14 +88,14 @@ async def list_agents(op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     response_model=out.AgentDetail,
     responses=errors(401, 403, 404),
 )
-async def get_agent(ref: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def get_agent(ref: str, op: OperatorDep, ctx: ContextDep) -> out.AgentDetail:
     """Accepts the agent's id or its name."""
     agent = await ctx.agents.find_agent(op.tenant_id, ref)
     if agent is None:
         raise NotFound()
     names = await ctx.policies.policy_names(op.tenant_id)
-    revisions = [_revision_out(r, names) for r in await ctx.agents.revisions(str(agent.id))]
-    return {"agent": agent, "revisions": revisions}
+    revisions = [out.RevisionPublic.of(r, names) for r in await ctx.agents.revisions(str(agent.id))]
+    return out.AgentDetail(agent=out.AgentPublic.model_validate(agent), revisions=revisions)
 
 
 @router.post(
@@ -107,7 +104,7 @@ async def get_agent(ref: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any
     response_model=out.RevisionOut,
     responses=errors(401, 403, 404, 409, 422),
 )
-async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, ctx: ContextDep) -> out.RevisionOut:
     """Omitted fields inherit from the latest revision; earlier revisions never change."""
     agent = await ctx.agents.find_agent(op.tenant_id, ref)
     if agent is None:
@@ -141,4 +138,4 @@ async def append_revision(ref: str, body: RevisionCreate, op: OperatorDep, ctx: 
     check_harness_config(harness, dict(changes.get("harness_config", latest.harness_config) or {}))
     revision = await ctx.agents.append_revision(op.tenant_id, str(agent.id), changes)
     names = await ctx.policies.policy_names(op.tenant_id)
-    return {"revision": _revision_out(revision, names)}
+    return out.RevisionOut(revision=out.RevisionPublic.of(revision, names))

@@ -7,8 +7,6 @@ admin command ``fluidbox users token`` (see ``cli/users.py``), which writes to t
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
 from api import responses as out
@@ -33,18 +31,18 @@ def _no_token_management(who: Principal) -> Forbidden:
     response_model_exclude_unset=True,
     responses=errors(401),
 )
-async def me(who: PrincipalDep) -> dict[str, Any]:
+async def me(who: PrincipalDep) -> out.Me:
     """``{"operator": true}`` for the admin token; otherwise the member behind the PAT."""
     if who.is_operator:
-        return {"operator": True}
-    return {
-        "user_id": who.user_id,
-        "membership_id": who.membership_id,
-        "org": {"slug": who.org_slug, "display_name": who.org_display_name},
-        "user": {"email": who.email, "name": who.name},
-        "roles": sorted(who.roles),
-        "auth_kind": "pat",
-    }
+        return out.Me(operator=True)
+    return out.Me(
+        user_id=who.user_id,
+        membership_id=who.membership_id,
+        org=out.OrgRef(slug=who.org_slug, display_name=who.org_display_name),
+        user=out.UserRef(email=who.email, name=who.name),
+        roles=sorted(who.roles),
+        auth_kind="pat",
+    )
 
 
 @router.get(
@@ -53,11 +51,11 @@ async def me(who: PrincipalDep) -> dict[str, Any]:
     response_model=out.PatList,
     responses=errors(401, 403),
 )
-async def list_tokens(who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def list_tokens(who: PrincipalDep, ctx: ContextDep) -> out.PatList:
     """Name, display prefix, expiry and last use of each of the member's PATs."""
     if who.is_operator or who.membership_id is None:
         raise Forbidden(OPERATOR_HAS_NO_TOKENS)
-    return {"tokens": await ctx.identity.tokens(who.membership_id)}
+    return out.PatList(tokens=[out.PatPublic.model_validate(t) for t in await ctx.identity.tokens(who.membership_id)])
 
 
 @router.post(
@@ -66,7 +64,7 @@ async def list_tokens(who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     response_model=out.PatMinted,
     responses=errors(401, 403),
 )
-async def mint_token(who: PrincipalDep) -> dict[str, Any]:
+async def mint_token(who: PrincipalDep) -> out.PatMinted:
     """Always 403 here: neither the operator nor a PAT may mint; use ``fluidbox users token``."""
     raise _no_token_management(who)
 
@@ -77,6 +75,6 @@ async def mint_token(who: PrincipalDep) -> dict[str, Any]:
     response_model=out.PatRevoked,
     responses=errors(401, 403, 404),
 )
-async def revoke_token(token_id: str, who: PrincipalDep) -> dict[str, Any]:
+async def revoke_token(token_id: str, who: PrincipalDep) -> out.PatRevoked:
     """Always 403 here, for the same reason as minting."""
     raise _no_token_management(who)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Response
 
 from api import responses as out
 from api.deps import ContextDep
@@ -16,9 +15,9 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/v1/health", summary="Process liveness", response_model=out.Health, responses=errors())
-async def health() -> dict[str, str]:
+async def health() -> out.Health:
     """Answers while the process runs; touches nothing."""
-    return {"status": "ok"}
+    return out.Health(status="ok")
 
 
 @router.get(
@@ -28,7 +27,7 @@ async def health() -> dict[str, str]:
     responses={**errors(), 503: {"model": out.Readiness, "description": "Not ready (same body, status not ready)."}},
 )
 @router.get("/v1/health/ready", include_in_schema=False)
-async def ready(ctx: ContextDep) -> JSONResponse:
+async def ready(ctx: ContextDep, response: Response) -> out.Readiness:
     """200 only when PostgreSQL answers and the Temporal namespace is reachable."""
     db_ok = temporal_ok = False
     try:
@@ -43,21 +42,19 @@ async def ready(ctx: ContextDep) -> JSONResponse:
     except Exception:
         temporal_ok = False
     ok = bool(db_ok and temporal_ok)
-    body = {
-        "status": "ready" if ok else "not ready",
-        "db": bool(db_ok),
-        "temporal": temporal_ok,
-        "provider": ctx.settings.sandbox_provider,
-    }
-    return JSONResponse(body, status_code=200 if ok else 503)
+    response.status_code = 200 if ok else 503
+    return out.Readiness(
+        status="ready" if ok else "not ready",
+        db=bool(db_ok),
+        temporal=temporal_ok,
+        provider=ctx.settings.sandbox_provider,
+    )
 
 
 @router.get("/v1/harnesses", summary="Harnesses and their models", response_model=out.Harnesses, responses=errors())
-async def harnesses() -> dict[str, object]:
+async def harnesses() -> out.Harnesses:
     """The single source of truth of harness ids and the models each accepts."""
-    return {
-        "harnesses": [
-            {"id": hid, **{k: v for k, v in h.items()}, "available": hid in RUNNABLE} for hid, h in HARNESSES.items()
-        ],
-        "network": {"enforcer": "none", "supports_egress_grants": False},
-    }
+    return out.Harnesses(
+        harnesses=[out.Harness(id=hid, **h, available=hid in RUNNABLE) for hid, h in HARNESSES.items()],
+        network=out.NetworkSupport(enforcer="none", supports_egress_grants=False),
+    )

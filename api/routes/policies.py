@@ -11,15 +11,14 @@ from typing import Any
 
 import yaml
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from api import responses as out
 from api.deps import ContextDep, OperatorDep
 from api.errors import errors
+from api.schemas import _Body
 from core.errors import BadRequest, NotFound, Unprocessable
-from core.policy import Policy, parse_policy
-from core.policy_views import autonomy_summary, overview
-from db.policies import NamedPolicyVersion, PolicyMeta, VersionSummary
+from core.policy import parse_policy
 from integrations import documents
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
@@ -29,10 +28,6 @@ RESERVED = frozenset({"validate", "preview", "clone"})
 BLANK_RULES: dict[str, Any] = {"defaults": {"tool_action": "approve"}, "tools": []}
 # Versions are PostgreSQL integers: a larger number is a 400, not a driver overflow (500).
 INT4_MAX = 2**31 - 1
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class PolicyImport(_Body):
@@ -87,22 +82,6 @@ def load_yaml(text: str) -> dict[str, Any]:
     return doc
 
 
-def _meta(row: PolicyMeta) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": str(row.id), "name": row.name, "version": row.version}
-    if row.updated_at is not None:
-        out["updated_at"] = row.updated_at.isoformat()
-    return out
-
-
-def _version(row: VersionSummary | NamedPolicyVersion) -> dict[str, Any]:
-    return {
-        "version": row.version,
-        "author": row.author,
-        "summary": row.summary,
-        "created_at": row.created_at.isoformat(),
-    }
-
-
 @router.post(
     "",
     summary="Import a policy from YAML",
@@ -110,14 +89,14 @@ def _version(row: VersionSummary | NamedPolicyVersion) -> dict[str, Any]:
     response_model_exclude_unset=True,
     responses=errors(401, 403, 409, 422),
 )
-async def import_policy(body: PolicyImport, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def import_policy(body: PolicyImport, op: OperatorDep, ctx: ContextDep) -> out.PolicyImported:
     """Strict parse; creates the policy or appends a version unless the content is byte-equal."""
     check_name(body.name)
     doc = load_yaml(body.yaml)
     if parse_policy(doc).name != body.name:
         raise BadRequest("policy name must match yaml `name`")
     row, appended = await ctx.policies.import_policy(op.tenant_id, doc, body.yaml)
-    return {"policy": _meta(row), "appended": appended}
+    return out.PolicyImported(policy=out.PolicyMeta.of(row), appended=appended)
 
 
 @router.get(
@@ -127,19 +106,10 @@ async def import_policy(body: PolicyImport, op: OperatorDep, ctx: ContextDep) ->
     response_model_exclude_unset=True,
     responses=errors(401, 403),
 )
-async def list_policies(op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def list_policies(op: OperatorDep, ctx: ContextDep) -> out.PolicyList:
     """Every policy: head version, autonomy summary and how many agents use it."""
     rows = await ctx.policies.list_policies(op.tenant_id)
-    return {
-        "policies": [
-            {
-                **_meta(r),
-                "autonomy_summary": autonomy_summary(Policy.model_validate(r.content)),
-                "agents_using": r.agents_using,
-            }
-            for r in rows
-        ]
-    }
+    return out.PolicyList(policies=[out.PolicySummary.listing(r) for r in rows])
 
 
 @router.post(
@@ -148,10 +118,10 @@ async def list_policies(op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     response_model=out.PolicyValid,
     responses=errors(401, 403, 422),
 )
-async def validate(body: PolicyYaml, op: OperatorDep) -> dict[str, Any]:
+async def validate(body: PolicyYaml, op: OperatorDep) -> out.PolicyValid:
     """200 with the policy's name when valid; 422 naming the problem otherwise."""
     policy = parse_policy(load_yaml(body.yaml))
-    return {"valid": True, "name": policy.name}
+    return out.PolicyValid(valid=True, name=policy.name)
 
 
 @router.post(
@@ -160,7 +130,7 @@ async def validate(body: PolicyYaml, op: OperatorDep) -> dict[str, Any]:
     response_model=out.PolicyPreviewOut,
     responses=errors(401, 403, 404, 422),
 )
-async def preview(body: PolicyPreview, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def preview(body: PolicyPreview, op: OperatorDep, ctx: ContextDep) -> out.PolicyPreviewOut:
     """Strict-parses the draft and returns its per-tool verdict matrix; persists nothing."""
     policy = parse_policy(body.content)
     head = await ctx.policies.policy_head(op.tenant_id, body.name) if body.name is not None else None
@@ -169,7 +139,7 @@ async def preview(body: PolicyPreview, op: OperatorDep, ctx: ContextDep) -> dict
     # The brokered (mcp__) tools of the agents using it (every agent's, for an unnamed draft), with their
     # access classes: what a run bound now would freeze.
     tools = await ctx.connections.requirement_classes(op.tenant_id, str(head.policy_id) if head else None)
-    return {"content": policy.model_dump(mode="json", exclude_none=True), **overview(policy, tools)}
+    return out.PolicyPreviewOut.of(policy, tools)
 
 
 @router.post(
@@ -179,7 +149,7 @@ async def preview(body: PolicyPreview, op: OperatorDep, ctx: ContextDep) -> dict
     response_model_exclude_unset=True,
     responses=errors(401, 403, 409, 422),
 )
-async def clone(body: PolicyClone, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def clone(body: PolicyClone, op: OperatorDep, ctx: ContextDep) -> out.PolicyOut:
     """A blank policy is fail-safe: no rules, so every tool asks a human."""
     check_name(body.name)
     if body.from_version is not None and body.from_ is None:
@@ -199,7 +169,7 @@ async def clone(body: PolicyClone, op: OperatorDep, ctx: ContextDep) -> dict[str
         summary = f"cloned from '{body.from_}' v{wanted}"
     parse_policy(content)
     row = await ctx.policies.create_policy(op.tenant_id, content, summary, "api")
-    return {"policy": _meta(row)}
+    return out.PolicyOut(policy=out.PolicyMeta.of(row))
 
 
 @router.get(
@@ -209,21 +179,12 @@ async def clone(body: PolicyClone, op: OperatorDep, ctx: ContextDep) -> dict[str
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404),
 )
-async def get_policy(name: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def get_policy(name: str, op: OperatorDep, ctx: ContextDep) -> out.PolicyDetail:
     """Versions are newest first; the matrix shows what the head does to every tool."""
     detail = await ctx.policies.policy_detail(op.tenant_id, name)
     if detail is None:
         raise NotFound()
-    head = detail.versions[0]
-    policy = Policy.model_validate(head.content)
-    row = detail.policy
-    return {
-        "policy": _meta(PolicyMeta(id=row.id, name=row.name, version=head.version, updated_at=row.updated_at)),
-        "content": head.content,
-        "versions": [_version(v) for v in detail.versions],
-        "agents_using": detail.agents_using,
-        **overview(policy, await ctx.connections.requirement_classes(op.tenant_id, str(row.id))),
-    }
+    return out.PolicyDetail.of(detail, await ctx.connections.requirement_classes(op.tenant_id, str(detail.policy.id)))
 
 
 @router.get(
@@ -234,17 +195,12 @@ async def get_policy(name: str, op: OperatorDep, ctx: ContextDep) -> dict[str, A
 )
 async def get_version(
     name: str, op: OperatorDep, ctx: ContextDep, version: int = Path(ge=1, le=INT4_MAX)
-) -> dict[str, Any]:
+) -> out.PolicyVersionOut:
     """``yaml`` is the imported source when there is one, otherwise generated from the content."""
     row = await ctx.policies.policy_version(op.tenant_id, name, version)
     if row is None:
         raise NotFound()
-    return {
-        "policy": {"id": str(row.policy_id), "name": row.name},
-        "version": _version(row),
-        "content": row.content,
-        "yaml": row.yaml_source or yaml.safe_dump(row.content, sort_keys=False, allow_unicode=True),
-    }
+    return out.PolicyVersionOut.of(row)
 
 
 @router.post(
@@ -254,7 +210,7 @@ async def get_version(
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404, 409, 422),
 )
-async def publish(name: str, body: PolicyPublish, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def publish(name: str, body: PolicyPublish, op: OperatorDep, ctx: ContextDep) -> out.PolicyOut:
     """409 when the head moved since ``base_version``: a retried publish can never create two versions."""
     policy = parse_policy(body.content)
     if policy.name != name:
@@ -265,7 +221,7 @@ async def publish(name: str, body: PolicyPublish, op: OperatorDep, ctx: ContextD
     row = await ctx.policies.append_policy_version(
         op.tenant_id, name, body.content, base_version=body.base_version, summary=summary, author="api"
     )
-    return {"policy": _meta(row)}
+    return out.PolicyOut(policy=out.PolicyMeta.of(row))
 
 
 @router.post(
@@ -275,7 +231,7 @@ async def publish(name: str, body: PolicyPublish, op: OperatorDep, ctx: ContextD
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404, 409),
 )
-async def revert(name: str, body: PolicyRevert, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def revert(name: str, body: PolicyRevert, op: OperatorDep, ctx: ContextDep) -> out.PolicyOut:
     """Moves forward: appends the old version's content as a new head."""
     old = await ctx.policies.policy_version(op.tenant_id, name, body.version)
     if old is None:
@@ -289,7 +245,7 @@ async def revert(name: str, body: PolicyRevert, op: OperatorDep, ctx: ContextDep
         author="api",
         yaml_source=old.yaml_source,
     )
-    return {"policy": _meta(row)}
+    return out.PolicyOut(policy=out.PolicyMeta.of(row))
 
 
 @router.delete(
@@ -298,7 +254,7 @@ async def revert(name: str, body: PolicyRevert, op: OperatorDep, ctx: ContextDep
     response_model=out.PolicyDeleted,
     responses=errors(401, 403, 404, 409),
 )
-async def delete(name: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def delete(name: str, op: OperatorDep, ctx: ContextDep) -> out.PolicyDeleted:
     """409 while any agent revision, historical ones included, names it."""
     deleted = await ctx.policies.delete_policy(op.tenant_id, name)
-    return {"deleted": {"id": str(deleted.id), "name": deleted.name}}
+    return out.PolicyDeleted(deleted=out.PolicyRef.model_validate(deleted))

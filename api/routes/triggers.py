@@ -12,18 +12,17 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from api import responses as out
 from api.deps import ContextDep, Principal, PrincipalDep, TriggerDep
 from api.errors import errors
-from api.schemas import WorkspaceIn
+from api.schemas import WorkspaceIn, _Body
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
 from core.policy import Budgets
 from core.triggers import check_idempotency_key, context_variables, request_digest
 from db.models.triggers import TriggerSubscription
 from services.context import AppContext
-from services.schedules import FireTimes
 from services.subscriptions import ScheduleDraft, SubscriptionDraft
 from services.triggers import FireOutcome, Overrides
 
@@ -42,10 +41,6 @@ PATCHABLE = (
 DISABLED = "trigger subscription is disabled"
 IN_FLIGHT = "an invocation with this Idempotency-Key is being created — retry shortly"
 EVENT_ONLY = "this automation runs from repository events and cannot be fired manually"
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ScheduleIn(_Body):
@@ -99,50 +94,16 @@ class InvokeIn(_Body):
 
 # ---- views -------------------------------------------------------------------------------------
 
-SECRET_COLUMNS = ("callback_secret_sealed", "callback_key_id")
 
-
-def _json(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, dt.datetime) else value
-
-
-def public(row: TriggerSubscription) -> dict[str, Any]:
-    """A subscription as the API shows it: never the sealed secret, only whether one exists."""
-    out = {k: _json(v) for k, v in row.model_dump(exclude=set(SECRET_COLUMNS)).items()}
-    out["trigger_kind"] = row.kind
-    out["has_callback_secret"] = row.callback_secret_sealed is not None
-    return out
-
-
-def schedule_view(row: TriggerSubscription, times: FireTimes | None) -> dict[str, Any] | None:
+async def schedule_of(ctx: AppContext, row: TriggerSubscription) -> out.ScheduleView | None:
+    """A schedule's clock, read from its Temporal Schedule; other kinds have none."""
     if row.kind != "schedule":
         return None
-    return {
-        "subscription_id": str(row.id),
-        "cron": row.schedule_cron,
-        "timezone": row.schedule_timezone,
-        "missed_run_policy": row.missed_run_policy,
-        "next_fire_at": _json(times.next_fire_at) if times else None,
-        "last_fired_at": _json(times.last_fired_at) if times else None,
-    }
-
-
-async def schedule_of(ctx: AppContext, row: TriggerSubscription) -> dict[str, Any] | None:
-    return schedule_view(row, await ctx.subscriptions.fire_times(row))
+    return out.ScheduleView.of(row, await ctx.subscriptions.fire_times(row))
 
 
 def base_url(ctx: AppContext) -> str:
     return (ctx.settings.public_url or ctx.settings.api_url).rstrip("/")
-
-
-def urls(ctx: AppContext, subscription_id: str) -> dict[str, Any]:
-    base = base_url(ctx)
-    return {
-        "base_url": base,
-        "invoke_url": f"{base}/v1/triggers/{subscription_id}/invoke",
-        "poll_url_template": f"{base}/v1/triggers/{subscription_id}/runs/{{session_id}}",
-        "ingress_url": None,
-    }
 
 
 async def _subscription(ctx: AppContext, tenant_id: str, subscription_id: str) -> TriggerSubscription:
@@ -192,7 +153,7 @@ def _refusal(outcome: FireOutcome) -> DomainError:
     response_model=out.TriggerCreated,
     responses=errors(401, 403, 409, 422, 503),
 )
-async def create_trigger(body: TriggerCreate, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
+async def create_trigger(body: TriggerCreate, op: ManagerDep, ctx: ContextDep) -> out.TriggerCreated:
     """Returns the ``fbx_trig_`` token and, with a callback_url, the ``fbx_whsec_`` secret — never again."""
     draft = SubscriptionDraft(
         **body.model_dump(exclude={"budgets", "workspace", "schedule"}),
@@ -202,14 +163,15 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, ctx: ContextDep) -
     )
     created = await ctx.subscriptions.create(op.tenant_id, draft, operator=op.is_operator)
     row = created.row
-    return {
-        "subscription": public(row),
-        "schedule": await schedule_of(ctx, row),
-        "token": created.token,
-        "callback_secret": created.callback_secret,
-        "ingress_path": None,
-        **urls(ctx, str(row.id)),
-    }
+    return out.TriggerCreated.at(
+        base_url(ctx),
+        str(row.id),
+        subscription=out.SubscriptionPublic.of(row),
+        schedule=await schedule_of(ctx, row),
+        token=created.token,
+        callback_secret=created.callback_secret,
+        ingress_path=None,
+    )
 
 
 @router.get(
@@ -218,16 +180,16 @@ async def create_trigger(body: TriggerCreate, op: ManagerDep, ctx: ContextDep) -
     response_model=out.TriggerList,
     responses=errors(401, 403),
 )
-async def list_triggers(op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
+async def list_triggers(op: ManagerDep, ctx: ContextDep) -> out.TriggerList:
     """Ordered by name; schedules listed alongside."""
     rows = await ctx.trigger_records.all(op.tenant_id)
     scheduled = [r for r in rows if r.kind == "schedule"]
     views = await asyncio.gather(*(schedule_of(ctx, r) for r in scheduled))
-    return {
-        "subscriptions": [public(r) for r in rows],
-        "schedules": [v for v in views if v is not None],
-        "base_url": base_url(ctx),
-    }
+    return out.TriggerList(
+        subscriptions=[out.SubscriptionPublic.of(r) for r in rows],
+        schedules=[v for v in views if v is not None],
+        base_url=base_url(ctx),
+    )
 
 
 @router.get(
@@ -236,19 +198,20 @@ async def list_triggers(op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
     response_model=out.TriggerDetail,
     responses=errors(401, 403, 404),
 )
-async def get_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
+async def get_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> out.TriggerDetail:
     """Sessions (20), deliveries (20), invocations incl. skip rows (30); never a secret."""
     row = await _subscription(ctx, op.tenant_id, subscription_id)
     db = ctx.trigger_records
     sid = str(row.id)
-    return {
-        "subscription": public(row),
-        "schedule": await schedule_of(ctx, row),
-        "sessions": await db.runs(sid, 20),
-        "deliveries": await db.deliveries(sid, 20),
-        "invocations": await db.invocations(sid, 30),
-        **urls(ctx, sid),
-    }
+    return out.TriggerDetail.at(
+        base_url(ctx),
+        sid,
+        subscription=out.SubscriptionPublic.of(row),
+        schedule=await schedule_of(ctx, row),
+        sessions=[out.TriggerRun.model_validate(r) for r in await db.runs(sid, 20)],
+        deliveries=[out.TriggerDelivery.model_validate(d) for d in await db.deliveries(sid, 20)],
+        invocations=[out.TriggerInvocation.model_validate(i) for i in await db.invocations(sid, 30)],
+    )
 
 
 @router.patch(
@@ -259,7 +222,7 @@ async def get_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> 
 )
 async def patch_trigger(
     subscription_id: str, op: ManagerDep, ctx: ContextDep, body: dict[str, Any] = Body(...)
-) -> dict[str, Any]:
+) -> out.TriggerPatched:
     """Unknown fields → 400 listing the mutable set; a concurrent edit → 409. A new callback_url
     mints a new secret, returned once; ``""`` clears the callback."""
     unknown = sorted(set(body) - set(PATCHABLE))
@@ -276,15 +239,16 @@ async def patch_trigger(
         given["schedule"] = ScheduleDraft(**patch.schedule.model_dump())
     patched = await ctx.subscriptions.patch(op.tenant_id, subscription_id, given, operator=op.is_operator)
     new = patched.row
-    return {
-        "subscription": public(new),
-        "schedule": await schedule_of(ctx, new),
-        "callback_secret": patched.callback_secret,
-    }
+    return out.TriggerPatched(
+        subscription=out.SubscriptionPublic.of(new),
+        schedule=await schedule_of(ctx, new),
+        callback_secret=patched.callback_secret,
+    )
 
 
-async def _set_enabled(ctx: AppContext, tenant_id: str, subscription_id: str, enabled: bool) -> dict[str, Any]:
-    return {"subscription": public(await ctx.subscriptions.set_enabled(tenant_id, subscription_id, enabled))}
+async def _set_enabled(ctx: AppContext, tenant_id: str, subscription_id: str, enabled: bool) -> out.SubscriptionOut:
+    row = await ctx.subscriptions.set_enabled(tenant_id, subscription_id, enabled)
+    return out.SubscriptionOut(subscription=out.SubscriptionPublic.of(row))
 
 
 @router.post(
@@ -293,7 +257,7 @@ async def _set_enabled(ctx: AppContext, tenant_id: str, subscription_id: str, en
     response_model=out.SubscriptionOut,
     responses=errors(401, 403, 404, 409, 503),
 )
-async def enable_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
+async def enable_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> out.SubscriptionOut:
     """A schedule resumes (its missed-run policy decides about the gap)."""
     return await _set_enabled(ctx, op.tenant_id, subscription_id, True)
 
@@ -304,7 +268,7 @@ async def enable_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) 
     response_model=out.SubscriptionOut,
     responses=errors(401, 403, 404, 409, 503),
 )
-async def disable_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
+async def disable_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> out.SubscriptionOut:
     """Invokes get 409; a schedule is paused and its clock does not advance."""
     return await _set_enabled(ctx, op.tenant_id, subscription_id, False)
 
@@ -315,10 +279,12 @@ async def disable_trigger(subscription_id: str, op: ManagerDep, ctx: ContextDep)
     response_model=out.TokenRotated,
     responses=errors(401, 403, 404),
 )
-async def rotate_token(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
+async def rotate_token(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> out.TokenRotated:
     """The new token (shown once) still polls runs created before the rotation."""
     new, token, revoked = await ctx.subscriptions.rotate_token(op.tenant_id, subscription_id)
-    return {"token": token, "revoked": revoked, "subscription": public(new), **urls(ctx, str(new.id))}
+    return out.TokenRotated.at(
+        base_url(ctx), str(new.id), token=token, revoked=revoked, subscription=out.SubscriptionPublic.of(new)
+    )
 
 
 @router.post(
@@ -327,7 +293,7 @@ async def rotate_token(subscription_id: str, op: ManagerDep, ctx: ContextDep) ->
     response_model=out.RunStarted,
     responses=errors(401, 403, 404, 409, 422, 503),
 )
-async def run_now(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict[str, Any]:
+async def run_now(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> out.RunStarted:
     """``{{fire_time}}`` renders as now; the concurrency policy applies."""
     row = await _subscription(ctx, op.tenant_id, subscription_id)
     if row.kind == "event":
@@ -341,7 +307,7 @@ async def run_now(subscription_id: str, op: ManagerDep, ctx: ContextDep) -> dict
     )
     if outcome.run is None:
         raise _refusal(outcome)
-    return {"session_id": str(outcome.run.id), "status": outcome.run.status}
+    return out.RunStarted(session_id=str(outcome.run.id), status=outcome.run.status)
 
 
 # ---- the trigger-token plane -------------------------------------------------------------------
@@ -359,7 +325,7 @@ async def invoke(
     ctx: ContextDep,
     body: InvokeIn | None = None,
     idempotency_key: str | None = Header(default=None),
-) -> dict[str, Any]:
+) -> out.Invoked:
     """Same ``Idempotency-Key`` → the same run with ``replay: true``; with another body → 422."""
     body = body or InvokeIn()
     key = check_idempotency_key(idempotency_key) if idempotency_key is not None else f"auto-{uuid.uuid4()}"
@@ -386,12 +352,12 @@ async def invoke(
     if outcome.run is None:
         raise _refusal(outcome)
     sid = str(outcome.run.id)
-    return {
-        "session_id": sid,
-        "status": outcome.run.status,
-        "replay": outcome.outcome == "replay",
-        "poll_url": f"/v1/triggers/{principal.subscription_id}/runs/{sid}",
-    }
+    return out.Invoked(
+        session_id=sid,
+        status=outcome.run.status,
+        replay=outcome.outcome == "replay",
+        poll_url=f"/v1/triggers/{principal.subscription_id}/runs/{sid}",
+    )
 
 
 @router.get(
@@ -400,9 +366,10 @@ async def invoke(
     response_model=out.RunFinished,
     responses=errors(401, 404),
 )
-async def poll_run(subscription_id: str, session_id: str, principal: TriggerDep, ctx: ContextDep) -> dict[str, Any]:
+async def poll_run(subscription_id: str, session_id: str, principal: TriggerDep, ctx: ContextDep) -> out.RunFinished:
     """The ``run.finished`` document with ``delivery_id`` and ``attempt`` null; 404 for any other run."""
     run = await ctx.trigger_records.run_of(principal.subscription_id, session_id)
     if run is None:
         raise NotFound()
-    return await ctx.deliveries.result_body(str(run.id))
+    # The document a webhook delivers (built once, in db.deliveries), typed as the poll's answer.
+    return out.RunFinished.model_validate(await ctx.deliveries.result_body(str(run.id)))
