@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema, model_validator
 
+from core.redaction import scrub_text
+from db.approvals import ApprovalRecord
 from db.connections import ConnectionRow
 from db.runs import UsageTotals
 from db.usage import CostLine
@@ -230,6 +232,16 @@ class ApprovalPublic(_Out):
     decided_at: Timestamp | None
     decided_by: str | None
 
+    @classmethod
+    def of(cls, row: ApprovalRecord, **extra: Any) -> Self:
+        """An approval as the API shows it. The stored scope key stays exact (redacting it would make two
+        different secrets compare equal and widen a session approval); the answer is scrubbed."""
+        data = row.model_dump()
+        for key in ("summary", "scope_key"):
+            if isinstance(data[key], str):
+                data[key] = scrub_text(data[key])
+        return cls.model_validate(data | extra)
+
 
 class ApprovalList(_Out):
     approvals: list[ApprovalPublic]
@@ -238,6 +250,11 @@ class ApprovalList(_Out):
 class InboxApproval(ApprovalPublic):
     authority: str = Field(description="personal | organization | unclassifiable")
     can_decide: bool
+
+    @classmethod
+    def shown(cls, row: ApprovalRecord, authority: str, can_decide: bool) -> Self:
+        """A pending approval in the caller's inbox, with whose authority it executes under."""
+        return cls.of(row, authority=authority, can_decide=can_decide)
 
 
 class Inbox(_Out):
