@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSche
 
 from core.redaction import scrub_text
 from db.approvals import ApprovalRecord
-from db.connections import ConnectionRow
+from db.connections import MAX_ATTEMPTS, ConnectionRow
+from db.models.connections import ToolExecutionClaim
 from db.runs import UsageTotals
 from db.usage import CostLine
 
@@ -897,6 +898,32 @@ class BrokeredResult(_Out):
     denied: bool | None = None
     message: str | None = None
     error: str | None = None
+
+    @classmethod
+    def refused(cls, message: str | None) -> Self:
+        """The gate denied the call, or its server refused it."""
+        return cls(ok=False, denied=True, message=message)
+
+    @classmethod
+    def of(cls, claim: ToolExecutionClaim) -> Self:
+        """A brokered call's answer from its execution claim as it stands."""
+        state = claim.state
+        if state in ("succeeded", "failed_upstream"):
+            # Definitive outcomes: upstream failure travels as result.is_error (MCP convention).
+            return cls(ok=True, result=claim.result)
+        if state == "refused":
+            return cls.refused(claim.error)
+        if state == "ambiguous":
+            return cls(ok=False, error="brokered call outcome ambiguous — not retried")
+        if state == "failed_before_send":
+            if claim.attempts >= MAX_ATTEMPTS:
+                return cls(
+                    ok=False,
+                    error=f"brokered dispatch failed before send on {claim.attempts} attempts — not retried "
+                    "(execution attempts exhausted)",
+                )
+            return cls(ok=False, error=claim.error)
+        return cls(ok=False, error="execution in flight; retry later")
 
 
 class DiscoveredTool(_Out):
