@@ -26,9 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSche
 
 from core.policy import Policy as CorePolicy
 from core.policy_views import ExtraTools, autonomy_summary, overview
+from core.redaction import scrub_text
 from db import policies as stored
-from db.connections import ConnectionRow
+from db.approvals import ApprovalRecord
+from db.connections import MAX_ATTEMPTS, ConnectionRow
 from db.models.agents import AgentRevision
+from db.models.connections import ToolExecutionClaim
 from db.models.triggers import TriggerSubscription
 from db.runs import UsageTotals
 from db.usage import CostLine
@@ -237,6 +240,16 @@ class ApprovalPublic(_Out):
     decided_at: Timestamp | None
     decided_by: str | None
 
+    @classmethod
+    def of(cls, row: ApprovalRecord, **extra: Any) -> Self:
+        """An approval as the API shows it. The stored scope key stays exact (redacting it would make two
+        different secrets compare equal and widen a session approval); the answer is scrubbed."""
+        data = row.model_dump()
+        for key in ("summary", "scope_key"):
+            if isinstance(data[key], str):
+                data[key] = scrub_text(data[key])
+        return cls.model_validate(data | extra)
+
 
 class ApprovalList(_Out):
     approvals: list[ApprovalPublic]
@@ -245,6 +258,11 @@ class ApprovalList(_Out):
 class InboxApproval(ApprovalPublic):
     authority: str = Field(description="personal | organization | unclassifiable")
     can_decide: bool
+
+    @classmethod
+    def shown(cls, row: ApprovalRecord, authority: str, can_decide: bool) -> Self:
+        """A pending approval in the caller's inbox, with whose authority it executes under."""
+        return cls.of(row, authority=authority, can_decide=can_decide)
 
 
 class Inbox(_Out):
@@ -964,6 +982,32 @@ class BrokeredResult(_Out):
     denied: bool | None = None
     message: str | None = None
     error: str | None = None
+
+    @classmethod
+    def refused(cls, message: str | None) -> Self:
+        """The gate denied the call, or its server refused it."""
+        return cls(ok=False, denied=True, message=message)
+
+    @classmethod
+    def of(cls, claim: ToolExecutionClaim) -> Self:
+        """A brokered call's answer from its execution claim as it stands."""
+        state = claim.state
+        if state in ("succeeded", "failed_upstream"):
+            # Definitive outcomes: upstream failure travels as result.is_error (MCP convention).
+            return cls(ok=True, result=claim.result)
+        if state == "refused":
+            return cls.refused(claim.error)
+        if state == "ambiguous":
+            return cls(ok=False, error="brokered call outcome ambiguous — not retried")
+        if state == "failed_before_send":
+            if claim.attempts >= MAX_ATTEMPTS:
+                return cls(
+                    ok=False,
+                    error=f"brokered dispatch failed before send on {claim.attempts} attempts — not retried "
+                    "(execution attempts exhausted)",
+                )
+            return cls(ok=False, error=claim.error)
+        return cls(ok=False, error="execution in flight; retry later")
 
 
 class DiscoveredTool(_Out):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.contract import ReplayStep
 from core.dynamic_connections import check_allowed_hosts
 from core.policy import Budgets
-from core.redaction import scrub_text
 from core.wire import DISCOVERY_INPUT_FIELDS
 
 
@@ -164,14 +163,3 @@ class SessionCreate(_Body):
 
 class DecisionIn(_Body):
     decision: str
-
-
-def approval_public(row: dict[str, Any]) -> dict[str, Any]:
-    """An approval as the API shows it (``api.responses.ApprovalPublic``). The stored scope key stays
-    exact (redacting it would make two different secrets compare equal and widen a session approval);
-    the response is scrubbed."""
-    out = dict(row)
-    for key in ("summary", "scope_key"):
-        if isinstance(out.get(key), str):
-            out[key] = scrub_text(out[key])
-    return out

@@ -42,6 +42,7 @@ from db.workspaces import WorkspaceArchives
 from integrations.oauth import OAuthClient, client_metadata_document_url
 from integrations.sealing import Sealer, sealer_from_settings
 from integrations.urls import UrlPolicy
+from services.brokered_calls import BrokeredCalls
 from services.connections import ConnectionService
 from services.managed_apps import ManagedApps
 from services.oauth_connect import OAuthConnect
@@ -120,6 +121,7 @@ class AppContext:
     oauth: OAuthConnect | None
     connection_service: ConnectionService
     managed_apps: ManagedApps | None
+    brokered_calls: BrokeredCalls
 
     @property
     def public_base(self) -> str:
@@ -175,6 +177,7 @@ def build_context(
     run_control = RunControl(runs, approvals, parks, workflows, settings)
     run_factory = RunFactory(agents, policies, runs, parks, connections, capabilities, settings, run_control)
     schedules = Schedules(temporal, settings)
+    gates = Gate(pool, redactor, ledger, runs)
     oauth_client = OAuthClient(url_policy)
     access_tokens = AccessTokens(oauth_records, sealer, oauth_client) if sealer is not None else None
     oauth, managed_apps = None, None
@@ -194,6 +197,9 @@ def build_context(
             url_policy, app_ids=settings.managed_apps, redirect_urls=settings.managed_app_redirect_urls,
             access_tokens=access_tokens,
         )  # fmt: skip
+    connection_service = ConnectionService(
+        connections, parks, challenges, url_policy, sealer, oauth, access_tokens, base
+    )
     return AppContext(
         settings=settings,
         pool=pool,
@@ -207,7 +213,7 @@ def build_context(
         policies=policies,
         agents=agents,
         runs=runs,
-        gates=Gate(pool, redactor, ledger, runs),
+        gates=gates,
         approvals=approvals,
         connections=connections,
         capabilities=capabilities,
@@ -237,10 +243,9 @@ def build_context(
         oauth_client=oauth_client,
         access_tokens=access_tokens,
         oauth=oauth,
-        connection_service=ConnectionService(
-            connections, parks, challenges, url_policy, sealer, oauth, access_tokens, base
-        ),
+        connection_service=connection_service,
         managed_apps=managed_apps,
+        brokered_calls=BrokeredCalls(runs, gates, approvals, connections, connection_service, run_control),
     )
 
 

@@ -14,7 +14,8 @@ The seam: :class:`RunControl` holds the PostgreSQL half and talks to the workflo
 ``core.errors`` so routes never see a Temporal type; :class:`InMemoryRunWorkflows` records what it is told,
 for the in-process API tier (``tests/api``) and for embedders' tests. Both keep one contract, tested as such
 (``tests/services/test_run_workflows.py``): a second start of one run raises :class:`WorkflowExists`; a
-signal to a run with no workflow is not an error.
+signal to a run with no workflow is not an error; an approval wait for one answers None, and a brokered call
+for one raises ``BadRequest``.
 """
 
 from __future__ import annotations

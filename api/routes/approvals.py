@@ -13,14 +13,13 @@ Who may decide an approval depends on whose authority its call would execute und
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import APIRouter
 
 from api import responses as out
 from api.deps import READ_ALL_ROLES, ContextDep, Principal, PrincipalDep
 from api.errors import errors
-from api.schemas import DecisionIn, approval_public
+from api.schemas import DecisionIn
 from core.authority import Authority, classify
 from core.errors import BadRequest, Conflict, DomainError, Forbidden, NotFound
 from db.approvals import ApprovalWithAuthority
@@ -70,7 +69,7 @@ def authorizer(who: Principal) -> Callable[[ApprovalWithAuthority], None]:
 
 
 @router.get("", summary="Pending approvals the caller may decide", response_model=out.Inbox, responses=errors(401))
-async def inbox(who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def inbox(who: PrincipalDep, ctx: ContextDep) -> out.Inbox:
     """Pending approvals, oldest first, each with its ``authority`` (``personal`` | ``organization``)
     and whether the caller may decide it (``can_decide``). A member sees only what it may decide; the
     operator sees every pending approval, personal ones included but marked ``can_decide: false``."""
@@ -82,8 +81,8 @@ async def inbox(who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
         except Conflict:
             authority, can_decide = "unclassifiable", False
         if can_decide or who.is_operator:
-            shown.append({**approval_public(row.model_dump()), "authority": authority, "can_decide": can_decide})
-    return {"approvals": shown}
+            shown.append(out.InboxApproval.shown(row, authority, can_decide))
+    return out.Inbox(approvals=shown)
 
 
 @router.post(
@@ -92,7 +91,7 @@ async def inbox(who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
     response_model=out.ApprovalOut,
     responses=errors(401, 403, 404, 409),
 )
-async def decide(approval_id: str, body: DecisionIn, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def decide(approval_id: str, body: DecisionIn, who: PrincipalDep, ctx: ContextDep) -> out.ApprovalOut:
     """Exactly one decision wins; a late or repeated one gets 409 ``approval is not pending``. A caller
     without authority over the approval gets 403 (404 for a run it cannot see) and nothing changes."""
     decision = DECISIONS.get(body.decision)
@@ -100,4 +99,4 @@ async def decide(approval_id: str, body: DecisionIn, who: PrincipalDep, ctx: Con
         raise BadRequest(f"unknown decision '{body.decision}'")
     decided_by = "operator" if who.is_operator else str(who.user_id)
     row = await ctx.run_control.decide_approval(who.tenant_id, approval_id, decision, decided_by, authorizer(who))
-    return {"approval": approval_public(row.model_dump())}
+    return out.ApprovalOut(approval=out.ApprovalPublic.of(row))

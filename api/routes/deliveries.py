@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
 from api import responses as out
@@ -20,9 +18,9 @@ router = APIRouter(tags=["deliveries"])
     response_model=out.DeliveryList,
     responses=errors(401, 403, 404),
 )
-async def session_deliveries(run_id: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def session_deliveries(run_id: str, op: OperatorDep, ctx: ContextDep) -> out.DeliveryList:
     """One row per webhook destination: status ``pending|delivered|failed|skipped``, attempts, last error."""
     if await ctx.runs.get_run(op.tenant_id, run_id) is None:
         raise NotFound()
     rows = await ctx.deliveries.for_run(run_id)
-    return {"deliveries": rows}
+    return out.DeliveryList(deliveries=[out.DeliveryPublic.model_validate(r) for r in rows])

@@ -124,7 +124,7 @@ async def probe() -> Response:
     response_model_exclude_unset=True,
     responses=errors(),
 )
-async def llm_usage(request: Request, ctx: ContextDep, _report: Any = Body(default=None)) -> dict[str, Any]:
+async def llm_usage(request: Request, ctx: ContextDep, _report: Any = Body(default=None)) -> out.LlmUsageAck:
     """Any JSON body. ``{"ok": true}`` when ``Authorization`` carries ``LITELLM_MASTER_KEY`` (bare or after a
     scheme such as ``Bearer``), else ``{"ignored": "unauthenticated"}``; nothing is stored either way, so a
     proxy configured with this callback never fails and never counts a request twice."""
@@ -133,8 +133,8 @@ async def llm_usage(request: Request, ctx: ContextDep, _report: Any = Body(defau
     secret = key.get_secret_value().encode() if key is not None else b""
     candidates = (presented, presented.partition(" ")[2].strip())
     if secret and any(hmac.compare_digest(c.encode(), secret) for c in candidates):
-        return {"ok": True}
-    return {"ignored": "unauthenticated"}
+        return out.LlmUsageAck(ok=True)
+    return out.LlmUsageAck(ignored="unauthenticated")
 
 
 async def serve(scope: Scope, receive: Receive, send: Send) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -14,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from api import responses as out
 from api.deps import ContextDep, HubDep, Principal, PrincipalDep, bearer, user_principal
 from api.errors import errors
-from api.schemas import SessionCreate, approval_public
+from api.schemas import SessionCreate
 from core.errors import BadRequest, Forbidden, NotFound
 from core.runspec import InvocationContext, workspace_doc
 from core.states import RunStatus
@@ -47,7 +46,7 @@ async def _visible_run(ctx: AppContext, who: Principal, run_id: str) -> Run:
 
 
 @router.post("", summary="Start a run", response_model=out.SessionOut, responses=errors(401, 403, 409, 422, 503))
-async def create_session(body: SessionCreate, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def create_session(body: SessionCreate, who: PrincipalDep, ctx: ContextDep) -> out.SessionOut:
     """Freeze the RunSpec, record the run as ``created`` and start its workflow; returns at once."""
     if body.workspace is not None and body.repo is not None:
         raise BadRequest("provide either `workspace` or legacy `repo`, not both")
@@ -73,7 +72,7 @@ async def create_session(body: SessionCreate, who: PrincipalDep, ctx: ContextDep
             invoked_by_kind="user",
             invoked_by_user_id=who.user_id,
         )
-    return {"session": row}
+    return out.SessionOut(session=out.SessionPublic.model_validate(row))
 
 
 @router.get("", summary="List runs", response_model=out.SessionList, responses=errors(400, 401))
@@ -82,7 +81,7 @@ async def list_sessions(
     ctx: ContextDep,
     limit: int = Query(default=50, ge=1, le=500),
     status: str | None = Query(default=None, description="Only runs in this status, e.g. waiting_for_connection."),
-) -> dict[str, Any]:
+) -> out.SessionList:
     """Newest first; a plain member sees only the runs it invoked."""
     if status is not None and status not in {s.value for s in RunStatus}:
         raise BadRequest(f"unknown status '{status}' (known: {', '.join(s.value for s in RunStatus)})")
@@ -90,56 +89,56 @@ async def list_sessions(
         rows = await ctx.runs.list_runs(who.tenant_id, limit, status)
     else:
         rows = await ctx.identity.runs_invoked_by(who.tenant_id, who.user_id or "", limit, status)
-    return {"sessions": rows}
+    return out.SessionList(sessions=[out.SessionPublic.model_validate(r) for r in rows])
 
 
 @router.get(
     "/{run_id}", summary="A run with its usage totals", response_model=out.SessionDetail, responses=errors(401, 404)
 )
-async def get_session(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def get_session(run_id: str, who: PrincipalDep, ctx: ContextDep) -> out.SessionDetail:
     """404 when the run does not exist or is not visible to the caller."""
     row = await _visible_run(ctx, who, run_id)
-    return {"session": row, "usage": await ctx.runs.usage_totals(run_id)}
+    return out.SessionDetail(session=out.SessionPublic.model_validate(row), usage=await ctx.runs.usage_totals(run_id))
 
 
 @router.post(
     "/{run_id}/cancel", summary="Cancel a run", response_model=out.Cancelled, responses=errors(401, 403, 404, 503)
 )
-async def cancel_session(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, bool]:
+async def cancel_session(run_id: str, who: PrincipalDep, ctx: ContextDep) -> out.Cancelled:
     """``cancelled: false`` when the run is already terminal or already winding down (not an error)."""
     row = await _visible_run(ctx, who, run_id)
     invoker = str(row.invoked_by_user_id) if row.invoked_by_user_id is not None else None
     if not who.mutates_resources and invoker != who.user_id:
         raise Forbidden("cancelling another member's run requires the admin or owner role")
     created = await ctx.run_control.cancel(run_id)
-    return {"cancelled": created}
+    return out.Cancelled(cancelled=created)
 
 
 @router.get(
     "/{run_id}/outputs", summary="The run's diff and summary", response_model=out.Outputs, responses=errors(401, 404)
 )
-async def outputs(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def outputs(run_id: str, who: PrincipalDep, ctx: ContextDep) -> out.Outputs:
     """The diff against the pristine workspace, the summary, and whether the gate was ever consulted."""
     row = await _visible_run(ctx, who, run_id)
     arts = await ctx.runs.artifacts(run_id)
     by_kind = {a.kind: a for a in arts}
     diff = by_kind.get("diff")
-    return {
-        "status": row.status,
-        "diff": diff.content if diff else None,
-        "summary": row.result_summary,
-        "gate_consulted": await ctx.runs.has_gate_calls(run_id),
-        "artifacts": arts,
-    }
+    return out.Outputs(
+        status=row.status,
+        diff=diff.content if diff else None,
+        summary=row.result_summary,
+        gate_consulted=await ctx.runs.has_gate_calls(run_id),
+        artifacts=[out.ArtifactPublic.model_validate(a) for a in arts],
+    )
 
 
 @router.get(
     "/{run_id}/artifacts", summary="The run's artifacts", response_model=out.ArtifactList, responses=errors(401, 404)
 )
-async def artifacts(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def artifacts(run_id: str, who: PrincipalDep, ctx: ContextDep) -> out.ArtifactList:
     """The diff (``changes.patch``) and the summary (``summary.md``)."""
     await _visible_run(ctx, who, run_id)
-    return {"artifacts": await ctx.runs.artifacts(run_id)}
+    return out.ArtifactList(artifacts=[out.ArtifactPublic.model_validate(a) for a in await ctx.runs.artifacts(run_id)])
 
 
 @router.get(
@@ -148,11 +147,11 @@ async def artifacts(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str
     response_model=out.ApprovalList,
     responses=errors(401, 404),
 )
-async def session_approvals(run_id: str, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def session_approvals(run_id: str, who: PrincipalDep, ctx: ContextDep) -> out.ApprovalList:
     """Includes auto-decided intents, not only human approvals."""
     await _visible_run(ctx, who, run_id)
     rows = await ctx.approvals.list_approvals(who.tenant_id, run_id=run_id)
-    return {"approvals": [approval_public(r.model_dump()) for r in rows]}
+    return out.ApprovalList(approvals=[out.ApprovalPublic.of(r) for r in rows])
 
 
 @router.get(
@@ -167,11 +166,11 @@ async def events(
     ctx: ContextDep,
     after: int = Query(default=0, ge=0, le=SEQ_MAX),
     limit: int = Query(default=500, ge=1, le=1000),
-) -> dict[str, Any]:
+) -> out.EventList:
     """Ordered by ``seq``, strictly greater than ``after``."""
     await _visible_run(ctx, who, run_id)
     rows = await ctx.ledger.events_after(run_id, after, limit)
-    return {"events": rows}
+    return out.EventList(events=[out.EventPublic.model_validate(r) for r in rows])
 
 
 def _sse(row: LedgerEvent) -> str:
