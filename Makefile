@@ -128,12 +128,13 @@ typecheck: install-dev
 
 # The fast tier: lint, format, types, import contracts and every test that needs no Temporal dev server and no
 # sandbox (routes in process over a real PostgreSQL, core, repositories, services, clients against real servers,
-# the runner, replays), in two test processes. Measured in the README; `make test` is the whole suite.
+# the runner, replays), in three test processes (two cores: many of these tests wait on servers and timeouts) and
+# with a quarter of each property's examples. Measured in the README; `make test` is the whole suite, every example.
 CHECK_TESTS := tests/core tests/api tests/db tests/services tests/integrations tests/runner tests/activities \
   tests/deploy tests/config/test_settings_documented.py tests/workflows/test_replay.py tests/test_registration.py
 
 check: install-dev lint typecheck
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 $(CHECK_TESTS) $(PYTEST_ARGS)
+	FLUIDBOX_TEST_EXAMPLES_SCALE=0.25 $(BIN)/python -m pytest -q -p no:cacheprovider -n 3 --dist worksteal $(CHECK_TESTS) $(PYTEST_ARGS)
 
 test: install-dev lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

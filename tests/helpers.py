@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -86,3 +87,9 @@ def context_over(
         redactor=redactor or Redactor(),
         sealer=sealer,
     )
+
+
+def examples(n: int) -> int:
+    """A property's example count, scaled by ``FLUIDBOX_TEST_EXAMPLES_SCALE`` (``make check`` runs a quarter of
+    each; ``make test`` runs them all)."""
+    return max(25, round(n * float(os.environ.get("FLUIDBOX_TEST_EXAMPLES_SCALE", "1"))))

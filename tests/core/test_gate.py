@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from core.gate import READ_ONLY_TOOLS, GateDecision, decide, frozen_tools
 from core.policy import Budgets, evaluate
 from core.runspec import RunSpec, WorkspaceSpec
+from tests.helpers import examples
 
 ALLOW_ALL: dict[str, Any] = {
     "name": "allow-all",
@@ -370,7 +371,7 @@ def test_decision_data_omits_absent_reason_and_original_verdict() -> None:
 _META = set(";|&`$()<>\n*?[{")
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=examples(300), deadline=None, database=None)
 @given(
     tool=st.sampled_from(["Read", "Glob", "Write", "Edit", "Bash", "WebFetch", "Agent", "mcp__github__create_issue"]),
     command=st.text(alphabet=st.sampled_from(list("lscatgi urm;|&`$()<>\n-x")), max_size=20),

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from core.policy import Budgets, Policy, evaluate, normalize_path, parse_policy
 from core.runspec import intersect_budgets
+from tests.helpers import examples
 
-FAST = settings(max_examples=300, deadline=None, database=None)
+FAST = settings(max_examples=examples(300), deadline=None, database=None)
 
 TOOLS = ["Read", "Edit", "Write", "Bash", "Agent", "mcp__a__b", "mcp__c__d", "Unknown"]
 MATCHERS = ["Read", "Edit", "Write", "Bash", "Agent", "mcp__a__b", "mcp__*", "mcp__c*", "Ed*", "B*", "*"]
@@ -368,7 +369,7 @@ def _bash_words(command: str, cwd: Path) -> list[str]:
     return [w.decode(errors="replace") for w in done.stdout.split(b"\0")[:-1]]
 
 
-@settings(max_examples=500, deadline=None, database=None)
+@settings(max_examples=examples(500), deadline=None, database=None)
 @given(command=governed_commands)
 @example(command="grep 'foo$' notes.txt")
 @example(command="git log --format='%h %s' -n 5")

@@ -10,6 +10,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from core.shell_words import ShellSyntaxError, split
+from tests.helpers import examples
 
 # Pieces bash treats specially when splitting and unquoting. Nothing here may expand, which the splitter never
 # does: bash runs with globbing and brace expansion off, and "$" comes only as $'...' or $"..." (a "\\$" piece
@@ -34,7 +35,7 @@ def bash_words(command: str) -> list[str] | None:
     return [w.decode("utf-8", "surrogateescape") for w in out.split(b"\0")[:-1]]
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=examples(300), deadline=None, database=None)
 @given(command=lines)
 @example(command="git diff \"--output\"=f '--out'put=g --o\\utput=h $'\\x2d-output=i' $\"--output\"=j")
 @example(command="a\\\n b")
