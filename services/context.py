@@ -42,6 +42,7 @@ from db.workspaces import WorkspaceArchives
 from integrations.oauth import OAuthClient, client_metadata_document_url
 from integrations.sealing import Sealer, sealer_from_settings
 from integrations.urls import UrlPolicy
+from services.catalog import CatalogService
 from services.connections import ConnectionService
 from services.managed_apps import ManagedApps
 from services.oauth_connect import OAuthConnect
@@ -119,6 +120,7 @@ class AppContext:
     access_tokens: AccessTokens | None  # OAuth connect and access tokens exist only with a sealer
     oauth: OAuthConnect | None
     connection_service: ConnectionService
+    catalog_service: CatalogService
     managed_apps: ManagedApps | None
 
     @property
@@ -194,6 +196,9 @@ def build_context(
             app_ids=settings.managed_apps, redirect_urls=settings.managed_app_redirect_urls,
             access_tokens=access_tokens,
         )  # fmt: skip
+    connection_service = ConnectionService(
+        connections, parks, challenges, url_policy, sealer, oauth, access_tokens, base
+    )
     return AppContext(
         settings=settings,
         pool=pool,
@@ -237,8 +242,9 @@ def build_context(
         oauth_client=oauth_client,
         access_tokens=access_tokens,
         oauth=oauth,
-        connection_service=ConnectionService(
-            connections, parks, challenges, url_policy, sealer, oauth, access_tokens, base
+        connection_service=connection_service,
+        catalog_service=CatalogService(
+            catalog, capabilities, connections, connection_service, run_control, url_policy, oauth_client
         ),
         managed_apps=managed_apps,
     )
