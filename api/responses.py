@@ -561,6 +561,20 @@ class ConnectionAuthorize(_Out):
     connection_id: str | None = None
 
 
+class ClientMetadataDocument(_Out):
+    """Our OAuth Client ID Metadata Document: its URL is this deployment's ``client_id`` (a public client using
+    PKCE and refresh tokens)."""
+
+    client_id: str
+    client_name: str
+    client_uri: str
+    redirect_uris: list[str]
+    grant_types: list[str]
+    response_types: list[str]
+    token_endpoint_auth_method: str
+    application_type: str
+
+
 # ---- catalog -------------------------------------------------------------------------------------
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import html
 import secrets
-from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
 
+from api import responses as out
 from api.deps import ContextDep
 from api.errors import errors, json_errors
 from core.errors import BadRequest, NotFound, UpstreamFailed
@@ -125,18 +125,15 @@ async def callback(request: Request, ctx: ContextDep) -> HTMLResponse:
 @router.get(
     "/.well-known/fluidbox-client.json",
     summary="Our OAuth Client ID Metadata Document",
-    response_class=JSONResponse,
+    response_model=out.ClientMetadataDocument,
     responses={
-        200: {
-            "description": "The Client ID Metadata Document (its URL is this deployment's OAuth client_id).",
-            "content": {"application/json": {"schema": {"type": "object", "additionalProperties": True}}},
-        },
+        200: {"description": "The Client ID Metadata Document (its URL is this deployment's OAuth client_id)."},
         **errors(404),
     },
 )
-async def client_document(ctx: ContextDep) -> JSONResponse:
+async def client_document(response: Response, ctx: ContextDep) -> out.ClientMetadataDocument:
     """Served only when the public URL is https and not loopback (an authorization server must fetch it)."""
     if client_metadata_document_url(ctx.public_base) is None:
         raise NotFound()
-    document: dict[str, Any] = client_metadata_document(ctx.public_base)
-    return JSONResponse(document, headers={"Cache-Control": "public, max-age=300"})
+    response.headers["Cache-Control"] = "public, max-age=300"
+    return out.ClientMetadataDocument.model_validate(client_metadata_document(ctx.public_base))
