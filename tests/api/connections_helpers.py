@@ -7,6 +7,7 @@ the same test database with :func:`app_with`.
 
 from __future__ import annotations
 
+import typing
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 from asgi_lifespan import LifespanManager
+from fastapi import APIRouter
 
 from api.app import create_app
 from db.engine import create_pool
@@ -39,6 +41,16 @@ async def listed(client: httpx.AsyncClient) -> list[dict[str, Any]]:
     r = await client.get("/v1/connections")
     assert r.status_code == 200, r.text
     return list(r.json()["connections"])
+
+
+def not_returning_their_model(router: APIRouter) -> list[str]:
+    """The handlers of ``router`` that declare a ``response_model`` and are not annotated to return it."""
+    return [
+        route.endpoint.__name__
+        for route in router.routes
+        if getattr(route, "response_model", None) is not None
+        and typing.get_type_hints(route.endpoint)["return"] is not route.response_model  # type: ignore[attr-defined]
+    ]
 
 
 def refused(r: httpx.Response, status: int, *words: str) -> None:

@@ -8,17 +8,15 @@ from __future__ import annotations
 import asyncio
 import secrets
 import socket
-import typing
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 import pytest_asyncio
 
 from api.routes import catalog as catalog_routes
 from tests.api.conftest import Api
-from tests.api.connections_helpers import listed, refused
+from tests.api.connections_helpers import listed, not_returning_their_model, refused
 from tests.mcp_servers import RunningServer, basic, bearer, serve
 from tests.oauth_servers import AuthorizationServer, authorization_server, protected
 
@@ -63,10 +61,7 @@ def unique(prefix: str) -> str:
 
 
 def test_every_handler_returns_the_model_it_declares() -> None:
-    for route in catalog_routes.router.routes:
-        declared = getattr(route, "response_model", None)
-        if declared is not None:
-            assert typing.get_type_hints(route.endpoint)["return"] is declared, route.endpoint.__name__
+    assert not_returning_their_model(catalog_routes.router) == []
 
 
 async def test_curated_entries_are_seeded_and_custom_ones_are_tenant_scoped(api: Api) -> None:
@@ -301,33 +296,31 @@ LAUNCH = {
 }
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ({"transport": "stdio"}, "a stdio catalog entry needs `sandbox_launch`"),
-        ({"transport": "stdio", "sandbox_launch": None}, "a stdio catalog entry needs `sandbox_launch`"),
-        (
-            {"transport": "stdio", "sandbox_launch": {"command": "python3"}},
-            "invalid sandbox_launch: sandbox server '{slug}' declares no tools",
-        ),
-        (
-            {"transport": "stdio", "sandbox_launch": {**LAUNCH, "tools": []}},
-            "invalid sandbox_launch: sandbox server '{slug}' declares no tools",
-        ),
-        (
-            {"transport": "stdio", "sandbox_launch": {**LAUNCH, "command": None}},
-            "invalid sandbox_launch: sandbox server '{slug}' needs a `command`",
-        ),
-    ],
-)
-async def test_a_stdio_entry_needs_a_sandbox_launch_with_declared_tools(
-    api: Api, extra: dict[str, Any], message: str
-) -> None:
+STDIO_REFUSALS: list[tuple[dict[str, Any], str]] = [
+    ({"transport": "stdio"}, "a stdio catalog entry needs `sandbox_launch`"),
+    ({"transport": "stdio", "sandbox_launch": None}, "a stdio catalog entry needs `sandbox_launch`"),
+    (
+        {"transport": "stdio", "sandbox_launch": {"command": "python3"}},
+        "invalid sandbox_launch: sandbox server '{slug}' declares no tools",
+    ),
+    (
+        {"transport": "stdio", "sandbox_launch": {**LAUNCH, "tools": []}},
+        "invalid sandbox_launch: sandbox server '{slug}' declares no tools",
+    ),
+    (
+        {"transport": "stdio", "sandbox_launch": {**LAUNCH, "command": None}},
+        "invalid sandbox_launch: sandbox server '{slug}' needs a `command`",
+    ),
+]
+
+
+async def test_a_stdio_entry_needs_a_sandbox_launch_with_declared_tools(api: Api) -> None:
     before = (await api.client.get("/v1/catalog")).json()
-    slug = unique("stdio")
-    r = await api.client.post("/v1/catalog", json={"slug": slug, "name": "In image", "auth_mode": "none", **extra})
-    assert r.status_code == 400 and message.format(slug=slug) in r.json()["error"], r.text
-    assert (await api.client.get(f"/v1/catalog/{slug}")).status_code == 404
+    for extra, message in STDIO_REFUSALS:
+        slug = unique("stdio")
+        r = await api.client.post("/v1/catalog", json={"slug": slug, "name": "In image", "auth_mode": "none", **extra})
+        assert r.status_code == 400 and message.format(slug=slug) in r.json()["error"], r.text
+        assert (await api.client.get(f"/v1/catalog/{slug}")).status_code == 404
     assert (await api.client.get("/v1/catalog")).json() == before
 
 

@@ -4,7 +4,6 @@ real MCP server (one per module) photographed, reviewed, refreshed and revoked."
 from __future__ import annotations
 
 import secrets
-import typing
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest_asyncio
 
 from api.routes import connections as connection_routes
 from tests.api.conftest import Api
-from tests.api.connections_helpers import listed, member, refused
+from tests.api.connections_helpers import listed, member, not_returning_their_model, refused
 from tests.mcp_servers import RunningServer, basic, bearer, serve
 
 TOKEN = "tok-" + secrets.token_hex(8)
@@ -33,10 +32,7 @@ async def guarded() -> AsyncIterator[RunningServer]:
 
 
 def test_every_handler_returns_the_model_it_declares() -> None:
-    for route in connection_routes.router.routes:
-        declared = getattr(route, "response_model", None)
-        if declared is not None:
-            assert typing.get_type_hints(route.endpoint)["return"] is declared, route.endpoint.__name__
+    assert not_returning_their_model(connection_routes.router) == []
 
 
 # Each refusal names the field; what the operator sends here is stored nowhere. ``{url}`` is a live MCP server.

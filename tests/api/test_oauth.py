@@ -5,7 +5,6 @@ authorization server (npm oidc-provider) and one MCP server protected by it serv
 from __future__ import annotations
 
 import json
-import typing
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -16,7 +15,7 @@ import pytest_asyncio
 from api.routes import oauth as oauth_routes
 from integrations.oauth import client_metadata_document
 from tests.api.conftest import Api
-from tests.api.connections_helpers import app_with, listed, refused
+from tests.api.connections_helpers import app_with, listed, not_returning_their_model, refused
 from tests.mcp_servers import RunningServer, serve
 from tests.oauth_servers import AuthorizationServer, authorization_server, protected
 
@@ -37,10 +36,7 @@ async def mcp(auth: AuthorizationServer) -> AsyncIterator[RunningServer]:
 
 
 def test_every_handler_returns_the_model_it_declares() -> None:
-    for route in oauth_routes.router.routes:
-        declared = getattr(route, "response_model", None)
-        if declared is not None:
-            assert typing.get_type_hints(route.endpoint)["return"] is declared, route.endpoint.__name__
+    assert not_returning_their_model(oauth_routes.router) == []
 
 
 def local(url: str) -> str:
