@@ -3,10 +3,15 @@
 Members and their personal access tokens are made in process (``api.ctx.identity``, as ``fluidbox users`` does);
 an app with other settings than the ``api`` fixture's (another public URL, managed apps configured) is built over
 the same test database with :func:`app_with`.
+
+The servers are module fixtures: a test module takes one by naming it (``mcp = open_server``), so each module
+starts its own once: an MCP server without auth, one that takes only :data:`TOKEN`, and a real authorization server
+(npm oidc-provider) with an MCP server it protects (``auth = authorization`` and ``signed = oauth_protected``).
 """
 
 from __future__ import annotations
 
+import secrets
 import typing
 import uuid
 from collections.abc import AsyncIterator
@@ -15,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest_asyncio
 from asgi_lifespan import LifespanManager
 from fastapi import APIRouter
 
@@ -22,6 +28,35 @@ from api.app import create_app
 from db.engine import create_pool
 from services.run_control import InMemoryRunWorkflows
 from tests.api.conftest import ADMIN, BASE_URL, Api, api_settings, test_context
+from tests.mcp_servers import RunningServer, basic, bearer, serve
+from tests.oauth_servers import AuthorizationServer, authorization_server, protected
+
+TOKEN = "tok-" + secrets.token_hex(8)  # the one credential guarded_server takes
+
+
+@pytest_asyncio.fixture(scope="module")
+async def open_server() -> AsyncIterator[RunningServer]:
+    async with serve(basic()) as srv:
+        yield srv
+
+
+@pytest_asyncio.fixture(scope="module")
+async def guarded_server() -> AsyncIterator[RunningServer]:
+    async with serve(bearer(TOKEN)) as srv:
+        yield srv
+
+
+@pytest_asyncio.fixture(scope="module")
+async def authorization() -> AsyncIterator[AuthorizationServer]:
+    async with authorization_server() as server:
+        yield server
+
+
+@pytest_asyncio.fixture(scope="module")
+async def oauth_protected(auth: AuthorizationServer) -> AsyncIterator[RunningServer]:
+    """An MCP server that takes only the tokens of the module's ``auth`` (its authorization server)."""
+    async with serve(protected(auth)) as srv:
+        yield srv
 
 
 async def member(api: Api, *roles: str, read_only: bool = False) -> tuple[httpx.AsyncClient, str]:

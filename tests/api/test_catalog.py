@@ -9,43 +9,28 @@ import asyncio
 import secrets
 import socket
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest_asyncio
 
 from api.routes import catalog as catalog_routes
 from tests.api.conftest import Api
-from tests.api.connections_helpers import listed, not_returning_their_model, refused
-from tests.mcp_servers import RunningServer, basic, bearer, serve
-from tests.oauth_servers import AuthorizationServer, authorization_server, protected
+from tests.api.connections_helpers import (
+    TOKEN,
+    authorization,
+    guarded_server,
+    listed,
+    not_returning_their_model,
+    oauth_protected,
+    open_server,
+    refused,
+)
+from tests.mcp_servers import RunningServer
+from tests.oauth_servers import AuthorizationServer
 
-TOKEN = "tok-" + secrets.token_hex(8)
-
-
-@pytest_asyncio.fixture(scope="module")
-async def open_srv() -> AsyncIterator[RunningServer]:
-    async with serve(basic()) as srv:
-        yield srv
-
-
-@pytest_asyncio.fixture(scope="module")
-async def closed_srv() -> AsyncIterator[RunningServer]:
-    async with serve(bearer(TOKEN)) as srv:
-        yield srv
-
-
-@pytest_asyncio.fixture(scope="module")
-async def auth() -> AsyncIterator[AuthorizationServer]:
-    async with authorization_server() as server:
-        yield server
-
-
-@pytest_asyncio.fixture(scope="module")
-async def signed(auth: AuthorizationServer) -> AsyncIterator[RunningServer]:
-    """An MCP server that takes only the module's authorization server's tokens."""
-    async with serve(protected(auth)) as srv:
-        yield srv
+# The module's servers, started once for it (tests.api.connections_helpers).
+open_srv = open_server
+closed_srv = guarded_server
+auth = authorization
+signed = oauth_protected
 
 
 def refusing_url() -> str:

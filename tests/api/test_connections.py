@@ -4,31 +4,28 @@ real MCP server (one per module) photographed, reviewed, refreshed and revoked."
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from api.routes import connections as connection_routes
 from tests.api.conftest import Api
-from tests.api.connections_helpers import listed, member, not_returning_their_model, refused
-from tests.mcp_servers import RunningServer, basic, bearer, serve
+from tests.api.connections_helpers import (
+    TOKEN,
+    guarded_server,
+    listed,
+    member,
+    not_returning_their_model,
+    open_server,
+    refused,
+)
+from tests.mcp_servers import RunningServer
 
-TOKEN = "tok-" + secrets.token_hex(8)
 ORG_ROLE = "creating an organization connection requires the admin or owner role"
 
-
-@pytest_asyncio.fixture(scope="module")
-async def mcp() -> AsyncIterator[RunningServer]:
-    async with serve(basic()) as srv:
-        yield srv
-
-
-@pytest_asyncio.fixture(scope="module")
-async def guarded() -> AsyncIterator[RunningServer]:
-    async with serve(bearer(TOKEN)) as srv:
-        yield srv
+# The module's servers, started once for it (tests.api.connections_helpers).
+mcp = open_server
+guarded = guarded_server
 
 
 def test_every_handler_returns_the_model_it_declares() -> None:

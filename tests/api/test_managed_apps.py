@@ -5,33 +5,30 @@ callback location is a URL nothing listens on: the test reads the redirect that 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import pytest_asyncio
-
 from api.routes import managed_apps as managed_routes
 from tests.api.conftest import Api
-from tests.api.connections_helpers import app_with, listed, member, not_returning_their_model, refused
-from tests.mcp_servers import RunningServer, serve
-from tests.oauth_servers import AuthorizationServer, authorization_server, protected
+from tests.api.connections_helpers import (
+    app_with,
+    authorization,
+    listed,
+    member,
+    not_returning_their_model,
+    oauth_protected,
+    refused,
+)
+from tests.mcp_servers import RunningServer
+from tests.oauth_servers import AuthorizationServer
 
 APP = "managed-calc"
 ALLOWED = "http://127.0.0.1:9/app/callback"
 SURFACE = "/v1/mcp-oauth/catalog"
 
-
-@pytest_asyncio.fixture(scope="module")
-async def auth() -> AsyncIterator[AuthorizationServer]:
-    async with authorization_server() as server:
-        yield server
-
-
-@pytest_asyncio.fixture(scope="module")
-async def mcp(auth: AuthorizationServer) -> AsyncIterator[RunningServer]:
-    async with serve(protected(auth)) as srv:
-        yield srv
+# The module's servers, started once for it (tests.api.connections_helpers).
+auth = authorization
+mcp = oauth_protected
 
 
 def test_every_handler_returns_the_model_it_declares() -> None:

@@ -5,34 +5,31 @@ authorization server (npm oidc-provider) and one MCP server protected by it serv
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-import pytest_asyncio
 
 from api.routes import oauth as oauth_routes
 from integrations.oauth import client_metadata_document
 from tests.api.conftest import Api
-from tests.api.connections_helpers import app_with, listed, not_returning_their_model, refused
-from tests.mcp_servers import RunningServer, serve
-from tests.oauth_servers import AuthorizationServer, authorization_server, protected
+from tests.api.connections_helpers import (
+    app_with,
+    authorization,
+    listed,
+    not_returning_their_model,
+    oauth_protected,
+    refused,
+)
+from tests.mcp_servers import RunningServer
+from tests.oauth_servers import AuthorizationServer
 
 COOKIE = "__Host-fbx_oauth_flow"
 PUBLIC_HTTPS = "https://fluidbox.example.com"
 
-
-@pytest_asyncio.fixture(scope="module")
-async def auth() -> AsyncIterator[AuthorizationServer]:
-    async with authorization_server() as server:
-        yield server
-
-
-@pytest_asyncio.fixture(scope="module")
-async def mcp(auth: AuthorizationServer) -> AsyncIterator[RunningServer]:
-    async with serve(protected(auth)) as srv:
-        yield srv
+# The module's servers, started once for it (tests.api.connections_helpers).
+auth = authorization
+mcp = oauth_protected
 
 
 def test_every_handler_returns_the_model_it_declares() -> None:

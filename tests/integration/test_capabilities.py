@@ -3,42 +3,14 @@ listing and refusals are tested in process: ``tests/api/test_capabilities.py``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 import pytest
 
 from cli.stack import Stack
+from tests.api.test_capabilities import bundle
 from tests.integration.helpers import events, issue_token, make_agent, make_policy, start_run, unique, wait_status
 
 pytestmark = pytest.mark.stack
-
-
-def bundle(name: str, server: str = "lint", **tool: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "description": "a linter",
-        "servers": [
-            {
-                "class": "sandbox",
-                "name": server,
-                "command": "lint-mcp",
-                "tools": [
-                    {
-                        "name": "check",
-                        "description": "lint one file",
-                        "input_schema": {
-                            "type": "object",
-                            "properties": {"path": {"type": "string"}},
-                            "required": ["path"],
-                            "additionalProperties": False,
-                        },
-                        **tool,
-                    }
-                ],
-            }
-        ],
-    }
 
 
 async def test_pins_freeze_into_runs_and_a_run_can_only_narrow_them(api: httpx.AsyncClient, stack: Stack) -> None:
