@@ -1093,14 +1093,8 @@ class ManagedApp(_Out):
 
     @classmethod
     def of(cls, app: App, *, connected: bool) -> ManagedApp:
-        return cls(
-            app_id=app.app_id,
-            name=app.name,
-            icon=app.icon,
-            description=app.description,
-            scopes=app.scopes,
-            connected=connected,
-        )
+        """An offered app (its URL and access patterns are the deployment's, not shown)."""
+        return cls.model_validate(asdict(app) | {"connected": connected})
 
 
 class ManagedApps(_Out):
