@@ -51,12 +51,12 @@ from core.connection_drafts import (
     credential_scheme,
 )
 from core.digests import document_digest
-from core.errors import BadRequest, Conflict, Forbidden, Unavailable, Unprocessable, UpstreamFailed
+from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable, Unprocessable, UpstreamFailed
 from core.runspec import is_loopback_authority
 from core.sandbox_cli import check_tools
 from db.connections import ConnectionRow, Connections, NewConnection, credential_context
 from db.models.catalog import ConnectorCatalogEntry
-from db.models.connections import ConnectionToolSnapshot
+from db.models.connections import ConnectionToolChange, ConnectionToolSnapshot
 from db.parks import Challenges, Parks
 from integrations import mcp_client
 from integrations.headers import auth_headers, header_credential_problem
@@ -416,8 +416,12 @@ class ConnectionService:
         return row
 
     async def start_sign_in(self, tenant_id: str, connection: ConnectionRow, actor_user_id: str | None) -> str:
-        """Record a one-time flow for ``connection``; returns its ``go_url``."""
+        """Record a one-time flow for ``connection`` (an OAuth one, not revoked); returns its ``go_url``."""
         oauth = self.oauth_connect()
+        if connection.auth_kind != "oauth":
+            raise BadRequest("this connection does not use OAuth")
+        if connection.status == "revoked":
+            raise Conflict("connection is revoked")
         try:
             started = await oauth.start(tenant_id, connection, actor_user_id=actor_user_id)
         except (OAuthClientError, UrlRefused) as err:
@@ -767,6 +771,16 @@ class ConnectionService:
         if upstream is not None:
             await upstream()
         return revoked
+
+    async def decide_tool_change(
+        self, caller: Caller, connection_id: str, change_id: str, decision: str
+    ) -> ConnectionToolChange:
+        """Approve or reject one of the connection's tool changes, recorded with who decided (404 when the
+        connection has no such change, 409 when it is no longer pending)."""
+        if await self.connections.tool_change(connection_id, change_id) is None:
+            raise NotFound("no such tool change on this connection")
+        actor = ("operator", None) if caller.is_operator else ("user", caller.user_id)
+        return await self.connections.decide_tool_change(caller.tenant_id, connection_id, change_id, decision, actor)
 
     async def tool_reviews(self, row: ConnectionRow, snapshot: ConnectionToolSnapshot) -> dict[str, ToolReview]:
         """Each photographed tool's class under the connection's declaration, and whether its definition is the

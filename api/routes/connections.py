@@ -17,7 +17,7 @@ from api.deps import ContextDep, Principal, PrincipalDep
 from api.errors import errors
 from core.access import parse_access
 from core.connection_drafts import ConnectionDraft
-from core.errors import BadRequest, Conflict, Forbidden, NotFound, found
+from core.errors import BadRequest, Forbidden, NotFound, found
 from db.connections import ConnectionRow
 from services.connections import unavailable
 from services.context import AppContext
@@ -191,10 +191,6 @@ async def oauth_start(connection_id: str, who: PrincipalDep, ctx: ContextDep) ->
     """A one-time ``go_url`` (600 s) to open in the browser that signs in; reconnecting bumps the generation."""
     ctx.connection_service.oauth_connect()
     row = await manageable(ctx, who, connection_id, "connecting")
-    if row.auth_kind != "oauth":
-        raise BadRequest("this connection does not use OAuth")
-    if row.status == "revoked":
-        raise Conflict("connection is revoked")
     return out.GoUrl(go_url=await ctx.connection_service.start_sign_in(who.tenant_id, row, who.user_id))
 
 
@@ -296,10 +292,7 @@ async def _decide_change(
     connection_id: str, change_id: str, decision: str, who: Principal, ctx: AppContext
 ) -> out.ToolChangeOut:
     await manageable(ctx, who, connection_id, "reviewing tool changes of")
-    if await ctx.connections.tool_change(connection_id, change_id) is None:
-        raise NotFound("no such tool change on this connection")
-    actor = ("operator", None) if who.is_operator else ("user", who.user_id)
-    change = await ctx.connections.decide_tool_change(who.tenant_id, connection_id, change_id, decision, actor)
+    change = await ctx.connection_service.decide_tool_change(who, connection_id, change_id, decision)
     return out.ToolChangeOut(change=out.ToolChangePublic.of(change))
 
 
