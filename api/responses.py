@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import asdict
 from typing import Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema, model_validator
 
+from core.access import definition_diff
+from core.digests import document_digest
 from core.policy import Policy as CorePolicy
 from core.policy_views import ExtraTools, autonomy_summary, overview
 from core.redaction import scrub_text
@@ -31,10 +34,16 @@ from db import policies as stored
 from db.approvals import ApprovalRecord
 from db.connections import MAX_ATTEMPTS, ConnectionRow
 from db.models.agents import AgentRevision
-from db.models.connections import ToolExecutionClaim
+from db.models.capabilities import CapabilityBundle
+from db.models.catalog import ConnectorCatalogEntry
+from db.models.connections import ConnectionToolChange, ConnectionToolSnapshot, ToolExecutionClaim
 from db.models.triggers import TriggerSubscription
 from db.runs import UsageTotals
 from db.usage import CostLine
+from services.catalog import EntryConnected, Listed, ProbeFindings
+from services.connections import ToolReview
+from services.managed_apps import ManagedApp as App
+from services.managed_apps import Outcome
 from services.schedules import FireTimes
 
 Timestamp = Annotated[
@@ -467,6 +476,25 @@ class ConnectionPublic(_Out, ConnectionRow):
     created_at: Timestamp
     updated_at: Timestamp
 
+    @classmethod
+    def of(cls, row: ConnectionRow) -> Self:
+        """The row as the API shows it (it holds no credential): a stdio environment's values and an uploaded
+        OpenAPI document, which only its tools matter for, are not shown either."""
+        return cls.model_validate(cls.shown(row))
+
+    @staticmethod
+    def shown(row: ConnectionRow) -> Json:
+        return row.model_dump() | {"transport_config": _shown_config(row.transport_config)}
+
+
+def _shown_config(transport_config: Json) -> Json:
+    config = dict(transport_config)
+    if isinstance(config.get("env"), dict):
+        config["env"] = {name: "…" for name in config["env"]}
+    if "document" in config:
+        config["document"] = "(uploaded)"
+    return config
+
 
 class ProposalResult(_Out):
     """A dynamic-connection proposal's outcome: saved (``pending`` until a human authorizes it) or refused."""
@@ -493,6 +521,34 @@ class SnapshotPublic(_Out):
         description="Names and descriptions (with input schemas where asked for); OpenAPI and HTTP tools also carry "
         "`access` (`read` or `write`)."
     )
+
+    @classmethod
+    def of(
+        cls, row: ConnectionToolSnapshot, *, reviews: dict[str, ToolReview] | None = None, with_schemas: bool = False
+    ) -> SnapshotPublic:
+        """The snapshot's tools by name and description (their schemas too ``with_schemas``), each with its review
+        (access class, approval, review state) when ``reviews`` are given."""
+        tools = row.tools_json if with_schemas else [_tool_ref(t) for t in row.tools_json]
+        if reviews is not None:
+            tools = [tool | _review(reviews[tool["name"]]) for tool in tools]
+        return cls(
+            version=row.snapshot_version,
+            protocol_version=row.protocol_version,
+            tools_digest=row.tools_digest,
+            discovered_at=row.discovered_at,
+            authorization_generation=row.authorization_generation,
+            tools=tools,
+        )
+
+
+def _tool_ref(tool: Json) -> Json:
+    return {"name": tool["name"], "description": tool.get("description")} | (
+        {"access": tool["access"]} if "access" in tool else {}
+    )
+
+
+def _review(review: ToolReview) -> Json:
+    return {"access": review.access, "approval": review.approval, "review": review.review}
 
 
 class ConnectionOut(_Out):
@@ -524,6 +580,27 @@ class ToolChangePublic(_Out):
     decided_at: Timestamp | None
     created_at: Timestamp
 
+    @classmethod
+    def of(cls, change: ConnectionToolChange) -> ToolChangePublic:
+        fields, diff = definition_diff(change.previous, change.proposed)
+        return cls.model_validate(
+            {
+                "id": change.id,
+                "connection_id": change.connection_id,
+                "tool": change.tool_name,
+                "kind": change.kind,
+                "snapshot_version": change.snapshot_version,
+                "status": change.status,
+                "changed_fields": fields,
+                "diff": diff,
+                "previous": change.previous,
+                "proposed": change.proposed,
+                "decided_by": change.decided_by,
+                "decided_at": change.decided_at,
+                "created_at": change.created_at,
+            }
+        )
+
 
 class ToolChangeList(_Out):
     changes: list[ToolChangePublic]
@@ -553,6 +630,20 @@ class ConnectionAuthorize(_Out):
     connection_id: str | None = None
 
 
+class ClientMetadataDocument(_Out):
+    """Our OAuth Client ID Metadata Document: its URL is this deployment's ``client_id`` (a public client using
+    PKCE and refresh tokens)."""
+
+    client_id: str
+    client_name: str
+    client_uri: str
+    redirect_uris: list[str]
+    grant_types: list[str]
+    response_types: list[str]
+    token_endpoint_auth_method: str
+    application_type: str
+
+
 # ---- catalog -------------------------------------------------------------------------------------
 
 
@@ -580,11 +671,23 @@ class CatalogEntryPublic(_Out):
     """openapi / http / stdio: the transport configuration (trusted: a stdio command runs on worker hosts)."""
     created_at: Timestamp
 
+    @classmethod
+    def of(cls, entry: ConnectorCatalogEntry) -> CatalogEntryPublic:
+        return cls.model_validate(_entry(entry))
+
+
+def _entry(entry: ConnectorCatalogEntry) -> Json:
+    return entry.model_dump(exclude={"disabled_at"})
+
 
 class BundleRef(_Out):
     id: str
     name: str
     version: int
+
+    @classmethod
+    def of(cls, row: CapabilityBundle) -> BundleRef:
+        return cls(id=str(row.id), name=row.name, version=row.version)
 
 
 class CatalogListed(CatalogEntryPublic):
@@ -594,6 +697,18 @@ class CatalogListed(CatalogEntryPublic):
         "entry publishes), if any."
     )
     connectable: bool
+
+    @classmethod
+    def of_listing(cls, listed: Listed) -> CatalogListed:
+        entry, bundle = listed.entry, listed.bundle
+        return cls.model_validate(
+            _entry(entry)
+            | {
+                "connection": None if listed.connection is None else ConnectionPublic.of(listed.connection),
+                "bundle": None if bundle is None else BundleRef(id=bundle[0], name=entry.slug, version=bundle[1]),
+                "connectable": listed.connectable,
+            }
+        )
 
 
 class CatalogList(_Out):
@@ -612,6 +727,20 @@ class CatalogConnected(_Out):
     connection: ConnectionPublic | None = None
     snapshot: SnapshotPublic | None = None
     go_url: str | None = None
+
+    @classmethod
+    def of(cls, done: EntryConnected) -> CatalogConnected:
+        """Only what the outcome has is set (the route answers without the rest)."""
+        shown: dict[str, Any] = {}
+        if done.bundle is not None:
+            shown["bundle"] = BundleRef.of(done.bundle)
+        if done.connection is not None:
+            shown["connection"] = ConnectionPublic.of(done.connection)
+        if done.snapshot is not None:
+            shown["snapshot"] = SnapshotPublic.of(done.snapshot)
+        if done.go_url is not None:
+            shown["go_url"] = done.go_url
+        return cls(**shown)
 
 
 class ProbeOAuth(_Out):
@@ -638,6 +767,10 @@ class Probe(_Out):
     )
     notes: list[str]
 
+    @classmethod
+    def of(cls, found: ProbeFindings) -> Probe:
+        return cls.model_validate(asdict(found))
+
 
 class ServerAdded(_Out):
     connector: CatalogEntryPublic
@@ -659,6 +792,21 @@ class BundleSummary(_Out):
     classes: list[str]
     created_at: Timestamp
 
+    @classmethod
+    def of(cls, row: CapabilityBundle) -> BundleSummary:
+        servers = row.definition["servers"]
+        return cls(
+            id=str(row.id),
+            name=row.name,
+            version=row.version,
+            description=row.description,
+            definition_digest=row.definition_digest,
+            server_count=len(servers),
+            tool_count=sum(len(s.get("tools", [])) for s in servers),
+            classes=sorted({s["class"] for s in servers}),
+            created_at=row.created_at,
+        )
+
 
 class BundleOut(_Out):
     bundle: BundleSummary
@@ -675,10 +823,28 @@ class BundleServer(_Out):
     tools_digest: str
     tools: list[ToolRef]
 
+    @classmethod
+    def of(cls, server: Json) -> BundleServer:
+        """A published server by its tools' names and descriptions (their schemas are in each run's RunSpec)."""
+        tools = server.get("tools", [])
+        return cls.model_validate(
+            {
+                "name": server["name"],
+                "class": server["class"],
+                "tool_count": len(tools),
+                "tools_digest": document_digest(tools),
+                "tools": [{"name": t["name"], "description": t.get("description", "")} for t in tools],
+            }
+        )
+
 
 class BundleDetail(_Out):
     bundle: BundleSummary
     servers: list[BundleServer]
+
+    @classmethod
+    def of(cls, row: CapabilityBundle) -> BundleDetail:
+        return cls(bundle=BundleSummary.of(row), servers=[BundleServer.of(s) for s in row.definition["servers"]])
 
 
 # ---- triggers ------------------------------------------------------------------------------------
@@ -1039,6 +1205,10 @@ class ManagedConnectionPublic(ConnectionPublic):
 
     server_id: str
 
+    @classmethod
+    def of(cls, row: ConnectionRow) -> Self:
+        return cls.model_validate(cls.shown(row) | {"server_id": str(row.id)})
+
 
 class ManagedApp(_Out):
     app_id: str
@@ -1047,6 +1217,11 @@ class ManagedApp(_Out):
     description: str | None
     scopes: list[str]
     connected: bool
+
+    @classmethod
+    def of(cls, app: App, *, connected: bool) -> ManagedApp:
+        """An offered app (its URL and access patterns are the deployment's, not shown)."""
+        return cls.model_validate(asdict(app) | {"connected": connected})
 
 
 class ManagedApps(_Out):
@@ -1071,3 +1246,15 @@ class ManagedConnectOutcome(_Out):
     authorization_url: str | None = None
     connection: ManagedConnectionPublic | None = None
     reason: str | None = None
+
+    @classmethod
+    def of(cls, outcome: Outcome) -> ManagedConnectOutcome:
+        """Only what the outcome has is set (the route answers without the rest)."""
+        shown: dict[str, Any] = {"status": outcome.status}
+        if outcome.status == "redirect":
+            shown["authorization_url"] = outcome.authorization_url
+        if outcome.connection is not None:
+            shown["connection"] = ManagedConnectionPublic.of(outcome.connection)
+        if outcome.reason is not None:
+            shown["reason"] = outcome.reason
+        return cls(**shown)

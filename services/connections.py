@@ -3,6 +3,19 @@
 The use cases shared by the connections, catalog and OAuth routers (a static connection, a pending
 OAuth connection and its sign-in link, re-photographing) live here, so no router imports another.
 The credential is sealed at rest and unsealed only here and by the broker.
+
+The route parses and authorizes who may see a connection; this module holds the rules of making one
+(:meth:`ConnectionService.create`): which fields go together is :mod:`core.connection_drafts`, checked
+here in order with who may own what:
+
+- an organization connection is made by the operator, an admin or an owner; a personal one by a
+  signed-in user (never the operator token, which has no user);
+- a stdio connection runs its command on the control plane's hosts, unsandboxed: the operator only;
+- a relay or sandbox CLI connection needs the admin or owner role, and a sandbox CLI is an organization
+  connection;
+- ``credential_env`` reads the control plane's own environment: the operator only.
+
+Revoking (:meth:`ConnectionService.revoke`) destroys our copy first and tells the authorization server after.
 """
 
 from __future__ import annotations
@@ -13,16 +26,37 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import SecretStr
 
+from core.access import definition, from_catalog, parse_access, with_access
+from core.bindings import same_url
+from core.connection_drafts import (
+    DEVICE_OR_CLI,
+    NO_SANDBOX_CREDENTIAL,
+    PERSONAL_NEEDS_USER,
+    ConnectionDraft,
+    check_bearer_only,
+    check_brokered,
+    check_described,
+    check_described_credential,
+    check_device_or_cli,
+    check_git,
+    check_mcp_http,
+    check_no_oauth_client,
+    check_oauth_client,
+    check_static_credential,
+    chosen_transport,
+    credential_scheme,
+)
 from core.digests import document_digest
-from core.errors import BadRequest, Conflict, Forbidden, Unavailable, UpstreamFailed
+from core.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable, Unprocessable, UpstreamFailed
 from core.runspec import is_loopback_authority
 from core.sandbox_cli import check_tools
 from db.connections import ConnectionRow, Connections, NewConnection, credential_context
-from db.models.connections import ConnectionToolSnapshot
+from db.models.catalog import ConnectorCatalogEntry
+from db.models.connections import ConnectionToolChange, ConnectionToolSnapshot
 from db.parks import Challenges, Parks
 from integrations import mcp_client
 from integrations.headers import auth_headers, header_credential_problem
@@ -37,7 +71,10 @@ from integrations.transports import (
     openapi,
 )
 from integrations.transports._auth import credential_problem
+from integrations.transports._auth import validate_auth as auth_problem
+from integrations.transports.openapi import config_problem as openapi_config_problem
 from integrations.transports.relay import RelayConfigError, check_config
+from integrations.transports.stdio import validate_config as stdio_config_problem
 from integrations.urls import AdmittedUrl, UrlPolicy, UrlRefused
 from services.oauth_connect import OAuthConnect
 from services.oauth_tokens import AccessTokens, GrantLost
@@ -110,6 +147,66 @@ class Ownership:
             owner_user_id=self.owner_user_id, created_by_user_id=self.created_by_user_id, access=self.access,
             **fields,
         )  # fmt: skip
+
+
+Created = tuple[ConnectionRow, ConnectionToolSnapshot | None]  # the row, and its first snapshot (None: pending oauth)
+
+STDIO_OPERATOR = (
+    "a stdio connection runs its command on the control plane's hosts, unsandboxed: only the operator (admin "
+    "token) can create one"
+)
+ENV_OPERATOR = "`credential_env` reads the control plane's environment: only the operator (admin token) may name one"
+ORG_ROLE = "creating an organization connection requires the admin or owner role"
+
+
+class Caller(Protocol):
+    """Who asks (``api.deps.Principal`` is one): the operator, or a signed-in member and its roles."""
+
+    @property
+    def tenant_id(self) -> str: ...
+
+    @property
+    def user_id(self) -> str | None: ...
+
+    @property
+    def is_operator(self) -> bool: ...
+
+    @property
+    def mutates_resources(self) -> bool:
+        """The operator, an admin or an owner: who manages the organization's resources."""
+        ...
+
+    @property
+    def read_only(self) -> bool: ...
+
+
+def may_own(caller: Caller, draft: ConnectionDraft) -> None:
+    """A personal connection is a signed-in user's; an organization one needs the admin or owner role."""
+    if draft.personal and caller.is_operator:
+        raise BadRequest(PERSONAL_NEEDS_USER)
+    if not draft.personal and not caller.mutates_resources:
+        raise Forbidden(ORG_ROLE)
+
+
+def may_read_env(caller: Caller) -> None:
+    """``credential_env`` reads the control plane's own environment, which is the operator's."""
+    if not caller.is_operator:
+        raise Forbidden(ENV_OPERATOR)
+
+
+def _made(caller: Caller, draft: ConnectionDraft, access: dict[str, Any] | None) -> Ownership:
+    owner_user_id = caller.user_id if draft.personal else None
+    return Ownership(draft.display_name, owner_user_id, caller.user_id, access)
+
+
+@dataclass(frozen=True)
+class ToolReview:
+    """A photographed tool under its connection's declaration: its access class, whether a write asks a human
+    every time, and whether new runs may bind it (``approved``) or it waits for an admin (``pending``)."""
+
+    access: str | None
+    approval: str | None
+    review: str
 
 
 @dataclass
@@ -319,8 +416,12 @@ class ConnectionService:
         return row
 
     async def start_sign_in(self, tenant_id: str, connection: ConnectionRow, actor_user_id: str | None) -> str:
-        """Record a one-time flow for ``connection``; returns its ``go_url``."""
+        """Record a one-time flow for ``connection`` (an OAuth one, not revoked); returns its ``go_url``."""
         oauth = self.oauth_connect()
+        if connection.auth_kind != "oauth":
+            raise BadRequest("this connection does not use OAuth")
+        if connection.status == "revoked":
+            raise Conflict("connection is revoked")
         try:
             started = await oauth.start(tenant_id, connection, actor_user_id=actor_user_id)
         except (OAuthClientError, UrlRefused) as err:
@@ -356,10 +457,16 @@ class ConnectionService:
         return row, snapshot
 
     async def replace_credential(
-        self, tenant_id: str, row: ConnectionRow, *, token: str | None, credential_env: str | None
+        self, caller: Caller, row: ConnectionRow, *, token: str | None, credential_env: str | None
     ) -> Connected:
         """A static connection's new credential: photographed first (a rejected one changes nothing), then
-        sealed (or taken from ``credential_env``) and made active at the next generation."""
+        sealed (or taken from ``credential_env``, the operator's to name) and made active at the next
+        generation. A sandbox CLI connection has no credential to replace."""
+        tenant_id = caller.tenant_id
+        if credential_env is not None:
+            may_read_env(caller)
+        if row.transport == "sandbox_cli":
+            raise BadRequest(NO_SANDBOX_CREDENTIAL.format(field="credential"))
         sealer = self.custody()
         if row.auth_kind != "static":
             raise BadRequest("an oauth connection's credential is obtained by signing in (oauth/start)")
@@ -499,6 +606,193 @@ class ConnectionService:
         if self.access_tokens is not None:
             self.access_tokens.evict(connection_id)
 
+    async def create(self, caller: Caller, draft: ConnectionDraft) -> Created:
+        """``POST /v1/connections``: the draft's rules (:mod:`core.connection_drafts`) and who may own it, in the
+        order they have always been answered; then admitted, photographed and stored (nothing when any step
+        refuses). A pending oauth connection has no snapshot yet (usable after its first sign-in)."""
+        transport = chosen_transport(draft)
+        access = parse_access(draft.access) if draft.access is not None else None
+        if transport == "git":
+            may_own(caller, draft)
+            check_git(draft)
+            assert draft.base_url is not None and draft.token is not None
+            return await self.connect_git(
+                caller.tenant_id, base_url=draft.base_url, token=draft.token.get_secret_value(), scheme=draft.scheme,
+                made=_made(caller, draft, None),
+            )  # fmt: skip
+        if transport in DEVICE_OR_CLI:
+            return await self._create_device_or_cli(caller, draft, transport, access)
+        check_brokered(draft)
+        self.custody()
+        if transport == "mcp_http":
+            return await self._create_mcp_http(caller, draft, access)
+        return await self._create_described(caller, draft, transport, access)
+
+    async def _create_mcp_http(self, caller: Caller, draft: ConnectionDraft, access: dict[str, Any] | None) -> Created:
+        check_mcp_http(draft)
+        assert draft.base_url is not None
+        may_own(caller, draft)
+        made = _made(caller, draft, access)
+        if draft.oauth:
+            check_oauth_client(draft)
+            check_bearer_only(draft)
+            row = await self.connect_oauth(caller.tenant_id, base_url=draft.base_url, made=made)
+            return await self._preregistered(caller.tenant_id, draft, row)
+        check_no_oauth_client(draft)
+        if draft.credential_env is not None:
+            may_read_env(caller)
+        check_static_credential(draft)
+        if draft.credential_env is not None:
+            return await self.connect_env(
+                caller.tenant_id, base_url=draft.base_url, credential_env=draft.credential_env,
+                header_name=draft.header_name, scheme=draft.scheme, made=made,
+            )  # fmt: skip
+        assert draft.token is not None
+        return await self.connect_static(
+            caller.tenant_id, base_url=draft.base_url, token=draft.token.get_secret_value(),
+            header_name=draft.header_name, scheme=draft.scheme, made=made,
+        )  # fmt: skip
+
+    async def _create_device_or_cli(
+        self, caller: Caller, draft: ConnectionDraft, transport: str, access: dict[str, Any] | None
+    ) -> Created:
+        """A relay (a sealed credential, admitted https URL, bounded timeout) or a sandbox CLI (declared tools, no
+        credential at all)."""
+        if draft.personal and caller.is_operator:
+            raise BadRequest(PERSONAL_NEEDS_USER)
+        if not caller.mutates_resources:
+            raise Forbidden(ORG_ROLE)
+        check_device_or_cli(draft, transport)
+        assert draft.base_url is not None
+        if transport == "sandbox_cli":
+            return await self.connect_sandbox_cli(
+                caller.tenant_id, base_url=draft.base_url, tools=draft.tools, made=_made(caller, draft, access)
+            )
+        assert draft.token is not None
+        return await self.connect_relay(
+            caller.tenant_id, base_url=draft.base_url, token=draft.token.get_secret_value(),
+            config=draft.transport_config, display_name=draft.display_name,
+            owner_user_id=caller.user_id if draft.personal else None, created_by_user_id=caller.user_id,
+            access=access,
+        )  # fmt: skip
+
+    async def _create_described(
+        self, caller: Caller, draft: ConnectionDraft, transport: str, access: dict[str, Any] | None
+    ) -> Created:
+        """An ``openapi``, ``http`` or ``stdio`` connection: its configuration is checked, its tools photographed
+        through its provider, then it is stored like any static connection (the credential sealed). An ``openapi``
+        or ``http`` one may sign in with the OAuth connect of MCP connections instead (the API's base URL must
+        answer 401 and publish its protected resource metadata, RFC 9728)."""
+        config = dict(draft.transport_config or {})
+        if transport == "stdio":
+            # Its command runs on the API and worker hosts, unsandboxed, as their account (root in a root stack),
+            # starting with this create's photograph: the host belongs to the operator token, never to an org role.
+            if not caller.is_operator:
+                raise Forbidden(STDIO_OPERATOR)
+            may_own(caller, draft)
+            unusable(stdio_config_problem(config))
+        else:
+            unusable(auth_problem(config.get("auth")))
+            may_own(caller, draft)
+        base_url = check_described(draft, transport, config)
+        if transport == "openapi":
+            unusable(openapi_config_problem(config))
+            base_url = base_url or await self.openapi_base_url(config)
+        assert base_url is not None
+        check_described_credential(draft, transport, config)
+        made = _made(caller, draft, access)
+        if draft.oauth:
+            row = await self.connect_oauth(
+                caller.tenant_id, base_url=base_url, made=made, transport=transport,
+                transport_config={**config, "auth": {"type": "oauth"}},
+            )  # fmt: skip
+            return await self._preregistered(caller.tenant_id, draft, row)
+        return await self.connect_static(
+            caller.tenant_id, base_url=base_url, token=draft.token.get_secret_value() if draft.token else "",
+            header_name=draft.header_name, scheme=credential_scheme(config, draft.scheme), made=made,
+            transport=transport, transport_config=config,
+        )  # fmt: skip
+
+    async def _preregistered(self, tenant_id: str, draft: ConnectionDraft, row: ConnectionRow) -> Created:
+        """A pending oauth connection, with the client id (or scopes) it was given registered first; a client id
+        the server will not take removes the connection again."""
+        if draft.client_id is not None or draft.scopes:
+            try:
+                await self.oauth_connect().preregister(
+                    tenant_id, row, client_id=draft.client_id, client_secret=draft.client_secret, scopes=draft.scopes
+                )
+            except (OAuthClientError, UrlRefused) as err:
+                await self.connections.discard_pending_oauth(tenant_id, str(row.id))
+                raise BadRequest(f"cannot use this client id with this server: {err}") from None
+        return row, None
+
+    async def for_catalog_entry(self, caller: Caller, entry: ConnectorCatalogEntry, owner: str) -> ConnectionRow:
+        """The connection serving catalog ``entry`` for this caller: the newest to its URL (active first), or one
+        made now (a pending oauth connection; a static one from its ``credential_env``; never for a read-only
+        token)."""
+        if not entry.url:
+            raise unavailable(f"'{entry.slug}' has no URL to connect to (no auth definition)")
+        personal = owner == "personal"
+        rows = [
+            r
+            for r in await self.connections.all(caller.tenant_id, caller.user_id)
+            if same_url(r.base_url, entry.url) and (r.owner_type == "user") == personal and r.status != "revoked"
+        ]
+        rows.sort(key=lambda r: r.status != "active")
+        if rows:
+            return rows[0]
+        if not personal and not caller.mutates_resources:  # checked before anything is created
+            raise Forbidden("authorizing an organization connection requires the admin or owner role")
+        if caller.read_only:
+            raise Forbidden(READ_ONLY_SIGN_IN)
+        owner_user_id = caller.user_id if personal else None
+        made = Ownership(entry.name, owner_user_id, caller.user_id, from_catalog(entry.access))
+        if entry.auth_mode == "oauth":
+            return await self.connect_oauth(caller.tenant_id, base_url=entry.url, made=made)
+        hints = entry.auth_hints or {}
+        env = hints.get("credential_env")
+        if not env:
+            raise unavailable(
+                f"'{entry.slug}' has no auth definition to start: connect it with a token "
+                f"(POST /v1/catalog/{entry.slug}/connect)"
+            )
+        row, _ = await self.connect_env(
+            caller.tenant_id, base_url=entry.url, credential_env=env, header_name=hints.get("header_name"),
+            scheme=hints.get("scheme", "Bearer"), made=made,
+        )  # fmt: skip
+        return row
+
+    async def revoke(self, tenant_id: str, connection_id: str) -> ConnectionRow:
+        """Destroy the sealed credential (and forget any cached access token); an OAuth grant is then also
+        revoked at its authorization server (RFC 7009), best effort, after ours is gone."""
+        upstream = await self.oauth.revocation(tenant_id, connection_id) if self.oauth is not None else None
+        revoked = await self.connections.revoke(tenant_id, connection_id)
+        self.evict_token(connection_id)
+        if upstream is not None:
+            await upstream()
+        return revoked
+
+    async def decide_tool_change(
+        self, caller: Caller, connection_id: str, change_id: str, decision: str
+    ) -> ConnectionToolChange:
+        """Approve or reject one of the connection's tool changes, recorded with who decided (404 when the
+        connection has no such change, 409 when it is no longer pending)."""
+        if await self.connections.tool_change(connection_id, change_id) is None:
+            raise NotFound("no such tool change on this connection")
+        actor = ("operator", None) if caller.is_operator else ("user", caller.user_id)
+        return await self.connections.decide_tool_change(caller.tenant_id, connection_id, change_id, decision, actor)
+
+    async def tool_reviews(self, row: ConnectionRow, snapshot: ConnectionToolSnapshot) -> dict[str, ToolReview]:
+        """Each photographed tool's class under the connection's declaration, and whether its definition is the
+        one an admin approved (new runs bind only those)."""
+        approved = {a.tool_name: a.definition for a in await self.connections.approved_tools(str(row.id))}
+        reviews: dict[str, ToolReview] = {}
+        for tool in snapshot.tools_json:
+            classed = with_access(row.access, tool)
+            review = "approved" if approved.get(tool["name"]) == definition(tool) else "pending"
+            reviews[tool["name"]] = ToolReview(classed["access"], classed["approval"], review)
+        return reviews
+
 
 def git_base_problem(base_url: str) -> str | None:
     """Why ``base_url`` cannot scope a git credential (None: it can)."""
@@ -530,6 +824,12 @@ def env_credential(var: str) -> str:
     return value
 
 
+def unusable(problem: str | None) -> None:
+    """422 for a transport configuration its provider cannot use."""
+    if problem is not None:
+        raise Unprocessable(problem)
+
+
 def unavailable(reason: str) -> Conflict:
     """409 ``{status: "unavailable", reason}`` (and the usual ``error``/``code``)."""
     return Conflict(reason, status="unavailable", reason=reason)
@@ -537,8 +837,11 @@ def unavailable(reason: str) -> Conflict:
 
 __all__ = [
     "GO_CONTEXT",
+    "Caller",
     "ConnectionService",
+    "Created",
     "Ownership",
+    "ToolReview",
     "env_credential",
     "take_photograph",
     "transport_photograph",

@@ -43,6 +43,7 @@ from integrations.oauth import OAuthClient, client_metadata_document_url
 from integrations.sealing import Sealer, sealer_from_settings
 from integrations.urls import UrlPolicy
 from services.brokered_calls import BrokeredCalls
+from services.catalog import CatalogService
 from services.connections import ConnectionService
 from services.managed_apps import ManagedApps
 from services.oauth_connect import OAuthConnect
@@ -120,6 +121,7 @@ class AppContext:
     access_tokens: AccessTokens | None  # OAuth connect and access tokens exist only with a sealer
     oauth: OAuthConnect | None
     connection_service: ConnectionService
+    catalog_service: CatalogService
     managed_apps: ManagedApps | None
     brokered_calls: BrokeredCalls
 
@@ -244,6 +246,9 @@ def build_context(
         access_tokens=access_tokens,
         oauth=oauth,
         connection_service=connection_service,
+        catalog_service=CatalogService(
+            catalog, capabilities, connections, connection_service, run_control, url_policy, oauth_client
+        ),
         managed_apps=managed_apps,
         brokered_calls=BrokeredCalls(runs, gates, approvals, connections, connection_service, run_control),
     )

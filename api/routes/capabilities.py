@@ -12,24 +12,8 @@ from api.errors import errors
 from core.capabilities import parse_bundle
 from core.digests import document_digest
 from core.errors import found
-from db.models.capabilities import CapabilityBundle
 
 router = APIRouter(prefix="/v1/capabilities", tags=["capabilities"])
-
-
-def summary(row: CapabilityBundle) -> dict[str, Any]:
-    servers = row.definition["servers"]
-    return {
-        "id": str(row.id),
-        "name": row.name,
-        "version": row.version,
-        "description": row.description,
-        "definition_digest": row.definition_digest,
-        "server_count": len(servers),
-        "tool_count": sum(len(s.get("tools", [])) for s in servers),
-        "classes": sorted({s["class"] for s in servers}),
-        "created_at": row.created_at,
-    }
 
 
 @router.post(
@@ -38,20 +22,20 @@ def summary(row: CapabilityBundle) -> dict[str, Any]:
     response_model=out.BundleOut,
     responses=errors(401, 403, 409),
 )
-async def publish(body: dict[str, Any], op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def publish(body: dict[str, Any], op: OperatorDep, ctx: ContextDep) -> out.BundleOut:
     """Sandbox-class servers only; brokered tools are connection requirements now."""
     bundle = parse_bundle(body)
     definition = bundle.model_dump(mode="json", by_alias=True, exclude_none=True)
     row = await ctx.capabilities.publish(
         op.tenant_id, bundle.name, bundle.description, definition, document_digest(definition)
     )
-    return {"bundle": summary(row)}
+    return out.BundleOut(bundle=out.BundleSummary.of(row))
 
 
 @router.get("", summary="List capability bundles", response_model=out.BundleList, responses=errors(401, 403))
-async def list_bundles(op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def list_bundles(op: OperatorDep, ctx: ContextDep) -> out.BundleList:
     """Every version, newest first within a name."""
-    return {"bundles": [summary(r) for r in await ctx.capabilities.all(op.tenant_id)]}
+    return out.BundleList(bundles=[out.BundleSummary.of(r) for r in await ctx.capabilities.all(op.tenant_id)])
 
 
 @router.get(
@@ -60,17 +44,6 @@ async def list_bundles(op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
     response_model=out.BundleDetail,
     responses=errors(401, 403, 404),
 )
-async def get_bundle(bundle_id: str, op: OperatorDep, ctx: ContextDep) -> dict[str, Any]:
+async def get_bundle(bundle_id: str, op: OperatorDep, ctx: ContextDep) -> out.BundleDetail:
     """Tools are listed by name and description; schemas are in the frozen RunSpec of each run."""
-    row = found(await ctx.capabilities.get(op.tenant_id, bundle_id))
-    servers = [
-        {
-            "name": s["name"],
-            "class": s["class"],
-            "tool_count": len(s.get("tools", [])),
-            "tools_digest": document_digest(s.get("tools", [])),
-            "tools": [{"name": t["name"], "description": t.get("description", "")} for t in s.get("tools", [])],
-        }
-        for s in row.definition["servers"]
-    ]
-    return {"bundle": summary(row), "servers": servers}
+    return out.BundleDetail.of(found(await ctx.capabilities.get(op.tenant_id, bundle_id)))

@@ -8,7 +8,6 @@ Reads accept a read-only token; ``connect`` and ``connect/complete`` need one th
 from __future__ import annotations
 
 import html
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -17,13 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from api import responses as out
 from api.deps import ContextDep, Principal, PrincipalDep
 from api.errors import errors, json_errors
-from api.views import connection_public as public
 from core.errors import BadRequest, Forbidden, Unavailable, UpstreamFailed
-from db.connections import ConnectionRow
 from integrations import mcp_client
 from integrations.oauth import AuthorizationFailed, OAuthClientError
 from integrations.urls import UrlRefused
-from services.managed_apps import NOT_CONFIGURED, ManagedApps, Outcome
+from services.managed_apps import NOT_CONFIGURED, ManagedApps
 
 router = APIRouter(prefix="/v1/mcp-oauth/catalog", tags=["managed-apps"])
 
@@ -65,39 +62,20 @@ def writer(who: Principal) -> str:
     return user_id
 
 
-def managed_public(row: ConnectionRow) -> dict[str, Any]:
-    """A connection as the managed surface shows it: ``server_id`` is the connection's id."""
-    return {**public(row), "server_id": str(row.id)}
-
-
-def outcome_public(outcome: Outcome) -> dict[str, Any]:
-    shaped: dict[str, Any] = {"status": outcome.status}
-    if outcome.status == "redirect":
-        shaped["authorization_url"] = outcome.authorization_url
-    if outcome.connection is not None:
-        shaped["connection"] = managed_public(outcome.connection)
-    if outcome.reason is not None:
-        shaped["reason"] = outcome.reason
-    return shaped
-
-
 @router.get(
     "",
     summary="Apps this deployment can connect, and whether the caller has a usable connection",
     response_model=out.ManagedApps,
     responses=errors(401, 403, 503),
 )
-async def apps(request: Request, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def apps(request: Request, who: PrincipalDep, ctx: ContextDep) -> out.ManagedApps:
     """App ids with name, icon, description, scopes and ``connected``; a read-only token may read."""
     managed = managed_of(ctx)
     user_id = account(who)
     connected = {row.app_id for row, status in await managed.statuses(who.tenant_id, user_id)
                  if status == "connected"}  # fmt: skip
-    return {"apps": [
-        {"app_id": app.app_id, "name": app.name, "icon": app.icon, "description": app.description,
-         "scopes": app.scopes, "connected": app.app_id in connected}
-        for app in await managed.apps(who.tenant_id)
-    ]}  # fmt: skip
+    listed = await managed.apps(who.tenant_id)
+    return out.ManagedApps(apps=[out.ManagedApp.of(app, connected=app.app_id in connected) for app in listed])
 
 
 @router.get(
@@ -106,17 +84,19 @@ async def apps(request: Request, who: PrincipalDep, ctx: ContextDep) -> dict[str
     response_model=out.ManagedAppConnections,
     responses=errors(401, 403, 503),
 )
-async def connections(request: Request, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def connections(request: Request, who: PrincipalDep, ctx: ContextDep) -> out.ManagedAppConnections:
     """``status``: connected | PROVISIONING | pending | error | revoked. Reading repairs nothing."""
     managed = managed_of(ctx)
     rows = await managed.statuses(who.tenant_id, account(who))
-    return {
-        "connections": [
-            {"app_id": r.app_id, "status": status, "server_id": str(r.connection.id),
-             "connection": managed_public(r.connection)}
+    return out.ManagedAppConnections(
+        connections=[
+            out.ManagedAppConnection(
+                app_id=r.app_id, status=status, server_id=str(r.connection.id),
+                connection=out.ManagedConnectionPublic.of(r.connection),
+            )
             for r, status in rows
         ]
-    }  # fmt: skip
+    )  # fmt: skip
 
 
 @router.get(
@@ -163,7 +143,7 @@ async def callback(request: Request, ctx: ContextDep) -> Response:
     response_model_exclude_unset=True,
     responses=errors(401, 403, 404, 409, 502, 503),
 )
-async def complete(body: CompleteIn, request: Request, who: PrincipalDep, ctx: ContextDep) -> dict[str, Any]:
+async def complete(body: CompleteIn, request: Request, who: PrincipalDep, ctx: ContextDep) -> out.ManagedConnectOutcome:
     """The proof is single use, bound to the account that started the sign-in and valid for five minutes;
     ``expected_server_id`` must name the connection it completes. A refusal changes nothing."""
     managed = managed_of(ctx)
@@ -176,7 +156,7 @@ async def complete(body: CompleteIn, request: Request, who: PrincipalDep, ctx: C
         outcome.status == "connected" and outcome.connection is not None
     ):  # runs parked on this account's connection resume
         await ctx.run_control.wake_parked(who.tenant_id, outcome.connection)
-    return outcome_public(outcome)
+    return out.ManagedConnectOutcome.of(outcome)
 
 
 @router.post(
@@ -188,7 +168,7 @@ async def complete(body: CompleteIn, request: Request, who: PrincipalDep, ctx: C
 )
 async def connect(
     app_id: str, request: Request, who: PrincipalDep, ctx: ContextDep, body: ConnectIn | None = None
-) -> dict[str, Any]:
+) -> out.ManagedConnectOutcome:
     """``connected`` with the usable connection; ``redirect`` with the provider's ``authorization_url``; or
     ``PROVISIONING`` while a finished sign-in's setup cannot complete yet (a later call completes it)."""
     managed = managed_of(ctx)
@@ -196,4 +176,4 @@ async def connect(
     outcome = await managed.connect(who.tenant_id, user_id, app_id, body.redirect_url if body else None)
     if outcome.status == "connected" and outcome.connection is not None:  # a held grant completed by this call
         await ctx.run_control.wake_parked(who.tenant_id, outcome.connection)
-    return outcome_public(outcome)
+    return out.ManagedConnectOutcome.of(outcome)

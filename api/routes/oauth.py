@@ -5,21 +5,25 @@
 never sits in our database and a forged link cannot be opened. ``/go`` binds the flow to this browser's cookie
 and redirects to the authorization server; ``/callback`` finishes the flow only from that browser.
 
-The cookie is ``__Host-fbx_oauth_flow`` when the public URL is https. ``__Host-`` cookies must be ``Secure``,
-which a browser refuses to store from a plain-http origin, so an http deployment (loopback development) uses
-``fbx_oauth_flow`` with the same attributes minus ``Secure``. It is ``SameSite=Lax`` so the authorization server's
-top-level redirect back to the callback carries it. A browser keeps one cookie value for all its flows.
+The cookie is always ``__Host-fbx_oauth_flow``: ``Secure``, ``HttpOnly``, ``Path=/`` and no ``Domain``, as the
+prefix requires. A browser keeps a ``Secure`` cookie only from a secure context: https, or plain http on a
+loopback host (``localhost``, ``*.localhost``, ``127.0.0.0/8``, ``[::1]``), which browsers treat as secure. So a
+loopback development deployment signs in over http, and a public URL that is plain http on any other host cannot
+finish a sign-in: ``/go`` says so (400) before it binds anything. It is ``SameSite=Lax`` so the authorization
+server's top-level redirect back to the callback carries it. A browser keeps one cookie value for all its flows.
 """
 
 from __future__ import annotations
 
 import html
+import ipaddress
 import secrets
-from typing import Any
+from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
 
+from api import responses as out
 from api.deps import ContextDep
 from api.errors import errors, json_errors
 from core.errors import BadRequest, NotFound, UpstreamFailed
@@ -38,17 +42,34 @@ from services.oauth_connect import OAuthConnect
 
 router = APIRouter(tags=["oauth"])
 
-SECURE_COOKIE = "__Host-fbx_oauth_flow"
-PLAIN_COOKIE = "fbx_oauth_flow"
+COOKIE = "__Host-fbx_oauth_flow"
 COOKIE_MAX_AGE = 600  # the flow's own lifetime
+INSECURE_ORIGIN = (
+    "this sign-in cannot finish here: the control plane's public URL ({base}) is plain http on a host that is not "
+    "loopback, and a browser keeps the sign-in's Secure cookie (__Host-fbx_oauth_flow) only from https (or http on "
+    "localhost / 127.0.0.1 / [::1]); set FLUIDBOX_PUBLIC_URL to the https URL browsers reach it at"
+)
 
 
 def oauth_of(ctx: AppContext) -> OAuthConnect:
     return ctx.connection_service.oauth_connect()
 
 
-def cookie_name(ctx: AppContext) -> str:
-    return SECURE_COOKIE if ctx.public_base.startswith("https://") else PLAIN_COOKIE
+def secure_context(url: str) -> bool:
+    """Whether browsers treat pages from ``url`` as a secure context (W3C Secure Contexts, "potentially
+    trustworthy"): https, or http on a loopback host. Only such an origin can set a ``Secure`` cookie."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return True
+    host = (parts.hostname or "").lower()
+    if parts.scheme != "http" or not host:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _open_go(ctx: AppContext, f: str) -> tuple[str, str]:
@@ -64,27 +85,21 @@ def _open_go(ctx: AppContext, f: str) -> tuple[str, str]:
 )
 async def go(f: str, request: Request, ctx: ContextDep) -> RedirectResponse:
     """Sets the flow cookie and redirects (302) to the authorization server; a used or expired link is refused,
-    and so (400, nothing bound) is an authorization endpoint the outbound admission refuses now."""
+    and so (400, nothing bound) is an authorization endpoint the outbound admission refuses now, or a public URL
+    no browser would keep the flow cookie from (plain http on a host that is not loopback)."""
     oauth = oauth_of(ctx)
+    if not secure_context(ctx.public_base):
+        raise BadRequest(INSECURE_ORIGIN.format(base=ctx.public_base))
     flow_id, url = _open_go(ctx, f)
     try:
         # Admitted when the flow was made; again now, as its name may resolve elsewhere since.
         await oauth.client.admit_sign_in_page(url)
     except EndpointRefused as err:
         raise BadRequest(f"this sign-in cannot continue: {err}") from None
-    name = cookie_name(ctx)
-    browser = request.cookies.get(name) or secrets.token_urlsafe(32)
+    browser = request.cookies.get(COOKIE) or secrets.token_urlsafe(32)
     await oauth.open(flow_id, token_digest(browser))
     response = RedirectResponse(url, status_code=302)
-    response.set_cookie(
-        name,
-        browser,
-        max_age=COOKIE_MAX_AGE,
-        path="/",
-        secure=name == SECURE_COOKIE,
-        httponly=True,
-        samesite="lax",
-    )
+    response.set_cookie(COOKIE, browser, max_age=COOKIE_MAX_AGE, path="/", secure=True, httponly=True, samesite="lax")
     response.headers["Cache-Control"] = "no-store"
     response.headers["Referrer-Policy"] = "no-referrer"
     return response
@@ -102,7 +117,7 @@ async def go(f: str, request: Request, ctx: ContextDep) -> RedirectResponse:
 async def callback(request: Request, ctx: ContextDep) -> HTMLResponse:
     """Consumes the flow once, from the browser that opened it; answers a small HTML page (no token in it)."""
     oauth = oauth_of(ctx)
-    browser = request.cookies.get(cookie_name(ctx))
+    browser = request.cookies.get(COOKIE)
     try:
         done = await oauth.complete(dict(request.query_params), token_digest(browser) if browser else None)
     except AuthorizationFailed as err:
@@ -125,18 +140,15 @@ async def callback(request: Request, ctx: ContextDep) -> HTMLResponse:
 @router.get(
     "/.well-known/fluidbox-client.json",
     summary="Our OAuth Client ID Metadata Document",
-    response_class=JSONResponse,
+    response_model=out.ClientMetadataDocument,
     responses={
-        200: {
-            "description": "The Client ID Metadata Document (its URL is this deployment's OAuth client_id).",
-            "content": {"application/json": {"schema": {"type": "object", "additionalProperties": True}}},
-        },
+        200: {"description": "The Client ID Metadata Document (its URL is this deployment's OAuth client_id)."},
         **errors(404),
     },
 )
-async def client_document(ctx: ContextDep) -> JSONResponse:
+async def client_document(response: Response, ctx: ContextDep) -> out.ClientMetadataDocument:
     """Served only when the public URL is https and not loopback (an authorization server must fetch it)."""
     if client_metadata_document_url(ctx.public_base) is None:
         raise NotFound()
-    document: dict[str, Any] = client_metadata_document(ctx.public_base)
-    return JSONResponse(document, headers={"Cache-Control": "public, max-age=300"})
+    response.headers["Cache-Control"] = "public, max-age=300"
+    return out.ClientMetadataDocument.model_validate(client_metadata_document(ctx.public_base))

@@ -1,112 +1,16 @@
-"""Capability bundles: append-only versions, pins, remove-only narrowing, frozen schemas at the gate."""
+"""Capability bundles on the real stack: pins, remove-only narrowing, frozen schemas at the gate (publishing,
+listing and refusals are tested in process: ``tests/api/test_capabilities.py``)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import httpx
 import pytest
 
 from cli.stack import Stack
+from tests.api.test_capabilities import bundle
 from tests.integration.helpers import events, issue_token, make_agent, make_policy, start_run, unique, wait_status
 
 pytestmark = pytest.mark.stack
-
-
-def bundle(name: str, server: str = "lint", **tool: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "description": "a linter",
-        "servers": [
-            {
-                "class": "sandbox",
-                "name": server,
-                "command": "lint-mcp",
-                "tools": [
-                    {
-                        "name": "check",
-                        "description": "lint one file",
-                        "input_schema": {
-                            "type": "object",
-                            "properties": {"path": {"type": "string"}},
-                            "required": ["path"],
-                            "additionalProperties": False,
-                        },
-                        **tool,
-                    }
-                ],
-            }
-        ],
-    }
-
-
-async def test_bundles_are_versioned_and_listed(api: httpx.AsyncClient) -> None:
-    name = unique("b").replace("-", "_")
-    v1 = (await api.post("/v1/capabilities", json=bundle(name))).json()["bundle"]
-    v2 = (await api.post("/v1/capabilities", json=bundle(name, description="v2"))).json()["bundle"]
-    assert (v1["version"], v2["version"]) == (1, 2) and v1["definition_digest"] != v2["definition_digest"]
-    assert (v1["server_count"], v1["tool_count"], v1["classes"]) == (1, 1, ["sandbox"])
-    detail = (await api.get(f"/v1/capabilities/{v1['id']}")).json()
-    assert detail["servers"][0]["tools"] == [{"name": "check", "description": "lint one file"}]
-    listed = [b for b in (await api.get("/v1/capabilities")).json()["bundles"] if b["name"] == name]
-    assert [b["version"] for b in listed] == [2, 1]
-
-
-@pytest.mark.parametrize(
-    ("body", "message"),
-    [
-        (
-            {"name": "x", "servers": [{"class": "brokered", "name": "gh"}]},
-            "brokered server 'gh' can no longer be published",
-        ),
-        (
-            {
-                "name": "x",
-                "servers": [
-                    {
-                        "class": "sandbox",
-                        "name": "a",
-                        "command": "c",
-                        "tools": [{"name": "t", "description": "a\u202eb"}],
-                    }
-                ],
-            },
-            "invisible or control characters",
-        ),
-        (
-            {
-                "name": "x",
-                "servers": [
-                    {
-                        "class": "sandbox",
-                        "name": "a",
-                        "command": "c",
-                        "tools": [{"name": "t", "input_schema": {"type": 5}}],
-                    }
-                ],
-            },
-            "not a valid JSON Schema",
-        ),
-        ({"name": "x", "servers": [{"class": "sandbox", "name": "A b", "command": "c"}]}, "servers.0.name"),
-        ({"name": "x", "servers": [], "extra": 1}, "unknown field 'extra'"),
-        ({"name": "x", "servers": [{"class": "sandbox", "name": "a"}]}, "needs a `command`"),
-        (
-            {"name": "x", "servers": [{"class": "sandbox", "name": "a", "command": "c"}]},
-            "sandbox server 'a' declares no tools",
-        ),
-        (
-            {"name": "x", "servers": [{"class": "sandbox", "name": "a", "command": "c", "tools": []}]},
-            "sandbox server 'a' declares no tools",
-        ),
-    ],
-)
-async def test_bad_bundles_are_refused_and_change_nothing(
-    api: httpx.AsyncClient, body: dict[str, Any], message: str
-) -> None:
-    before = (await api.get("/v1/capabilities")).json()
-    r = await api.post("/v1/capabilities", json=body)
-    assert r.status_code == 400 and message in r.json()["error"], r.text
-    assert (await api.get("/v1/capabilities")).json() == before
 
 
 async def test_pins_freeze_into_runs_and_a_run_can_only_narrow_them(api: httpx.AsyncClient, stack: Stack) -> None:

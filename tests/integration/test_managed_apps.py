@@ -29,7 +29,7 @@ from cli.stack import Stack, free_port
 from core.tokens import token_digest
 from tests.integration.helpers import events, make_agent, make_policy, wait_status
 from tests.integration.test_identity import BROKER_POLICY, add_user, as_user, mint
-from tests.integration.test_oauth_connections import connected, grant
+from tests.integration.test_oauth_connections import browser_client, connected, grant
 from tests.mcp_servers import RunningServer, serve
 from tests.oauth_servers import AuthorizationServer, protected
 
@@ -342,7 +342,7 @@ async def test_a_run_calls_through_a_managed_connection_and_a_new_sign_in_keeps_
 async def test_revoking_an_oauth_connection_revokes_its_grant_at_the_provider(
     stack: Stack, api: httpx.AsyncClient, auth: AuthorizationServer, mcp: RunningServer
 ) -> None:
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=60) as browser:
+    async with browser_client() as browser:
         connection = await connected(api, auth, browser, mcp.url)
     refresh, _, client_id = await grant(stack, connection["id"])
     r = await api.post(f"/v1/connections/{connection['id']}/revoke")

@@ -1,6 +1,7 @@
 """The connector OAuth browser leg in a real headless Chromium (Debian's ``chromium``, driven by Playwright's
 Python client through ``executable_path``; no browser download): open the ``go_url``, sign in and approve on the
-provider's page, land on our callback page, then a run makes a brokered call with the new grant.
+provider's page, land on our callback page (the ``__Host-`` flow cookie kept from the stack's plain-http loopback
+origin), then a run makes a brokered call with the new grant.
 
 Skipped when Chromium or Playwright is absent (``make install`` installs both).
 """
@@ -43,9 +44,13 @@ async def test_a_person_connects_in_a_real_browser_and_a_run_uses_the_new_grant(
             await page.wait_for_url("**/v1/oauth/callback?**")
             await page.get_by_role("heading", name="Connected").wait_for()
             text = await page.content()
+            # Kept from plain http on 127.0.0.1: Chromium treats a loopback origin as a secure context.
+            kept = {c["name"]: c for c in await page.context.cookies()}
         finally:
             await browser.close()
     assert "protected &lt;calc&gt;" in text
+    flow = kept["__Host-fbx_oauth_flow"]
+    assert (flow["secure"], flow["httpOnly"], flow["sameSite"], flow["path"]) == (True, True, "Lax", "/")
     row = (await api.get(f"/v1/connections/{connection['id']}")).json()["connection"]
     assert row["status"] == "active"
 

@@ -44,12 +44,30 @@ from tests.oauth_servers import AuthorizationServer
 pytestmark = pytest.mark.stack
 
 SUPERSEDED = "this authorization was superseded by a newer one — restart the connect flow"
-COOKIE = "fbx_oauth_flow"  # the stack's public URL is plain http on loopback
+COOKIE = "__Host-fbx_oauth_flow"  # Secure: the stack's public URL is plain http on loopback, a secure context
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def browser_client() -> httpx.AsyncClient:
+    """A client that keeps cookies as a browser does and follows no redirect by itself. http on a loopback host is
+    a secure context (W3C Secure Contexts), so a browser sends a ``Secure`` cookie back to it; Python's cookie jar
+    sends one over https only, so this client marks a loopback host's cookies sendable once it has stored them."""
+    client = httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=60)
+
+    async def secure_context(response: httpx.Response) -> None:
+        for cookie in client.cookies.jar:
+            if cookie.secure and cookie.domain in LOOPBACK:
+                cookie.secure = False
+
+    client.event_hooks["response"] = [secure_context]
+    return client
 
 
 @pytest.fixture
 async def browser() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=60) as client:
+    async with browser_client() as client:
         yield client
 
 
@@ -81,7 +99,8 @@ async def signed_in(
     assert go.status_code == 302, go.text
     assert browser.cookies.get(COOKIE)
     cookie = go.headers["set-cookie"].lower()
-    assert "httponly" in cookie and "samesite=lax" in cookie and "path=/" in cookie
+    assert cookie.startswith(COOKIE.lower() + "=") and "domain=" not in cookie
+    assert "httponly" in cookie and "samesite=lax" in cookie and "path=/" in cookie and "secure" in cookie
     landed = await auth.sign_in(go.headers["location"])
     assert "/v1/oauth/callback?" in landed, landed
     return landed

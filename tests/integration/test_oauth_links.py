@@ -24,6 +24,7 @@ from services.connections import GO_CONTEXT
 from tests.integration.conftest import FAST
 from tests.integration.helpers import unique
 from tests.integration.test_identity import add_user, fluidbox, mint
+from tests.integration.test_oauth_connections import browser_client
 from tests.integrations.test_oauth_client import as_document, misbehaving
 from tests.mcp_servers import McpTestServer, RunningServer, serve
 from tests.oauth_servers import AuthorizationServer
@@ -36,7 +37,7 @@ READ_ONLY = "this token is read-only; starting or handing out a sign-in needs a 
 
 @pytest.fixture
 async def browser() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=60) as client:
+    async with browser_client() as client:
         yield client
 
 

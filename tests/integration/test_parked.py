@@ -20,7 +20,7 @@ from tests.helpers import eventually
 from tests.integration.conftest import FAST
 from tests.integration.helpers import DEMO_REPO, events, make_agent, make_policy, types, wait_pending, wait_status
 from tests.integration.test_broker import BROKER_POLICY, connect, requirement
-from tests.integration.test_oauth_connections import COOKIE, create
+from tests.integration.test_oauth_connections import COOKIE, browser_client, create
 from tests.mcp_servers import RunningServer, basic, bearer, serve
 from tests.oauth_servers import AuthorizationServer
 
@@ -37,7 +37,7 @@ ECHO_PAUSE_ECHO = [
 
 @pytest.fixture
 async def browser() -> Any:
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=60) as client:
+    async with browser_client() as client:
         yield client
 
 

@@ -37,7 +37,7 @@ from tests.integration.helpers import (
     wait_pending,
     wait_status,
 )
-from tests.integration.test_oauth_connections import create
+from tests.integration.test_oauth_connections import browser_client, create
 from tests.mcp_servers import RunningServer, basic, bearer, serve
 from tests.oauth_servers import AuthorizationServer
 
@@ -339,7 +339,7 @@ async def test_an_oauth_flow_started_on_one_api_completes_on_another(
     assert go_url.startswith(a_url + "/")
     # The load balancer sends the browser's two requests to B: the flow, its verifier and its browser binding
     # live in PostgreSQL, not in the process that started the flow.
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=60) as browser:
+    async with browser_client() as browser:
         go = await browser.get(b_url + go_url.removeprefix(a_url))
         assert go.status_code == 302, go.text
         landed = await auth.sign_in(go.headers["location"])
