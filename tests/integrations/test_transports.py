@@ -252,7 +252,10 @@ async def test_one_lazy_process_per_connection_is_reused_restarted_after_a_crash
 
 
 async def _gone(pid: int) -> bool:
-    return not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    try:  # the process may be reaped between any two reads of /proc
+        return "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
 
 
 async def _none_left(marker: str) -> bool:
